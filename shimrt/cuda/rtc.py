@@ -1,0 +1,103 @@
+"""NVRTC: CUDA C++ to a CUBIN for exactly one sm_XX, with ptxas' resource report. No GPU needed."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+from ..errors import CompileError
+from ..program import KernelResources
+from .check import _bindings, check, describe
+
+# ptxas -v: "Compiling entry function 'k' for 'sm_90'", then stack/spill and register lines.
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+# PTX: ".visible .entry name(" ... optional ".maxntid x, y, z" before the body.
+_PTX_ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\((.*?)\)\s*([^{]*)\{", re.S)
+_MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
+
+
+def version() -> str:
+    """'nvrtc MAJOR.MINOR' of the NVRTC library that will compile."""
+    _, nvrtc = _bindings()
+    major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
+    return f"nvrtc {major}.{minor}"
+
+
+def default_options(arch: str) -> list[str]:
+    # -Xptxas=-v makes ptxas report registers, smem, stack and spills in the program log.
+    return [f"--gpu-architecture={arch}", "-Xptxas=-v", "--std=c++17"]
+
+
+def _text(buf) -> str:
+    return bytes(buf).rstrip(b"\0").decode(errors="replace")
+
+
+def compile_source(source: str, arch: str, options: list[str], name: str) -> tuple[bytes, str, dict]:
+    """Compile ``source`` for ``arch``; return (cubin, log, {kernel: KernelResources})."""
+    _, nvrtc = _bindings()
+    prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        log = b" " * size
+        check(nvrtc.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
+        log = _text(log)
+        if int(err) != 0:
+            ename, _, _ = describe(err)
+            raise CompileError(f"NVRTC could not compile {name} for {arch}: {ename}",
+                               log=log, options=tuple(options), name=name)
+        size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        if size == 0:
+            raise CompileError(f"NVRTC produced no CUBIN for {arch} (a virtual compute_XX arch gives PTX only)",
+                               log=log, options=tuple(options), name=name)
+        cubin = b" " * size
+        check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        size = check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+        ptx = b" " * size
+        check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return bytes(cubin), log, parse_resources(log, _text(ptx))
+
+
+def parse_resources(log: str, ptx: str) -> dict[str, KernelResources]:
+    """Per-kernel resources from ptxas' -v report, with launch bounds from the PTX's .maxntid."""
+    bounds = {}
+    for m in _PTX_ENTRY.finditer(ptx):
+        nt = _MAXNTID.search(m.group(3))
+        if nt:
+            bounds[m.group(1)] = int(nt.group(1)) * int(nt.group(2) or 1) * int(nt.group(3) or 1)
+    found: dict[str, dict] = {}
+    current = None
+    for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            current = found.setdefault(m.group(1), {"registers": 0, "static_smem": 0,
+                                                    "local_bytes": 0, "spill_bytes": 0})
+            continue
+        if current is None:
+            continue
+        if (m := _FRAME.search(line)):
+            current["local_bytes"], current["spill_bytes"] = int(m.group(1)), int(m.group(2))
+        if (m := _USED.search(line)):
+            current["registers"] = int(m.group(1))
+            s = _SMEM.search(line)
+            current["static_smem"] = int(s.group(1)) if s else 0
+    return {k: KernelResources(max_threads_per_block=bounds.get(k, 1024), **v) for k, v in found.items()}
+
+
+def binary_arch(binary: bytes) -> str:
+    """The sm_XX a CUBIN was built for, from its ELF header.
+
+    EM_CUDA (190) in e_machine; the SM number sits in e_flags bits 8-15 from CUDA ELF ABI
+    version 8 on (EI_ABIVERSION, byte 8) and in bits 0-7 before.
+    """
+    if binary[:4] != b"\x7fELF" or struct.unpack_from("<H", binary, 18)[0] != 190:
+        raise ValueError("not a CUDA ELF (CUBIN)")
+    flags = struct.unpack_from("<I", binary, 48)[0]
+    sm = (flags >> 8) & 0xFF if binary[8] >= 8 else flags & 0xFF
+    return f"sm_{sm}"

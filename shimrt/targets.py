@@ -1,0 +1,135 @@
+"""GPU target profiles: the per-SM limits the occupancy model and the compiler need.
+
+A :class:`Target` describes one GPU product (or one GCD of a multi-die part). Profiles here are
+written from vendor documentation so that plans can be made without owning the GPU; a
+:class:`shimrt.Device` builds its own ``Target`` from the real device's attributes.
+
+Sources for the NVIDIA numbers:
+- per compute capability (threads, blocks, registers, shared memory per SM and per block, the
+  1 KiB reserved per block): CUDA C++ Programming Guide, "Compute Capabilities", table
+  "Technical Specifications per Compute Capability"; allocation granularities: the
+  ``cuda_occupancy.h`` header shipped with the CUDA runtime (register unit 256 per warp,
+  shared memory unit 128 B on 8.x/9.x, 4 sub-partitions per SM).
+- SM counts: NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs), NVIDIA A40
+  datasheet / GA102 whitepaper (84 SMs), NVIDIA H100 Tensor Core GPU Architecture whitepaper
+  (132 SMs for H100 SXM5), H200 (132 SMs: the same GH100 configuration as H100 SXM5, confirmed
+  by the device attributes in shared/notes/h200-measurements.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from .errors import ShimrtError
+
+
+@dataclass(frozen=True)
+class Target:
+    """Resource limits of one GPU (per SM or CU unless said otherwise).
+
+    Fields follow the CUDA names; for AMD targets an SM is a CU and a warp a wavefront.
+    """
+
+    name: str
+    backend: str                  # "cuda" or "hip"
+    arch: str                     # "sm_80", "sm_86", "sm_90", "gfx90a"
+    num_sms: int
+    warp_size: int
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    regs_per_sm: int
+    max_regs_per_thread: int
+    smem_per_sm: int              # bytes of shared memory the SM can give to blocks
+    smem_per_block_optin: int     # largest a single block may ask for, after opting in
+    reserved_smem_per_block: int  # bytes the driver reserves for every resident block
+    max_threads_per_block: int = 1024
+    max_smem_per_block_default: int = 48 * 1024  # above this a kernel must opt in
+    reg_alloc_unit: int = 256     # registers are allocated per warp in units of this many
+    smem_alloc_unit: int = 128    # shared memory per block is rounded up to this
+    warp_alloc_granularity: int = 1
+    subpartitions_per_sm: int = 4
+
+    def __post_init__(self):
+        if self.backend not in ("cuda", "hip"):
+            raise ShimrtError(f"Target.backend must be 'cuda' or 'hip', not {self.backend!r}")
+        for field in ("num_sms", "warp_size", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm",
+                      "max_regs_per_thread", "smem_per_sm", "smem_per_block_optin",
+                      "max_threads_per_block", "reg_alloc_unit", "smem_alloc_unit"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ShimrtError(f"Target.{field} must be a positive int, got {value!r}")
+        if self.reserved_smem_per_block < 0:
+            raise ShimrtError("Target.reserved_smem_per_block must be >= 0")
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """(major, minor) for CUDA targets, None for others."""
+        m = re.fullmatch(r"sm_(\d+)(\d)a?", self.arch)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    def with_(self, **changes) -> "Target":
+        """A copy with some fields changed (for example a device's measured values)."""
+        return replace(self, **changes)
+
+
+def _ampere_hopper(name, arch, num_sms, *, threads, blocks, smem_per_sm, optin):
+    return Target(name=name, backend="cuda", arch=arch, num_sms=num_sms, warp_size=32,
+                  max_threads_per_sm=threads, max_blocks_per_sm=blocks, regs_per_sm=65536,
+                  max_regs_per_thread=255, smem_per_sm=smem_per_sm, smem_per_block_optin=optin,
+                  reserved_smem_per_block=1024)
+
+
+_KIB = 1024
+
+# CC 8.0: 2048 threads, 32 blocks, 164 KiB smem per SM, 163 KiB per block.
+# CC 8.6: 1536 threads, 16 blocks, 100 KiB per SM, 99 KiB per block.
+# CC 9.0: 2048 threads, 32 blocks, 228 KiB per SM, 227 KiB per block.
+PROFILES: dict[str, Target] = {
+    t.name: t for t in (
+        _ampere_hopper("A100", "sm_80", 108, threads=2048, blocks=32, smem_per_sm=164 * _KIB, optin=163 * _KIB),
+        _ampere_hopper("A40", "sm_86", 84, threads=1536, blocks=16, smem_per_sm=100 * _KIB, optin=99 * _KIB),
+        _ampere_hopper("H100", "sm_90", 132, threads=2048, blocks=32, smem_per_sm=228 * _KIB, optin=227 * _KIB),
+        _ampere_hopper("H200", "sm_90", 132, threads=2048, blocks=32, smem_per_sm=228 * _KIB, optin=227 * _KIB),
+    )
+}
+
+# Other spellings users type; keys are lower case with spaces, dashes and underscores removed.
+_ALIASES = {
+    "h100sxm": "H100", "h100sxm5": "H100", "nvidiah100": "H100", "nvidiah10080gbhbm3": "H100",
+    "nvidiah200": "H200", "nvidiaa100": "A100", "nvidiaa40": "A40",
+    "a10040gb": "A100", "a10080gb": "A100", "a100sxm": "A100", "a100sxm480gb": "A100",
+}
+
+# An arch names the first profile written for it.
+_BY_ARCH = {t.arch: t.name for t in reversed(PROFILES.values())}
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[\s_\-]", "", text.lower())
+
+
+def names() -> list[str]:
+    """The profile names, then the arches, that :func:`get` accepts."""
+    return list(PROFILES) + sorted(_BY_ARCH)
+
+
+def get(name: "str | Target") -> Target:
+    """The profile for a product name ("H200", "a100") or an arch ("sm_90", "gfx90a").
+
+    Case and separators are ignored. An arch gives the first profile of that arch (sm_90 -> H100).
+    """
+    if isinstance(name, Target):
+        return name
+    if not isinstance(name, str):
+        raise ShimrtError(f"a target is a name like 'H200' or 'sm_90', not {type(name).__name__}")
+    key = _key(name)
+    for pname in PROFILES:
+        if _key(pname) == key:
+            return PROFILES[pname]
+    if key in _ALIASES:
+        return PROFILES[_ALIASES[key]]
+    for arch, pname in _BY_ARCH.items():
+        if _key(arch) == key:
+            return PROFILES[pname]
+    raise ShimrtError(f"unknown target {name!r}; known: {', '.join(names())}")
