@@ -1,0 +1,20 @@
+"""shimrt: computation and collective communication that truly overlap on multi-GPU machines.
+
+Public names: :class:`Device` (and its Module, Kernel, Stream, Event, Buffer), :func:`compile`,
+:mod:`targets`, :mod:`kernels`, and the errors.
+"""
+
+from . import kernels, targets
+from .compiler import compile
+from .device import Buffer, Device, Event, Kernel, Module, Stream
+from .errors import CollectiveError, CompileError, DriverError, NoDeviceError, ShimrtError, UsageError
+from .program import KernelResources, Program
+from .targets import Target
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Buffer", "CollectiveError", "CompileError", "Device", "DriverError", "Event", "Kernel",
+    "KernelResources", "Module", "NoDeviceError", "Program", "ShimrtError", "Stream", "Target",
+    "UsageError", "compile", "kernels", "targets", "__version__",
+]

@@ -1,0 +1,142 @@
+"""Kernel arguments: device pointers from any array library, scalars packed to the kernel's layout.
+
+The rule, checked before every launch:
+- a shimrt Buffer, or any object with ``__cuda_array_interface__`` or device DLPack
+  (torch, CuPy, JAX arrays) is passed as its data pointer; the parameter must be 8 bytes;
+- a numpy scalar (``np.float32(2)``, ``np.int64(n)``) or a ctypes scalar is passed as its
+  bytes; its size must equal the parameter's;
+- a plain Python ``int`` takes the parameter's size as a signed integer (an unsigned value
+  that only fits unsigned is accepted); a plain ``float`` is float32 for a 4-byte parameter
+  and float64 for an 8-byte one. Where the driver cannot report parameter sizes, plain
+  Python numbers are refused: pass numpy scalars.
+- a host array (numpy) is refused: copy it with ``Device.to_device`` first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+import numpy as np
+
+from . import dlpack
+from .errors import UsageError
+
+_INT = {1: "b", 2: "h", 4: "i", 8: "q"}
+_UINT = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_FLOAT = {4: "f", 8: "d"}
+
+
+def pointer_of(obj) -> int | None:
+    """The device address behind ``obj``, or None if it is not a device array."""
+    ptr = getattr(obj, "device_pointer", None)  # shimrt Buffer (fast path)
+    if ptr is not None:
+        return ptr
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0] or 0)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        kind, _ = dlpack.device_of(obj)
+        if kind not in dlpack.DEVICE_MEMORY:
+            return None
+        return dlpack.data_pointer(obj)
+    return None
+
+
+def _describe(obj) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
+
+
+def encode(index: int, value, size: int) -> bytes:
+    """The bytes of argument ``index`` for a parameter of ``size`` bytes (see the module rule)."""
+    if isinstance(value, (np.generic, ctypes._SimpleCData)):
+        raw = value.tobytes() if isinstance(value, np.generic) else bytes(value)
+        if len(raw) != size:
+            raise UsageError(f"argument {index}: {_describe(value)} is {len(raw)} bytes but the kernel's "
+                             f"parameter is {size} bytes")
+        return raw
+    if isinstance(value, (bool, int)) and not isinstance(value, np.ndarray):
+        value = int(value)
+        for table in (_INT, _UINT):
+            if size in table:
+                try:
+                    return struct.pack("<" + table[size], value)
+                except struct.error:
+                    continue
+        raise UsageError(f"argument {index}: {value} does not fit the kernel's {size}-byte integer parameter")
+    if isinstance(value, float):
+        if size not in _FLOAT:
+            raise UsageError(f"argument {index}: a float cannot fill a {size}-byte parameter")
+        return struct.pack("<" + _FLOAT[size], value)
+    if isinstance(value, np.ndarray):
+        raise UsageError(f"argument {index}: a numpy array lives on the host; pass device memory "
+                         "(Device.to_device(array)) or a numpy scalar")
+    ptr = pointer_of(value)
+    if ptr is None:
+        raise UsageError(f"argument {index}: cannot pass {_describe(value)} to a kernel; pass device memory "
+                         "(a Buffer, a torch/CuPy array), a numpy scalar or a Python int/float")
+    if size != 8:
+        raise UsageError(f"argument {index}: a device pointer is 8 bytes but the kernel's parameter is {size}")
+    return struct.pack("<Q", ptr)
+
+
+class Packer:
+    """Packs arguments into one reusable parameter block for a kernel's parameter layout.
+
+    The driver copies the parameters during the launch call, so the block can be reused;
+    a lock keeps concurrent launches of one kernel from sharing it mid-pack.
+    """
+
+    def __init__(self, kernel_name: str, layout: list[tuple[int, int]] | None):
+        self.name = kernel_name
+        self.layout = layout
+        self.lock = threading.Lock()
+        if layout is not None:
+            self._prepare(layout)
+
+    def _prepare(self, layout):
+        total = max((o + s for o, s in layout), default=0)
+        self._block = (ctypes.c_char * max(total, 1))()
+        self._view = memoryview(self._block).cast("B")
+        base = ctypes.addressof(self._block)
+        self._pointers = (ctypes.c_void_p * max(len(layout), 1))(*[base + o for o, _ in layout])
+        self.address = ctypes.addressof(self._pointers)
+        # Fast path for the commonest arguments: a Buffer packs its pointer with no checks.
+        self._slots = [(o, s) for o, s in layout]
+
+    def pack(self, args: tuple) -> int:
+        """Write ``args`` into the parameter block; return the address of the pointer array."""
+        if self.layout is None:
+            self._prepare(self._infer(args))
+        elif len(args) != len(self.layout):
+            sizes = ", ".join(str(s) for _, s in self.layout)
+            raise UsageError(f"kernel {self.name} takes {len(self.layout)} arguments "
+                             f"(parameter sizes {sizes} bytes), got {len(args)}")
+        view = self._view
+        for i, (value, (offset, size)) in enumerate(zip(args, self._slots)):
+            ptr = getattr(value, "device_pointer", None)
+            if ptr is not None and size == 8:
+                struct.pack_into("<Q", view, offset, ptr)
+            else:
+                view[offset:offset + size] = encode(i, value, size)
+        return self.address
+
+    def _infer(self, args) -> list[tuple[int, int]]:
+        """Natural-alignment layout from the arguments alone (drivers without cuFuncGetParamInfo)."""
+        layout, offset = [], 0
+        for i, value in enumerate(args):
+            if isinstance(value, np.generic):
+                size = value.itemsize
+            elif isinstance(value, ctypes._SimpleCData):
+                size = ctypes.sizeof(value)
+            elif isinstance(value, (int, float)):
+                raise UsageError(f"argument {i}: this driver cannot report kernel {self.name}'s parameter sizes, "
+                                 "so plain Python numbers are ambiguous; pass numpy scalars (np.int32(n))")
+            else:
+                size = 8
+            offset = -(-offset // size) * size
+            layout.append((offset, size))
+            offset += size
+        return layout

@@ -1,0 +1,305 @@
+"""The CUDA driver API, through cuda-python, behind the small interface ``shimrt.device`` uses.
+
+``shimrt/hip/driver.py`` provides the same names over hip-python. Handles returned here are
+the binding's own objects; the device layer keeps them opaque.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import NoDeviceError
+from .check import _bindings, check, raise_for
+
+NAME = "cuda"
+DLPACK_DEVICE_TYPE = 2          # kDLCUDA
+TIMESTAMP_HZ = 1_000_000_000    # %globaltimer counts nanoseconds
+
+_ATTRS = {  # our name -> CU_DEVICE_ATTRIBUTE_*
+    "num_sms": "MULTIPROCESSOR_COUNT",
+    "warp_size": "WARP_SIZE",
+    "max_threads_per_sm": "MAX_THREADS_PER_MULTIPROCESSOR",
+    "max_blocks_per_sm": "MAX_BLOCKS_PER_MULTIPROCESSOR",
+    "regs_per_sm": "MAX_REGISTERS_PER_MULTIPROCESSOR",
+    "smem_per_sm": "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "smem_per_block_optin": "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+    "reserved_smem_per_block": "RESERVED_SHARED_MEMORY_PER_BLOCK",
+    "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
+    "max_smem_per_block_default": "MAX_SHARED_MEMORY_PER_BLOCK",
+    "cc_major": "COMPUTE_CAPABILITY_MAJOR",
+    "cc_minor": "COMPUTE_CAPABILITY_MINOR",
+}
+
+_FUNC_ATTRS = {  # our name -> CU_FUNC_ATTRIBUTE_*
+    "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
+    "static_smem": "SHARED_SIZE_BYTES",
+    "const_bytes": "CONST_SIZE_BYTES",
+    "local_bytes": "LOCAL_SIZE_BYTES",
+    "registers": "NUM_REGS",
+    "ptx_version": "PTX_VERSION",
+    "binary_version": "BINARY_VERSION",
+    "max_dynamic_smem": "MAX_DYNAMIC_SHARED_SIZE_BYTES",
+}
+
+_current = threading.local()  # the context made current on this thread, to skip redundant calls
+
+
+def _driver():
+    return _bindings()[0]
+
+
+def init() -> None:
+    """Load and initialise the driver; :class:`NoDeviceError` with one line if there is none."""
+    try:
+        driver = _driver()
+        (err,) = driver.cuInit(0)
+    except NoDeviceError:
+        raise
+    except Exception as exc:  # cuda.pathfinder raises when libcuda.so is absent
+        raise NoDeviceError(f"no CUDA driver: {exc}".splitlines()[0]) from None
+    if int(err) != 0:
+        name = getattr(err, "name", str(err))
+        if name == "CUDA_ERROR_NO_DEVICE":
+            raise NoDeviceError("the CUDA driver is loaded but reports no device (CUDA_ERROR_NO_DEVICE)")
+        raise NoDeviceError(f"cuInit failed: {name}")
+
+
+def version() -> int:
+    """The driver's CUDA version as 1000 * major + 10 * minor."""
+    return check(_driver().cuDriverGetVersion(), "cuDriverGetVersion")
+
+
+def device_count() -> int:
+    return check(_driver().cuDeviceGetCount(), "cuDeviceGetCount")
+
+
+def get_device(index: int):
+    return check(_driver().cuDeviceGet(index), "cuDeviceGet")
+
+
+def device_name(dev) -> str:
+    raw = check(_driver().cuDeviceGetName(256, dev), "cuDeviceGetName")
+    return raw.split(b"\0", 1)[0].decode()
+
+
+def device_properties(dev) -> dict:
+    """The attributes a Target needs, plus name, arch and total memory."""
+    driver = _driver()
+    props = {}
+    for ours, theirs in _ATTRS.items():
+        attr = getattr(driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + theirs)
+        props[ours] = check(driver.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute")
+    props["arch"] = f"sm_{props.pop('cc_major')}{props.pop('cc_minor')}"
+    props["name"] = device_name(dev)
+    props["total_memory"] = check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
+    return props
+
+
+def context_retain(dev):
+    return check(_driver().cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+
+
+def context_release(dev) -> None:
+    check(_driver().cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+    _current.ctx = None
+
+
+def make_current(ctx) -> None:
+    """Make ``ctx`` current on this thread (a no-op when it already is)."""
+    if getattr(_current, "ctx", None) is not ctx:
+        check(_driver().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        _current.ctx = ctx
+
+
+def synchronize() -> None:
+    check(_driver().cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def priority_range() -> tuple[int, int]:
+    """(least, greatest) stream priority of the current context; greater priority is lower."""
+    least, greatest = check(_driver().cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+    return int(least), int(greatest)
+
+
+# --- modules and functions ---------------------------------------------------------------
+
+def module_load(binary: bytes):
+    return check(_driver().cuModuleLoadData(binary), "cuModuleLoadData")
+
+
+def module_unload(module) -> None:
+    check(_driver().cuModuleUnload(module), "cuModuleUnload")
+
+
+def module_function(module, name: str):
+    """The function ``name``, or None when the module has no such kernel."""
+    driver = _driver()
+    err, fn = driver.cuModuleGetFunction(module, name.encode())
+    if err == driver.CUresult.CUDA_ERROR_NOT_FOUND:
+        return None
+    check((err,), f"cuModuleGetFunction({name!r})")
+    return fn
+
+
+def function_attributes(fn) -> dict:
+    driver = _driver()
+    out = {}
+    for ours, theirs in _FUNC_ATTRS.items():
+        attr = getattr(driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_" + theirs)
+        out[ours] = check(driver.cuFuncGetAttribute(attr, fn), "cuFuncGetAttribute")
+    return out
+
+
+def function_param_layout(fn) -> list[tuple[int, int]] | None:
+    """[(offset, size)] of each kernel parameter from the driver, or None if it cannot say."""
+    driver = _driver()
+    if not hasattr(driver, "cuFuncGetParamInfo"):
+        return None
+    count = None
+    if hasattr(driver, "cuFuncGetParamCount"):
+        err, n = driver.cuFuncGetParamCount(fn)
+        count = int(n) if int(err) == 0 else None
+    layout = []
+    index = 0
+    while count is None or index < count:
+        err, offset, size = driver.cuFuncGetParamInfo(fn, index)
+        if int(err) != 0:
+            if count is None and err == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+                break  # walked past the last parameter
+            if err == driver.CUresult.CUDA_ERROR_NOT_SUPPORTED:
+                return None
+            raise_for("cuFuncGetParamInfo", err)
+        layout.append((int(offset), int(size)))
+        index += 1
+    return layout
+
+
+def function_set_max_dynamic_smem(fn, nbytes: int) -> None:
+    driver = _driver()
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    check(driver.cuFuncSetAttribute(fn, attr, nbytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+
+
+def occupancy(fn, block_size: int, dynamic_smem: int) -> int:
+    return check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, dynamic_smem),
+                 "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+
+
+def launcher():
+    """A function launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params_address) for the hot path."""
+    driver = _driver()
+    launch = driver.cuLaunchKernel
+
+    def launch_kernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params):
+        (err,) = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
+        if err:
+            raise_for("cuLaunchKernel", err)
+
+    return launch_kernel
+
+
+# --- memory ------------------------------------------------------------------------------
+
+def mem_alloc(nbytes: int) -> int:
+    return int(check(_driver().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes})"))
+
+
+def mem_free(ptr: int) -> None:
+    check(_driver().cuMemFree(ptr), "cuMemFree")
+
+
+def mem_info() -> tuple[int, int]:
+    """(free, total) bytes of device memory."""
+    free, total = check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+    return int(free), int(total)
+
+
+def memcpy_htod(dst: int, src_host: int, nbytes: int, stream) -> None:
+    check(_driver().cuMemcpyHtoDAsync(dst, src_host, nbytes, stream), "cuMemcpyHtoDAsync")
+
+
+def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream) -> None:
+    check(_driver().cuMemcpyDtoHAsync(dst_host, src, nbytes, stream), "cuMemcpyDtoHAsync")
+
+
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream) -> None:
+    check(_driver().cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+
+def memset_d8(dst: int, value: int, nbytes: int, stream) -> None:
+    check(_driver().cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
+
+
+# --- streams and events ------------------------------------------------------------------
+
+def stream_create(priority: int):
+    """A non-blocking stream (no implicit sync with the legacy default stream)."""
+    driver = _driver()
+    flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
+    return check(driver.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority")
+
+
+def stream_priority(stream) -> int:
+    return int(check(_driver().cuStreamGetPriority(stream), "cuStreamGetPriority"))
+
+
+def stream_destroy(stream) -> None:
+    check(_driver().cuStreamDestroy(stream), "cuStreamDestroy")
+
+
+def stream_synchronize(stream) -> None:
+    check(_driver().cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+
+def stream_query(stream) -> bool:
+    """True when all work on the stream has finished."""
+    driver = _driver()
+    (err,) = driver.cuStreamQuery(stream)
+    if err == driver.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check((err,), "cuStreamQuery")
+    return True
+
+
+def stream_wait_event(stream, event) -> None:
+    check(_driver().cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+
+
+def stream_handle(stream) -> int:
+    """The stream as an integer (what __cuda_array_interface__ and other libraries take)."""
+    return int(stream)
+
+
+def null_stream():
+    return _driver().CUstream(0)
+
+
+def event_create(timing: bool):
+    driver = _driver()
+    flags = driver.CUevent_flags.CU_EVENT_DEFAULT if timing else driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
+    return check(driver.cuEventCreate(flags), "cuEventCreate")
+
+
+def event_record(event, stream) -> None:
+    check(_driver().cuEventRecord(event, stream), "cuEventRecord")
+
+
+def event_synchronize(event) -> None:
+    check(_driver().cuEventSynchronize(event), "cuEventSynchronize")
+
+
+def event_query(event) -> bool:
+    driver = _driver()
+    (err,) = driver.cuEventQuery(event)
+    if err == driver.CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check((err,), "cuEventQuery")
+    return True
+
+
+def event_elapsed_ms(start, end) -> float:
+    return float(check(_driver().cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+
+
+def event_destroy(event) -> None:
+    check(_driver().cuEventDestroy(event), "cuEventDestroy")

@@ -1,0 +1,593 @@
+"""Device, Module, Kernel, Stream, Event and Buffer over a backend (``shimrt.cuda`` or ``shimrt.hip``).
+
+Lifetime: every object that owns a driver resource frees it on ``close()``, on leaving its
+``with`` block, when it is garbage collected, or at interpreter exit (children before the
+device), and errors during that late cleanup are ignored rather than printed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import weakref
+from typing import Iterable
+
+import numpy as np
+
+from . import compiler, targets
+from .args import Packer
+from .config import settings
+from .errors import NoDeviceError, ShimrtError, UsageError
+from .program import Program
+from .targets import Target
+
+BACKENDS = ("cuda", "hip")
+_MAX_GRID = (2**31 - 1, 65535, 65535)
+
+
+def backend_module(name: str):
+    """The driver module of backend ``name``; NoDeviceError if it cannot be used at all."""
+    if name not in BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, not {name!r}")
+    try:
+        return importlib.import_module(f"shimrt.{name}.driver")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"shimrt.{name}.driver":
+            raise NoDeviceError(f"the {name} backend is not available in this version of shimrt") from None
+        raise
+
+
+def _quiet(fn, *args):
+    """Run a release call from a finalizer; the driver may already be gone at exit."""
+    try:
+        fn(*args)
+    except Exception:
+        pass
+
+
+def _dim3(value, what: str) -> tuple[int, int, int]:
+    if isinstance(value, (int, np.integer)):
+        dims = (int(value),)
+    elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
+        dims = tuple(int(v) for v in value)
+    else:
+        raise UsageError(f"{what} must be an int or a tuple of 1-3 ints, not {value!r}")
+    dims = dims + (1,) * (3 - len(dims))
+    if any(d < 1 for d in dims):
+        raise UsageError(f"{what} dimensions must be positive, got {dims}")
+    return dims
+
+
+def _wait(query, timeout: float | None, what: str) -> None:
+    """Poll ``query`` until it is true; ShimrtError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = 1e-5
+    while not query():
+        if time.monotonic() > deadline:
+            raise ShimrtError(f"{what} did not finish within {timeout} s")
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
+
+
+class Device:
+    """One GPU, through the CUDA backend when a CUDA driver and device are present (or HIP).
+
+    ``backend`` (or ``SHIMRT_BACKEND``) forces one. With no driver or no device this raises
+    :class:`NoDeviceError` whose message says why in one line.
+    """
+
+    def __init__(self, index: int = 0, backend: str | None = None):
+        if not isinstance(index, int) or index < 0:
+            raise UsageError(f"device index must be a non-negative int, not {index!r}")
+        requested = backend or settings().backend
+        reasons = []
+        for name in ([requested] if requested else list(BACKENDS)):
+            try:
+                drv = backend_module(name)
+                drv.init()
+                count = drv.device_count()
+                if count == 0:
+                    raise NoDeviceError(f"the {name} driver reports no device")
+                break
+            except NoDeviceError as exc:
+                reasons.append(f"{name}: {exc}")
+        else:
+            raise NoDeviceError("no GPU available (" + "; ".join(reasons) + ")")
+        if index >= count:
+            raise NoDeviceError(f"device {index} does not exist: the {name} driver reports {count} device(s)")
+        self.index = index
+        self.backend = name
+        self._drv = drv
+        self._dev = drv.get_device(index)
+        self._ctx = drv.context_retain(self._dev)
+        self._finalizer = weakref.finalize(self, _quiet, drv.context_release, self._dev)
+        drv.make_current(self._ctx)
+        props = drv.device_properties(self._dev)
+        self.name = props["name"]
+        self.total_memory = props["total_memory"]
+        self.target = _target_from(props, name)
+        self.priority_range = drv.priority_range()  # (least, greatest)
+        self.timestamp_hz = drv.TIMESTAMP_HZ
+        self._null = drv.null_stream()
+
+    def __repr__(self):
+        return f"<shimrt.Device {self.index}: {self.name} ({self.backend}, {self.target.arch})>"
+
+    # --- lifetime ---
+    def close(self) -> None:
+        """Release the device's context. Objects made from it must be closed first."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def activate(self) -> None:
+        """Make this device's context current on the calling thread."""
+        if self.closed:
+            raise UsageError(f"{self!r} is closed")
+        self._drv.make_current(self._ctx)
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait for all work on the device (at most ``timeout`` seconds when given)."""
+        self.activate()
+        if timeout is None:
+            self._drv.synchronize()
+        else:
+            ev = self.event(timing=False)
+            try:
+                self._drv.event_record(ev._handle, self._null)
+                _wait(ev.query, timeout, f"work on {self!r}")
+            finally:
+                ev.close()
+            self._drv.synchronize()
+
+    # --- compile and load ---
+    def compile(self, source: str, *, options: Iterable[str] = (), name: str = "kernel.cu") -> Program:
+        """``shimrt.compile`` for this device's own target."""
+        return compiler.compile(source, self.target, options=options, name=name)
+
+    def load(self, program: Program) -> "Module":
+        """Load a compiled program; its kernels are ``module["name"]``."""
+        if not isinstance(program, Program):
+            raise UsageError(f"load() takes a Program from shimrt.compile, not {type(program).__name__}")
+        _check_compatible(program.target, self.target)
+        self.activate()
+        return Module(self, self._drv.module_load(program.binary), program)
+
+    # --- memory ---
+    def alloc(self, nbytes: int) -> "Buffer":
+        """``nbytes`` of uninitialised device memory (a uint8 Buffer)."""
+        return self.empty((int(nbytes),), np.uint8)
+
+    def empty(self, shape, dtype=np.float32) -> "Buffer":
+        """An uninitialised device array of ``shape`` and ``dtype``."""
+        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise UsageError(f"shape must be non-negative, got {shape}")
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.activate()
+        ptr = self._drv.mem_alloc(nbytes) if nbytes else 0
+        return Buffer(self, ptr, nbytes, shape, dtype, owner=None)
+
+    def to_device(self, array, stream: "Stream | None" = None) -> "Buffer":
+        """A device copy of a host array (same dtype and shape)."""
+        host = np.ascontiguousarray(array)
+        buf = self.empty(host.shape, host.dtype)
+        buf.copy_from_host(host, stream=stream)
+        return buf
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+        self.activate()
+        return self._drv.mem_info()
+
+    # --- streams and events ---
+    def stream(self, priority: "str | int" = "low") -> "Stream":
+        """A non-blocking stream. ``"high"`` is the device's greatest priority, ``"low"`` its least;
+        an int must lie in the device's range (see ``priority_range``)."""
+        least, greatest = self.priority_range
+        if priority == "high":
+            value = greatest
+        elif priority == "low":
+            value = least
+        elif isinstance(priority, (int, np.integer)) and not isinstance(priority, bool):
+            value = int(priority)
+            if not min(least, greatest) <= value <= max(least, greatest):
+                raise UsageError(f"stream priority {value} is outside this device's range "
+                                 f"[{greatest} (greatest), {least} (least)]")
+        else:
+            raise UsageError(f"priority must be 'high', 'low' or an int, not {priority!r}")
+        self.activate()
+        return Stream(self, self._drv.stream_create(value))
+
+    def event(self, timing: bool = True) -> "Event":
+        """An event; ``timing=False`` makes it cheaper but unusable for elapsed time."""
+        self.activate()
+        return Event(self, self._drv.event_create(timing), timing)
+
+    def _stream_handle(self, stream):
+        """The backend handle of ``stream``: a shimrt Stream, None (the legacy default stream),
+        or another library's stream exposing ``__cuda_stream__`` or ``cuda_stream``."""
+        if stream is None:
+            return self._null
+        if isinstance(stream, Stream):
+            if stream._handle is None:
+                raise UsageError("the stream is closed")
+            if stream.device is not self:
+                raise UsageError("the stream belongs to another Device")
+            return stream._handle
+        if hasattr(stream, "__cuda_stream__"):
+            return int(stream.__cuda_stream__()[1])
+        if hasattr(stream, "cuda_stream"):
+            return int(stream.cuda_stream)
+        raise UsageError(f"stream must be a shimrt Stream, None or a CUDA stream object, not {type(stream).__name__}")
+
+
+def _target_from(props: dict, backend: str) -> Target:
+    """A Target filled from a real device's attributes; granularities from the arch's profile."""
+    try:
+        base = targets.get(props["arch"])
+    except ShimrtError:
+        base = None
+    fields = {k: props[k] for k in ("num_sms", "warp_size", "max_threads_per_sm", "max_blocks_per_sm",
+                                     "regs_per_sm", "smem_per_sm", "smem_per_block_optin",
+                                     "reserved_smem_per_block", "max_threads_per_block",
+                                     "max_smem_per_block_default")}
+    if base is not None:
+        return base.with_(name=props["name"], **fields)
+    return Target(name=props["name"], backend=backend, arch=props["arch"], max_regs_per_thread=255, **fields)
+
+
+def _check_compatible(built: Target, device: Target) -> None:
+    if built.backend != device.backend:
+        raise UsageError(f"program was compiled for {built.backend} ({built.arch}) but the device is {device.backend}")
+    if built.arch == device.arch:
+        return
+    b, d = built.compute_capability, device.compute_capability
+    # A CUBIN runs on the same major version with an equal or newer minor (never for sm_XXa).
+    if b and d and b[0] == d[0] and b[1] <= d[1] and not built.arch.endswith("a"):
+        return
+    raise UsageError(f"program was compiled for {built.arch} ({built.name}); this device is {device.arch}: "
+                     "compile for device.target")
+
+
+class Module:
+    """A loaded program. ``module["name"]`` gives a :class:`Kernel`."""
+
+    def __init__(self, device: Device, handle, program: Program):
+        self.device, self.program, self._handle = device, program, handle
+        self._kernels: dict[str, Kernel] = {}
+        self._finalizer = weakref.finalize(self, _quiet, device._drv.module_unload, handle)
+
+    def __getitem__(self, name: str) -> "Kernel":
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            if self._handle is None:
+                raise UsageError("the module is closed")
+            self.device.activate()
+            fn = self.device._drv.module_function(self._handle, name)
+            if fn is None:
+                raise UsageError(f"no kernel {name!r} in {self.program.name}; it has: {', '.join(self.program.kernels)}"
+                                 " (kernels need extern \"C\" or SHIMRT_KERNEL to keep their names)")
+            kernel = self._kernels[name] = Kernel(self, name, fn)
+        return kernel
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.program.resources
+
+    @property
+    def kernels(self) -> list[str]:
+        return self.program.kernels
+
+    def close(self) -> None:
+        """Unload the module; its kernels can no longer be launched."""
+        self._handle = None
+        for k in self._kernels.values():
+            k._fn = None
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Kernel:
+    """One kernel of a loaded module."""
+
+    def __init__(self, module: Module, name: str, fn):
+        self.module, self.name, self._fn = module, name, fn
+        self.device = module.device
+        drv = self.device._drv
+        self.resources = module.program.resources.get(name)
+        self.attributes: dict = drv.function_attributes(fn)
+        self.param_layout = drv.function_param_layout(fn)
+        self._packer = Packer(name, self.param_layout)
+        self._launch = drv.launcher()
+        self._max_threads = self.attributes["max_threads_per_block"]
+        self._smem_limit = self.attributes["max_dynamic_smem"]
+
+    def __repr__(self):
+        return f"<shimrt.Kernel {self.name} on {self.device.name}>"
+
+    def _opt_in(self, smem: int) -> None:
+        """Raise the kernel's dynamic smem limit to ``smem`` (needed above 48 KiB)."""
+        if not isinstance(smem, (int, np.integer)) or smem < 0:
+            raise UsageError(f"smem must be a non-negative int of bytes, not {smem!r}")
+        smem = int(smem)
+        if smem <= self._smem_limit:
+            return
+        static = self.attributes["static_smem"]
+        limit = self.device.target.smem_per_block_optin
+        if static + smem > limit:
+            raise UsageError(f"kernel {self.name}: {smem} B of dynamic shared memory + {static} B static exceeds "
+                             f"the device's {limit} B per block (so at most {limit - static} B dynamic)")
+        self.device.activate()
+        self.device._drv.function_set_max_dynamic_smem(self._fn, smem)
+        self._smem_limit = smem
+
+    def max_active_blocks(self, block_size: int, dynamic_smem: int = 0) -> int:
+        """Blocks of this kernel that fit on one SM at once (the driver's occupancy query)."""
+        if not isinstance(block_size, (int, np.integer)) or not 1 <= block_size <= self._max_threads:
+            raise UsageError(f"block_size must be 1..{self._max_threads} for kernel {self.name}, not {block_size!r}")
+        self._opt_in(dynamic_smem)
+        self.device.activate()
+        return self.device._drv.occupancy(self._fn, int(block_size), int(dynamic_smem))
+
+    def launch(self, grid, block, *args, stream=None, smem: int = 0) -> None:
+        """Launch on ``stream`` (None: the legacy default stream) with ``smem`` bytes of dynamic
+        shared memory. ``grid`` and ``block`` are ints or tuples of up to 3 ints. Argument
+        rules: see :mod:`shimrt.args`. Dynamic smem above 48 KiB is opted in automatically."""
+        if self._fn is None:
+            raise UsageError(f"kernel {self.name}: its module is closed")
+        if type(grid) is int and type(block) is int and 0 < grid <= _MAX_GRID[0] and 0 < block <= self._max_threads:
+            gx, gy, gz, bx, by, bz = grid, 1, 1, block, 1, 1
+        else:
+            gx, gy, gz = _dim3(grid, "grid")
+            bx, by, bz = _dim3(block, "block")
+            if gx > _MAX_GRID[0] or gy > _MAX_GRID[1] or gz > _MAX_GRID[2]:
+                raise UsageError(f"grid {(gx, gy, gz)} exceeds the limits {_MAX_GRID}")
+            if bx * by * bz > self._max_threads:
+                raise UsageError(f"kernel {self.name}: a block of {bx * by * bz} threads exceeds its limit of "
+                                 f"{self._max_threads} (from its registers and launch bounds)")
+        if smem and smem > self._smem_limit:
+            self._opt_in(smem)
+        handle = self.device._null if stream is None else self.device._stream_handle(stream)
+        dev = self.device
+        dev._drv.make_current(dev._ctx)
+        with self._packer.lock:
+            params = self._packer.pack(args)
+            self._launch(self._fn, gx, gy, gz, bx, by, bz, smem, handle, params)
+
+
+class Stream:
+    """A non-blocking stream with a fixed priority. ``priority`` is read back from the driver."""
+
+    def __init__(self, device: Device, handle):
+        self.device, self._handle = device, handle
+        self._finalizer = weakref.finalize(self, _quiet, device._drv.stream_destroy, handle)
+
+    @property
+    def priority(self) -> int:
+        return self.device._drv.stream_priority(self._live())
+
+    @property
+    def handle(self) -> int:
+        """The stream as an integer, for other libraries."""
+        return self.device._drv.stream_handle(self._live())
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+    def _live(self):
+        if self._handle is None:
+            raise UsageError("the stream is closed")
+        return self._handle
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait for the stream's work (ShimrtError after ``timeout`` seconds when given)."""
+        self.device.activate()
+        if timeout is None:
+            self.device._drv.stream_synchronize(self._live())
+        else:
+            _wait(self.query, timeout, "the stream's work")
+            self.device._drv.stream_synchronize(self._live())
+
+    def query(self) -> bool:
+        """True when everything queued on the stream has finished."""
+        return self.device._drv.stream_query(self._live())
+
+    def wait(self, event: "Event") -> None:
+        """Make later work on this stream wait for ``event``."""
+        self.device._drv.stream_wait_event(self._live(), event._live())
+
+    def record(self, event: "Event | None" = None) -> "Event":
+        """Record ``event`` (or a new timing event) on this stream and return it."""
+        event = event or self.device.event()
+        event.record(self)
+        return event
+
+    def close(self) -> None:
+        self._handle = None
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Event:
+    """A device event: record on a stream, wait for it, time between two of them."""
+
+    def __init__(self, device: Device, handle, timing: bool):
+        self.device, self._handle, self.timing = device, handle, timing
+        self._finalizer = weakref.finalize(self, _quiet, device._drv.event_destroy, handle)
+
+    def _live(self):
+        if self._handle is None:
+            raise UsageError("the event is closed")
+        return self._handle
+
+    def record(self, stream=None) -> "Event":
+        self.device._drv.event_record(self._live(), self.device._stream_handle(stream))
+        return self
+
+    def query(self) -> bool:
+        return self.device._drv.event_query(self._live())
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        if timeout is not None:
+            _wait(self.query, timeout, "the event")
+        self.device._drv.event_synchronize(self._live())
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds from this event to ``end`` (both recorded, both with timing)."""
+        if not (self.timing and end.timing):
+            raise UsageError("elapsed time needs events created with timing=True")
+        return self.device._drv.event_elapsed_ms(self._live(), end._live())
+
+    def close(self) -> None:
+        self._handle = None
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Buffer:
+    """Device memory with a dtype and shape. Exposes ``__cuda_array_interface__`` and DLPack.
+
+    Host copies with ``stream=None`` first wait for all work on the device and return when the
+    copy is done; with a stream they are ordered on it (and still return when done).
+    """
+
+    def __init__(self, device: Device, ptr: int, nbytes: int, shape, dtype, owner):
+        self.device, self.nbytes, self.shape, self.dtype = device, nbytes, tuple(shape), np.dtype(dtype)
+        self.device_pointer = ptr  # read by the launch fast path; None once freed
+        self._owner = owner        # the Buffer whose memory a view shares
+        if owner is None and ptr:
+            self._finalizer = weakref.finalize(self, _quiet, device._drv.mem_free, ptr)
+        else:
+            self._finalizer = None
+
+    def __repr__(self):
+        return f"<shimrt.Buffer {self.shape} {self.dtype} on device {self.device.index}>"
+
+    @property
+    def ptr(self) -> int:
+        if self.device_pointer is None or (self._owner is not None and self._owner.device_pointer is None):
+            raise UsageError("the buffer has been freed")
+        return self.device_pointer
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def view(self, dtype=None, shape=None) -> "Buffer":
+        """The same memory as another dtype and/or shape (same number of bytes)."""
+        dtype = np.dtype(dtype or self.dtype)
+        if shape is None:
+            if self.nbytes % dtype.itemsize:
+                raise UsageError(f"{self.nbytes} bytes are not a whole number of {dtype}")
+            shape = (self.nbytes // dtype.itemsize,)
+        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != self.nbytes:
+            raise UsageError(f"a view of shape {shape} and dtype {dtype} is not {self.nbytes} bytes")
+        return Buffer(self.device, self.ptr, self.nbytes, shape, dtype, owner=self._owner or self)
+
+    def _host(self, array, writable: bool) -> np.ndarray:
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or (writable and not array.flags.writeable):
+            raise UsageError("host array must be a C-contiguous" + (" writable" if writable else "") + " numpy array")
+        if array.nbytes != self.nbytes:
+            raise UsageError(f"host array has {array.nbytes} bytes, the buffer {self.nbytes}")
+        return array
+
+    def _copy(self, fn, a, b, stream) -> None:
+        dev = self.device
+        dev.activate()
+        if stream is None:
+            dev._drv.synchronize()
+            fn(a, b, self.nbytes, dev._null)
+            dev._drv.synchronize()
+        else:
+            handle = dev._stream_handle(stream)
+            fn(a, b, self.nbytes, handle)
+            dev._drv.stream_synchronize(handle)
+
+    def copy_from_host(self, array, stream=None) -> "Buffer":
+        """Copy a host array of the same byte size into the buffer."""
+        host = self._host(array, writable=False)
+        if self.nbytes:
+            self._copy(self.device._drv.memcpy_htod, self.ptr, host.ctypes.data, stream)
+        return self
+
+    def copy_to_host(self, out: np.ndarray | None = None, stream=None) -> np.ndarray:
+        """Copy the buffer into ``out`` (or a new array of its dtype and shape) and return it."""
+        out = np.empty(self.shape, self.dtype) if out is None else self._host(out, writable=True)
+        if self.nbytes:
+            self._copy(self.device._drv.memcpy_dtoh, out.ctypes.data, self.ptr, stream)
+        return out
+
+    def numpy(self, stream=None) -> np.ndarray:
+        """A new host array with the buffer's contents."""
+        return self.copy_to_host(stream=stream)
+
+    def copy_from(self, other: "Buffer", stream=None) -> "Buffer":
+        """Copy another device buffer of the same byte size into this one."""
+        if other.nbytes != self.nbytes:
+            raise UsageError(f"source has {other.nbytes} bytes, the buffer {self.nbytes}")
+        if self.nbytes:
+            self._copy(self.device._drv.memcpy_dtod, self.ptr, other.ptr, stream)
+        return self
+
+    def memset(self, value: int, stream=None) -> "Buffer":
+        """Set every byte to ``value`` (0-255)."""
+        if not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
+            raise UsageError(f"memset takes a byte value 0-255, not {value!r}")
+        if self.nbytes:
+            self._copy(self.device._drv.memset_d8, self.ptr, int(value), stream)
+        return self
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+                "version": 3, "strides": None, "stream": None}
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self.device._drv.DLPACK_DEVICE_TYPE, self.device.index)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        from . import dlpack
+        if copy:
+            raise BufferError("shimrt buffers are exported without copying")
+        if stream is not None and stream != -1:
+            self.device.synchronize()  # the consumer's stream then sees finished data
+        return dlpack.export(self, self.ptr, self.shape, self.dtype, self.__dlpack_device__())
+
+    def free(self) -> None:
+        """Free the memory now (a view only forgets it)."""
+        self.device_pointer = None
+        if self._finalizer is not None:
+            self._finalizer()
+
+    close = free
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
