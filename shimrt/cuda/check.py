@@ -49,3 +49,12 @@ def check(result, call: str):
     if len(result) == 1:
         return None
     return result[1] if len(result) == 2 else result[1:]
+
+
+def library_path(name: str) -> str | None:
+    """Where cuda.pathfinder loaded an NVIDIA library from ("nvrtc", "cuda"), or None."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+        return load_nvidia_dynamic_lib(name).abs_path
+    except Exception:
+        return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import NoDeviceError
-from .check import _bindings, check, raise_for
+from .check import _bindings, check, library_path as _library_path, raise_for
 
 NAME = "cuda"
 DLPACK_DEVICE_TYPE = 2          # kDLCUDA
@@ -62,6 +62,17 @@ def init() -> None:
         if name == "CUDA_ERROR_NO_DEVICE":
             raise NoDeviceError("the CUDA driver is loaded but reports no device (CUDA_ERROR_NO_DEVICE)")
         raise NoDeviceError(f"cuInit failed: {name}")
+
+
+def library_path() -> str | None:
+    """The driver library (libcuda) in use."""
+    return _library_path("cuda")
+
+
+def binding_version() -> str:
+    """'cuda-bindings X.Y.Z'."""
+    import cuda.bindings
+    return f"cuda-bindings {cuda.bindings.__version__}"
 
 
 def version() -> int:

@@ -7,7 +7,7 @@ import struct
 
 from ..errors import CompileError
 from ..program import KernelResources
-from .check import _bindings, check, describe
+from .check import _bindings, check, describe, library_path as _library_path
 
 # ptxas -v: "Compiling entry function 'k' for 'sm_90'", then stack/spill and register lines.
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
@@ -24,6 +24,11 @@ def version() -> str:
     _, nvrtc = _bindings()
     major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
     return f"nvrtc {major}.{minor}"
+
+
+def library_path() -> str | None:
+    """The NVRTC shared library in use."""
+    return _library_path("nvrtc")
 
 
 def default_options(arch: str) -> list[str]:

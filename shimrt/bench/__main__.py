@@ -1,0 +1,25 @@
+"""python -m shimrt.bench SUBCOMMAND [options]"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import ShimrtError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shimrt.bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    from . import launch
+    launch.add_arguments(sub.add_parser("launch", help=launch.__doc__.splitlines()[0]))
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ShimrtError as exc:
+        print(f"shimrt.bench {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

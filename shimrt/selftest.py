@@ -1,0 +1,209 @@
+"""python -m shimrt.selftest: can this machine compile, launch, and (later) overlap? If not, why.
+
+Sections: environment, compile (every kernel for every target), device (only with a GPU).
+Each check passes, fails, or is skipped with the reason and what would fix it. The exit code
+is 0 only when nothing failed (``--strict``: and nothing was skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import __version__, compiler, kernels, targets
+from .errors import NoDeviceError, ShimrtError
+
+COMPILE_TARGETS = ("sm_80", "sm_86", "sm_90", "gfx90a")
+
+
+@dataclass
+class Check:
+    section: str
+    name: str
+    status: str          # "pass", "fail", "skip"
+    detail: str = ""
+    fix: str = ""
+    seconds: float = 0.0
+
+
+class _Skip(Exception):
+    def __init__(self, reason: str, fix: str = ""):
+        super().__init__(reason)
+        self.fix = fix
+
+
+def _run(section: str, name: str, fn, results: list, progress) -> object:
+    t0 = time.perf_counter()
+    value = None
+    try:
+        value = fn()
+        status, detail, fix = "pass", value if isinstance(value, str) else "", ""
+    except _Skip as s:
+        status, detail, fix = "skip", str(s), s.fix
+    except ShimrtError as exc:
+        status, detail, fix = "fail", str(exc), ""
+    except Exception as exc:  # a bug in shimrt or a binding: show where
+        status, detail, fix = "fail", f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=3), ""
+    results.append(Check(section, name, status, detail, fix, time.perf_counter() - t0))
+    if progress:
+        print(f"  {status:4s}  {section}: {name}", file=sys.stderr, flush=True)
+    return value if status == "pass" else None
+
+
+# --- environment ---------------------------------------------------------------------------
+
+def _environment(results, progress):
+    sec = "environment"
+    _run(sec, "python", lambda: f"Python {platform.python_version()} ({sys.executable})", results, progress)
+    _run(sec, "shimrt", lambda: f"shimrt {__version__}; numpy {np.__version__}; kernels in {kernels.directory()}",
+         results, progress)
+
+    def bindings():
+        try:
+            from .cuda import driver
+            return driver.binding_version()
+        except ImportError:
+            raise _Skip("cuda-python is not installed", "pip install 'shimrt[cuda]'") from None
+    _run(sec, "cuda-python", bindings, results, progress)
+
+    def nvrtc():
+        try:
+            from .cuda import rtc
+            return f"{rtc.version()} from {rtc.library_path()}"
+        except NoDeviceError as exc:
+            raise _Skip(str(exc), "pip install 'shimrt[cuda]'") from None
+    _run(sec, "NVRTC", nvrtc, results, progress)
+
+    def driver():
+        from .cuda import driver as drv
+        try:
+            drv.init()
+        except NoDeviceError as exc:
+            raise _Skip(f"no CUDA GPU: {exc}", "run on a machine with an NVIDIA GPU and driver") from None
+        v = drv.version()
+        return f"CUDA driver {v // 1000}.{v % 1000 // 10} from {drv.library_path()}; {drv.device_count()} device(s)"
+    _run(sec, "CUDA driver", driver, results, progress)
+
+    def hip():
+        raise _Skip("the HIP backend (hip-python, hipRTC) is not in this version of shimrt",
+                    "upgrade shimrt once the HIP backend lands")
+    _run(sec, "HIP / hipRTC", hip, results, progress)
+
+
+# --- compile matrix -------------------------------------------------------------------------
+
+def _compile(results, progress):
+    sec = "compile"
+    for arch in COMPILE_TARGETS:
+        for name in kernels.names():
+            def one(arch=arch, name=name):
+                try:
+                    target = targets.get(arch)
+                except ShimrtError:
+                    raise _Skip(f"no {arch} target profile in this version of shimrt",
+                                "upgrade shimrt once the HIP backend lands") from None
+                try:
+                    program = compiler.compile(kernels.source(name), target, name=name)
+                except NoDeviceError as exc:  # the compiler's package is missing
+                    raise _Skip(str(exc), "pip install 'shimrt[cuda]'") from None
+                parts = [f"{k}: {r.registers} regs, {r.static_smem} B smem, {r.spill_bytes} B spill"
+                         for k, r in sorted(program.resources.items())]
+                return "; ".join(parts) + (" (cached)" if program.from_cache else "")
+            _run(sec, f"{name} for {arch}", one, results, progress)
+
+
+# --- device --------------------------------------------------------------------------------
+
+def _device(results, progress):
+    sec = "device"
+    from .device import Device
+    try:
+        dev = Device()
+    except NoDeviceError as exc:
+        results.append(Check(sec, "open device", "skip", str(exc), "run on a machine with a GPU and its driver"))
+        return
+    results.append(Check(sec, "open device", "pass", f"{dev!r}: {dev.target.num_sms} SMs, "
+                         f"{dev.target.smem_per_sm} B smem/SM, priorities {dev.priority_range}"))
+    rng = np.random.default_rng()
+
+    def launch():
+        module = dev.load(dev.compile(kernels.source("vector_ops"), options=["--fmad=false"], name="vector_ops.cu"))
+        n = 1 << 20
+        x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+        a = np.float32(rng.standard_normal())
+        dx, dy = dev.to_device(x), dev.to_device(y)
+        module["saxpy"].launch(256, 256, dy, dx, a, n)
+        got, want = dy.numpy(), a * x + y
+        if not np.array_equal(got, want):
+            raise ShimrtError(f"saxpy: {np.count_nonzero(got != want)} of {n} elements differ from numpy")
+        return f"saxpy on {n} elements equals numpy"
+    _run(sec, "launch correctness", launch, results, progress)
+
+    def big_smem():
+        kernel = dev.load(dev.compile(kernels.source("smem_ops"), name="smem_ops.cu"))["reverse_tiles"]
+        smem = min(dev.target.smem_per_block_optin, 200 * 1024) // 16 * 16
+        tile, blocks = smem // 4, 2 * dev.target.num_sms
+        x = rng.standard_normal(tile * blocks, dtype=np.float32)
+        dx, dy = dev.to_device(x), dev.empty(x.shape, np.float32)
+        kernel.launch(blocks, 512, dy, dx, tile, smem=smem)
+        if not np.array_equal(dy.numpy(), x.reshape(blocks, tile)[:, ::-1].ravel()):
+            raise ShimrtError("reverse_tiles with large dynamic shared memory gave wrong results")
+        return f"{smem} B of dynamic shared memory per block"
+    _run(sec, "large dynamic shared memory", big_smem, results, progress)
+
+    def priorities():
+        least, greatest = dev.priority_range
+        with dev.stream("high") as hi, dev.stream("low") as lo:
+            if (hi.priority, lo.priority) != (greatest, least):
+                raise ShimrtError(f"streams read back {hi.priority}/{lo.priority}, expected {greatest}/{least}")
+        return f"greatest {greatest}, least {least}, read back from created streams"
+    _run(sec, "stream priorities", priorities, results, progress)
+
+
+# --- output ---------------------------------------------------------------------------------
+
+def table(results: list[Check]) -> str:
+    lines = []
+    section = None
+    for r in results:
+        if r.section != section:
+            section = r.section
+            lines.append(f"\n== {section}")
+        detail = r.detail.splitlines()[0] if r.detail else ""
+        lines.append(f"  [{r.status.upper():4s}] {r.name}: {detail}")
+        if r.status == "skip" and r.fix:
+            lines.append(f"         fix: {r.fix}")
+        if r.status == "fail" and "\n" in r.detail:
+            lines.extend("         " + line for line in r.detail.splitlines()[1:])
+    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    lines.append(f"\n{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shimrt.selftest", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--strict", action="store_true", help="count skipped checks as failures")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    results: list[Check] = []
+    progress = not args.quiet
+    for section in (_environment, _compile, _device):
+        section(results, progress)
+    if args.json:
+        print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
+    else:
+        print(table(results))
+    failed = any(r.status == "fail" for r in results) or (args.strict and any(r.status == "skip" for r in results))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

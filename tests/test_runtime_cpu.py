@@ -1,0 +1,75 @@
+"""What a machine without a GPU sees: settings, errors, NoDeviceError, the selftest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import shimrt
+from shimrt.config import settings
+from shimrt.cuda import check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def has_gpu():
+    try:
+        shimrt.Device().close()
+        return True
+    except shimrt.NoDeviceError:
+        return False
+
+
+def test_settings_read_the_environment(tmp_path):
+    s = settings({"SHIMRT_BACKEND": "CUDA", "SHIMRT_CACHE_DIR": str(tmp_path), "SHIMRT_DISABLE_CACHE": "yes"})
+    assert (s.backend, s.cache_dir, s.cache_enabled) == ("cuda", tmp_path, False)
+    s = settings({"XDG_CACHE_HOME": str(tmp_path)})
+    assert (s.backend, s.cache_dir, s.cache_enabled) == (None, tmp_path / "shimrt", True)
+    with pytest.raises(shimrt.ShimrtError, match="SHIMRT_BACKEND"):
+        settings({"SHIMRT_BACKEND": "opencl"})
+
+
+def test_vendor_errors_become_driver_errors_named_after_them():
+    from cuda.bindings import nvrtc
+    with pytest.raises(shimrt.DriverError) as info:
+        check.check((nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION,), "nvrtcCompileProgram")
+    assert info.value.name == "NVRTC_ERROR_INVALID_OPTION" and info.value.call == "nvrtcCompileProgram"
+    assert str(info.value).startswith("nvrtcCompileProgram failed: NVRTC_ERROR_INVALID_OPTION (5)")
+    from cuda.bindings import driver
+    with pytest.raises(shimrt.DriverError) as info:
+        check.check((driver.CUresult.CUDA_ERROR_INVALID_VALUE,), "cuMemAlloc")
+    assert info.value.name == "CUDA_ERROR_INVALID_VALUE" and info.value.code == 1
+    assert check.check((driver.CUresult.CUDA_SUCCESS, 5), "x") == 5
+
+
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
+def test_no_gpu_is_a_one_line_no_device_error():
+    with pytest.raises(shimrt.NoDeviceError) as info:
+        shimrt.Device()
+    assert "\n" not in str(info.value) and "cuda" in str(info.value)
+    with pytest.raises(shimrt.NoDeviceError, match="hip backend is not available"):
+        shimrt.Device(backend="hip")
+
+
+def test_selftest_runs_environment_and_compile_sections(tmp_path):
+    env = {**__import__("os").environ, "SHIMRT_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "shimrt.selftest", "--json", "--quiet"], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=ROOT)
+    results = json.loads(run.stdout)["results"]
+    by = {(r["section"], r["name"]): r for r in results}
+    assert run.returncode == (1 if any(r["status"] == "fail" for r in results) else 0)
+    assert by[("environment", "NVRTC")]["status"] == "pass"
+    for arch in ("sm_80", "sm_86", "sm_90"):
+        for name in shimrt.kernels.names():
+            assert by[("compile", f"{name} for {arch}")]["status"] == "pass"
+    if not has_gpu():
+        device = by[("device", "open device")]
+        assert device["status"] == "skip" and device["fix"]
+        assert run.returncode == 0
+        strict = subprocess.run([sys.executable, "-m", "shimrt.selftest", "--strict", "--quiet"],
+                                capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        assert strict.returncode == 1 and "skipped" in strict.stdout
