@@ -52,10 +52,9 @@ def _methods(dev: Device, stream, n: int):
     methods["cuda.bindings pre-packed"] = bindings_prepacked
 
     def bindings_packing():
-        import numpy as np
         launch = driver.cuLaunchKernel
         for _ in range(n):
-            launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, ((np.uint64(arg.ptr),), (ctypes.c_void_p,)), 0)
+            launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, ((arg.ptr,), (ctypes.c_void_p,)), 0)
     methods["cuda.bindings packing each launch"] = bindings_packing
 
     try:

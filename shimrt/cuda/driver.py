@@ -164,16 +164,19 @@ def function_attributes(fn) -> dict:
 def function_param_layout(fn) -> list[tuple[int, int]] | None:
     """[(offset, size)] of each kernel parameter from the driver, or None if it cannot say."""
     driver = _driver()
-    if not hasattr(driver, "cuFuncGetParamInfo"):
-        return None
     count = None
-    if hasattr(driver, "cuFuncGetParamCount"):
+    try:  # the binding has it from 12.9 on; an older driver lacks the symbol (RuntimeError)
         err, n = driver.cuFuncGetParamCount(fn)
         count = int(n) if int(err) == 0 else None
+    except (AttributeError, RuntimeError):
+        pass
     layout = []
     index = 0
     while count is None or index < count:
-        err, offset, size = driver.cuFuncGetParamInfo(fn, index)
+        try:  # CUDA 12.4+
+            err, offset, size = driver.cuFuncGetParamInfo(fn, index)
+        except (AttributeError, RuntimeError):
+            return None
         if int(err) != 0:
             if count is None and err == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
                 break  # walked past the last parameter

@@ -16,6 +16,7 @@ _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 # PTX: ".visible .entry name(" ... optional ".maxntid x, y, z" before the body.
 _PTX_ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\((.*?)\)\s*([^{]*)\{", re.S)
+_PTX_ENTRY_NAME = re.compile(r"\.entry\s+([\w$]+)\s*\(")
 _MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
 
 
@@ -33,7 +34,14 @@ def library_path() -> str | None:
 
 def default_options(arch: str) -> list[str]:
     # -Xptxas=-v makes ptxas report registers, smem, stack and spills in the program log.
-    return [f"--gpu-architecture={arch}", "-Xptxas=-v", "--std=c++17"]
+    options = [f"--gpu-architecture={arch}", "-Xptxas=-v", "--std=c++17"]
+    # From 12.9 on, NVRTC reuses CUBINs from the driver's compute cache when a driver is present,
+    # skipping ptxas and so its report (seen on an H200 with NVRTC 13.0: an empty log on every
+    # repeat). shimrt keeps its own cache, so NVRTC's is turned off.
+    _, nvrtc = _bindings()
+    if tuple(check(nvrtc.nvrtcVersion(), "nvrtcVersion")) >= (12, 9):
+        options.append("--no-cache")
+    return options
 
 
 def _text(buf) -> str:
@@ -66,7 +74,12 @@ def compile_source(source: str, arch: str, options: list[str], name: str) -> tup
         check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return bytes(cubin), log, parse_resources(log, _text(ptx))
+    resources = parse_resources(log, _text(ptx))
+    missing = sorted(set(_PTX_ENTRY_NAME.findall(_text(ptx))) - set(resources))
+    if missing:
+        raise CompileError(f"ptxas reported no resources for {', '.join(missing)} (is -Xptxas=-v "
+                           "overridden, or did a compiler cache skip ptxas?)", log=log, options=tuple(options), name=name)
+    return bytes(cubin), log, resources
 
 
 def parse_resources(log: str, ptx: str) -> dict[str, KernelResources]:
