@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import struct
-import threading
 
 import numpy as np
 
@@ -26,6 +25,7 @@ from .errors import UsageError
 _INT = {1: "b", 2: "h", 4: "i", 8: "q"}
 _UINT = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _FLOAT = {4: "f", 8: "d"}
+_pack_u64 = struct.Struct("<Q").pack_into
 
 
 def pointer_of(obj) -> int | None:
@@ -83,16 +83,15 @@ def encode(index: int, value, size: int) -> bytes:
 
 
 class Packer:
-    """Packs arguments into one reusable parameter block for a kernel's parameter layout.
+    """Packs arguments into one reusable parameter block laid out as the kernel's parameters.
 
-    The driver copies the parameters during the launch call, so the block can be reused;
-    a lock keeps concurrent launches of one kernel from sharing it mid-pack.
+    The driver copies the parameters during the launch call, so the block can be reused by
+    the next launch; it must not be shared between threads (the Kernel keeps one per thread).
     """
 
     def __init__(self, kernel_name: str, layout: list[tuple[int, int]] | None):
         self.name = kernel_name
         self.layout = layout
-        self.lock = threading.Lock()
         if layout is not None:
             self._prepare(layout)
 
@@ -103,24 +102,27 @@ class Packer:
         base = ctypes.addressof(self._block)
         self._pointers = (ctypes.c_void_p * max(len(layout), 1))(*[base + o for o, _ in layout])
         self.address = ctypes.addressof(self._pointers)
-        # Fast path for the commonest arguments: a Buffer packs its pointer with no checks.
-        self._slots = [(o, s) for o, s in layout]
+        self._slots = tuple(layout)
+        self._count = len(layout)
 
     def pack(self, args: tuple) -> int:
         """Write ``args`` into the parameter block; return the address of the pointer array."""
         if self.layout is None:
             self._prepare(self._infer(args))
-        elif len(args) != len(self.layout):
+        elif len(args) != self._count:
             sizes = ", ".join(str(s) for _, s in self.layout)
-            raise UsageError(f"kernel {self.name} takes {len(self.layout)} arguments "
+            raise UsageError(f"kernel {self.name} takes {self._count} arguments "
                              f"(parameter sizes {sizes} bytes), got {len(args)}")
         view = self._view
-        for i, (value, (offset, size)) in enumerate(zip(args, self._slots)):
-            ptr = getattr(value, "device_pointer", None)
+        i = 0
+        for value in args:
+            offset, size = self._slots[i]
+            ptr = getattr(value, "device_pointer", None)  # a shimrt Buffer: the commonest argument
             if ptr is not None and size == 8:
-                struct.pack_into("<Q", view, offset, ptr)
+                _pack_u64(view, offset, ptr)
             else:
                 view[offset:offset + size] = encode(i, value, size)
+            i += 1
         return self.address
 
     def _infer(self, args) -> list[tuple[int, int]]:

@@ -8,13 +8,14 @@ device), and errors during that late cleanup are ignored rather than printed.
 from __future__ import annotations
 
 import importlib
+import threading
 import time
 import weakref
 from typing import Iterable
 
 import numpy as np
 
-from . import compiler, targets
+from . import compiler, fastlaunch, targets
 from .args import Packer
 from .config import settings
 from .errors import NoDeviceError, ShimrtError, UsageError
@@ -292,6 +293,7 @@ class Module:
         self._handle = None
         for k in self._kernels.values():
             k._fn = None
+            k._fast_block_limit = 0  # sends launches to the checked path, which raises
         self._finalizer()
 
     def __enter__(self):
@@ -311,10 +313,15 @@ class Kernel:
         self.resources = module.program.resources.get(name)
         self.attributes: dict = drv.function_attributes(fn)
         self.param_layout = drv.function_param_layout(fn)
-        self._packer = Packer(name, self.param_layout)
         self._launch = drv.launcher()
         self._max_threads = self.attributes["max_threads_per_block"]
         self._smem_limit = self.attributes["max_dynamic_smem"]
+        # One parameter block per thread: the driver reads it during the launch call, which
+        # releases the GIL, so threads launching the same kernel must not share one.
+        self._local = threading.local()
+        self._fast_block_limit = self._max_threads  # 0 once the module is closed
+        if self.param_layout is not None:
+            self.launch = fastlaunch.build(self, Stream)
 
     def __repr__(self):
         return f"<shimrt.Kernel {self.name} on {self.device.name}>"
@@ -346,27 +353,50 @@ class Kernel:
     def launch(self, grid, block, *args, stream=None, smem: int = 0) -> None:
         """Launch on ``stream`` (None: the legacy default stream) with ``smem`` bytes of dynamic
         shared memory. ``grid`` and ``block`` are ints or tuples of up to 3 ints. Argument
-        rules: see :mod:`shimrt.args`. Dynamic smem above 48 KiB is opted in automatically."""
+        rules: see :mod:`shimrt.args`. Dynamic smem above 48 KiB is opted in automatically.
+        Everything is checked before the launch; a bad launch raises UsageError and runs nothing."""
+        # Replaced per instance by a function specialised to the kernel's parameter layout
+        # (shimrt.fastlaunch) when the driver reports the layout; this is the general path.
+        self._launch_checked(grid, block, args, stream, smem)
+
+    def _launch_checked(self, grid, block, args, stream, smem) -> None:
+        """Validate everything, then launch."""
         if self._fn is None:
             raise UsageError(f"kernel {self.name}: its module is closed")
-        if type(grid) is int and type(block) is int and 0 < grid <= _MAX_GRID[0] and 0 < block <= self._max_threads:
-            gx, gy, gz, bx, by, bz = grid, 1, 1, block, 1, 1
-        else:
-            gx, gy, gz = _dim3(grid, "grid")
-            bx, by, bz = _dim3(block, "block")
-            if gx > _MAX_GRID[0] or gy > _MAX_GRID[1] or gz > _MAX_GRID[2]:
-                raise UsageError(f"grid {(gx, gy, gz)} exceeds the limits {_MAX_GRID}")
-            if bx * by * bz > self._max_threads:
-                raise UsageError(f"kernel {self.name}: a block of {bx * by * bz} threads exceeds its limit of "
-                                 f"{self._max_threads} (from its registers and launch bounds)")
-        if smem and smem > self._smem_limit:
-            self._opt_in(smem)
-        handle = self.device._null if stream is None else self.device._stream_handle(stream)
-        dev = self.device
-        dev._drv.make_current(dev._ctx)
-        with self._packer.lock:
-            params = self._packer.pack(args)
-            self._launch(self._fn, gx, gy, gz, bx, by, bz, smem, handle, params)
+        gx, gy, gz = _dim3(grid, "grid")
+        bx, by, bz = _dim3(block, "block")
+        if gx > _MAX_GRID[0] or gy > _MAX_GRID[1] or gz > _MAX_GRID[2]:
+            raise UsageError(f"grid {(gx, gy, gz)} exceeds the limits {_MAX_GRID}")
+        if bx * by * bz > self._max_threads:
+            raise UsageError(f"kernel {self.name}: a block of {bx * by * bz} threads exceeds its limit of "
+                             f"{self._max_threads} (from its registers and launch bounds)")
+        self._opt_in(smem)
+        handle = self.device._stream_handle(stream)
+        try:
+            packer = self._local.packer
+        except AttributeError:
+            packer = self._local.packer = Packer(self.name, self.param_layout)
+        params = packer.pack(tuple(args))
+        grid, block = (gx, gy, gz), (bx, by, bz)
+        (err,) = self._launch(self._fn, gx, gy, gz, bx, by, bz, int(smem), handle, params, 0)
+        if err:
+            self._launch_failed(err, grid, block, int(smem), handle, params)
+
+    def _thread_block(self):
+        """This thread's parameter block for the fast path: (memoryview, pointer-array address)."""
+        packer = Packer(self.name, self.param_layout)
+        self._local.block = (packer._view, packer.address)
+        self._local.block_owner = packer  # keeps the ctypes memory alive
+        return self._local.block
+
+    def _launch_failed(self, err, grid, block, smem, handle, params):
+        drv = self.device._drv
+        if drv.is_invalid_context(err):  # first launch from a new thread: make the context current
+            self.device.activate()
+            (err,) = self._launch(self._fn, *grid, *block, smem, handle, params, 0)
+            if not err:
+                return
+        drv.launch_error(err)
 
 
 class Stream:

@@ -67,3 +67,45 @@ def test_without_a_layout_plain_numbers_are_refused():
     assert struct.unpack("<i", ctypes.string_at(pointers[1], 4))[0] == 5
     with pytest.raises(UsageError, match="pass numpy scalars"):
         packer.pack((CudaArrayLike(0), 5))
+
+
+def test_specialised_launch_packs_like_the_general_rule():
+    """The generated fast path writes the same bytes as shimrt.args.encode for every kind of value."""
+    import threading
+
+    from shimrt import fastlaunch
+    from shimrt.device import Kernel, Stream
+
+    layout = [(0, 8), (8, 8), (16, 4), (20, 4), (24, 8), (32, 2)]
+    seen = []
+
+    class Dev:
+        _null = 0
+
+    kernel = object.__new__(Kernel)
+    kernel.name, kernel.device, kernel.param_layout = "k", Dev(), layout
+    kernel._fn, kernel._max_threads, kernel._fast_block_limit, kernel._smem_limit = "fn", 1024, 1024, 49152
+    kernel._local = threading.local()
+
+    def raw(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        pointers = (ctypes.c_void_p * len(layout)).from_address(params)
+        seen.append([ctypes.string_at(pointers[i], s) for i, (_, s) in enumerate(layout)])
+        return (0,)
+
+    kernel._launch = raw
+    kernel._launch_checked = lambda *a: seen.append("checked")
+    launch = fastlaunch.build(kernel, Stream)
+    cases = [
+        (CudaArrayLike(0x1000), CudaArrayLike(0x2000), 1.5, -3, 2**40, 7),
+        (CudaArrayLike(0x3000), CudaArrayLike(0x4000), np.float32(2.5), 2**32 - 1, -1.25, np.int16(-2)),
+        (CudaArrayLike(0x5000), CudaArrayLike(0x6000), 7, np.uint32(9), np.float64(3.0), 1),
+    ]
+    for args in cases:
+        launch(4, 128, *args)
+        assert seen.pop() == [encode(i, a, s) for i, (a, (_, s)) in enumerate(zip(args, layout))]
+    launch((4, 1), 128, *cases[0])  # a tuple grid, a wrong count, a size too large: the checked path
+    launch(4, 128, *cases[0][:-1])
+    launch(4, 2048, *cases[0])
+    assert seen == ["checked"] * 3
+    with pytest.raises(UsageError, match="does not fit"):
+        launch(4, 128, CudaArrayLike(1), CudaArrayLike(2), 2**33, 0, 0, 0)

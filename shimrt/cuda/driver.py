@@ -200,16 +200,19 @@ def occupancy(fn, block_size: int, dynamic_smem: int) -> int:
 
 
 def launcher():
-    """A function launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params_address) for the hot path."""
-    driver = _driver()
-    launch = driver.cuLaunchKernel
+    """The raw launch call for the hot path: f(fn, gx, gy, gz, bx, by, bz, smem, stream,
+    params_address, extra) -> (err,), err falsy on success; pass a failure to :func:`launch_error`."""
+    return _driver().cuLaunchKernel
 
-    def launch_kernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params):
-        (err,) = launch(fn, gx, gy, gz, bx, by, bz, smem, stream, params, 0)
-        if err:
-            raise_for("cuLaunchKernel", err)
 
-    return launch_kernel
+def launch_error(err) -> None:
+    """Raise the DriverError for a failed launch."""
+    raise_for("cuLaunchKernel", err)
+
+
+def is_invalid_context(err) -> bool:
+    """True when a call failed only because no (or another) context is current on this thread."""
+    return err == _driver().CUresult.CUDA_ERROR_INVALID_CONTEXT
 
 
 # --- memory ------------------------------------------------------------------------------

@@ -212,12 +212,16 @@ def test_bad_launches_are_clear_errors_and_launch_nothing(device, vec):
         ((1, 32, out, out, np.float64(1.0), 8), "is 8 bytes but"),            # wrong scalar width
         ((1, 32, out, out, 1.0, 2**40), "does not fit"),                       # int32 overflow
         ((1, 2048, out, out, 1.0, 8), "exceeds its limit"),                   # block too big
+        ((1, 32.0, out, out, 1.0, 8), "block must be an int"),                # float block
+        ((1.0, 32, out, out, 1.0, 8), "grid must be an int"),                 # float grid
         ((0, 32, out, out, 1.0, 8), "must be positive"),                       # empty grid
         (((1, 70000), 32, out, out, 1.0, 8), "exceeds the limits"),            # grid y too big
     ]
     for args, message in cases:
         with pytest.raises(UsageError, match=message):
             k.launch(*args)
+    with pytest.raises(UsageError, match="smem must be"):
+        k.launch(1, 32, out, out, 1.0, 8, smem=0.5)
     with pytest.raises(UsageError, match="no kernel 'nope'"):
         vec["nope"]
     assert (out.numpy().view(np.uint8) == 0x7F).all()
@@ -267,3 +271,33 @@ def test_objects_left_open_are_freed_quietly_at_exit(device):
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "ok" and run.stderr == ""
+
+
+def test_launches_from_other_threads(device, vec, rng):
+    import threading
+    n = 50_000
+    xs = [rng.standard_normal(n, dtype=np.float32) for _ in range(4)]
+    outs = [device.to_device(np.zeros(n, np.float32)) for _ in xs]
+    ins = [device.to_device(x) for x in xs]
+    errors = []
+
+    def work(i):
+        try:
+            with device.stream() as s:
+                for _ in range(50):
+                    vec["saxpy"].launch(32, 256, outs[i], ins[i], 1.0, n, stream=s)
+                s.synchronize()
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for x, out in zip(xs, outs):
+        want = np.zeros(n, np.float32)
+        for _ in range(50):
+            want = np.float32(1.0) * x + want
+        np.testing.assert_array_equal(out.numpy(), want)
