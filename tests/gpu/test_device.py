@@ -283,8 +283,11 @@ def test_launches_from_other_threads(device, vec, rng):
 
     def work(i):
         try:
+            # The first call on this thread is a launch: no context is current here yet.
+            vec["saxpy"].launch(32, 256, outs[i], ins[i], 1.0, n)
+            device.synchronize()
             with device.stream() as s:
-                for _ in range(50):
+                for _ in range(49):
                     vec["saxpy"].launch(32, 256, outs[i], ins[i], 1.0, n, stream=s)
                 s.synchronize()
         except Exception as exc:  # reported below
