@@ -52,10 +52,11 @@ def build(kernel, stream_type):
     unpack = f"    {', '.join(names)}{',' if n == 1 else ''} = args" if n else ""
     src = "\n".join([
         "def launch(grid, block, *args, stream=None, smem=0):",
-        # Tuples, wrong counts and odd types fail these comparisons or the unpacking with
-        # TypeError/ValueError; the checked path then says precisely what is wrong.
+        # Tuples, floats, wrong counts (the unpacking) and sizes out of range leave for the
+        # checked path, which says precisely what is wrong.
         "    try:",
-        "        if not (0 < grid <= 2147483647 and 0 < block <= kernel._fast_block_limit",
+        "        if not (type(grid) is int and type(block) is int and type(smem) is int",
+        "                and 0 < grid <= 2147483647 and 0 < block <= kernel._fast_block_limit",
         "                and 0 <= smem <= kernel._smem_limit):",
         "            return kernel._launch_checked(grid, block, args, stream, smem)",
         f"    {unpack}" if n else f"        if args: raise ValueError",
@@ -72,10 +73,7 @@ def build(kernel, stream_type):
         "    except AttributeError:",
         "        view, address = kernel._thread_block()",
         *body,
-        "    try:",
-        "        err = raw_launch(fn, grid, 1, 1, block, 1, 1, smem, handle, address, 0)[0]",
-        "    except TypeError:  # a float or other non-int size slipped past the comparisons",
-        "        return kernel._launch_checked(grid, block, args, stream, smem)",
+        "    err = raw_launch(fn, grid, 1, 1, block, 1, 1, smem, handle, address, 0)[0]",
         "    if err:",
         "        kernel._launch_failed(err, (grid, 1, 1), (block, 1, 1), smem, handle, address)",
     ])
