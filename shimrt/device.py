@@ -404,6 +404,7 @@ class Stream:
 
     def __init__(self, device: Device, handle):
         self.device, self._handle = device, handle
+        self._launch_device = device  # what the launch fast path checks; None once closed
         self._finalizer = weakref.finalize(self, _quiet, device._drv.stream_destroy, handle)
 
     @property
@@ -447,7 +448,7 @@ class Stream:
         return event
 
     def close(self) -> None:
-        self._handle = None
+        self._handle = self._launch_device = None
         self._finalizer()
 
     def __enter__(self):

@@ -64,7 +64,7 @@ def build(kernel, stream_type):
         "        return kernel._launch_checked(grid, block, args, stream, smem)",
         "    if stream is None:",
         "        handle = null",
-        "    elif type(stream) is Stream and stream.device is device and stream._handle is not None:",
+        "    elif type(stream) is Stream and stream._launch_device is device:",
         "        handle = stream._handle",
         "    else:",
         "        handle = device._stream_handle(stream)",

@@ -1,8 +1,13 @@
-"""Per-launch overhead of Kernel.launch beside cuda.bindings (pre-packed and per-launch packing)
+"""Per-launch overhead of Kernel.launch beside cuda.bindings (pre-packed and packing per launch)
 and CuPy RawKernel, all launching the same CUBIN of an empty kernel on one stream.
 
-Rounds interleave the methods so that drift of the machine hits all of them alike; the figure
-per method is the median over rounds of (wall time of N launches + one synchronize) / N.
+Two figures per method, measured side by side with the methods interleaved:
+- enqueue: host time to issue a batch of launches small enough never to fill the driver's
+  launch queue (the stream is drained between batches, outside the timed region), per launch:
+  the CPU cost a caller pays, which is what launch overhead means;
+- throughput: wall time of many back-to-back launches plus one synchronize, per launch; once
+  the queue is full this is bounded by how fast the GPU retires launches, not by the caller.
+Medians over batches (enqueue) and rounds (throughput).
 """
 
 from __future__ import annotations
@@ -20,20 +25,22 @@ from ..device import Device
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--launches", type=int, default=20000, help="launches per round (default 20000)")
-    p.add_argument("--rounds", type=int, default=7, help="rounds, methods interleaved (default 7)")
+    p.add_argument("--batch", type=int, default=200, help="launches per enqueue batch (default 200)")
+    p.add_argument("--batches", type=int, default=200, help="enqueue batches per method (default 200)")
+    p.add_argument("--launches", type=int, default=20000, help="launches per throughput round (default 20000)")
+    p.add_argument("--rounds", type=int, default=5, help="throughput rounds (default 5)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.set_defaults(run=run)
 
 
-def _methods(dev: Device, stream, n: int):
-    """name -> function that performs n launches of the empty kernel (without synchronizing)."""
+def _methods(dev: Device, stream):
+    """name -> function(n) that performs n launches of the empty kernel (without synchronizing)."""
     program = dev.compile(kernels.source("vector_ops"), name="vector_ops.cu")
     kernel = dev.load(program)["empty"]
     arg = dev.alloc(4)
     methods = {}
 
-    def shimrt_launch():
+    def shimrt_launch(n):
         launch = kernel.launch
         for _ in range(n):
             launch(1, 32, arg, stream=stream)
@@ -45,13 +52,13 @@ def _methods(dev: Device, stream, n: int):
     params = (ctypes.c_void_p * 1)(ctypes.addressof(value))
     address = ctypes.addressof(params)
 
-    def bindings_prepacked():
+    def bindings_prepacked(n):
         launch = driver.cuLaunchKernel
         for _ in range(n):
             launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
     methods["cuda.bindings pre-packed"] = bindings_prepacked
 
-    def bindings_packing():
+    def bindings_packing(n):
         launch = driver.cuLaunchKernel
         for _ in range(n):
             launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, ((arg.ptr,), (ctypes.c_void_p,)), 0)
@@ -69,7 +76,7 @@ def _methods(dev: Device, stream, n: int):
         cstream = cupy.cuda.ExternalStream(stream.handle)
         carr = cupy.empty(1, dtype=cupy.float32)
 
-        def cupy_rawkernel():
+        def cupy_rawkernel(n):
             with cstream:
                 for _ in range(n):
                     raw((1,), (32,), (carr,))
@@ -77,43 +84,63 @@ def _methods(dev: Device, stream, n: int):
     return methods, (kernel, arg)
 
 
-def measure(launches: int = 20000, rounds: int = 7, device: Device | None = None, progress=True) -> dict:
+def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds: int = 5,
+            device: Device | None = None, progress: bool = True) -> dict:
     dev = device or Device()
     stream = dev.stream()
-    methods, keep = _methods(dev, stream, launches)
-    times = {name: [] for name in methods}
-    for fn in methods.values():  # warm up: module loads, first-launch costs
-        fn()
+    methods, keep = _methods(dev, stream)
+    names = list(methods)
+    enqueue = {name: [] for name in names}
+    throughput = {name: [] for name in names}
+    for name in names:  # warm up: module loads, first-launch costs, the per-thread blocks
+        methods[name](batch)
     stream.synchronize()
+    clock = time.perf_counter
+    total = batches + rounds
+    for b in range(batches):
+        for name in names:
+            stream.synchronize()
+            t0 = clock()
+            methods[name](batch)
+            enqueue[name].append((clock() - t0) / batch * 1e6)
+        if progress and b % 20 == 0:
+            print(f"\rbatch {b + 1}/{total}", end="", file=sys.stderr, flush=True)
     for r in range(rounds):
-        for name, fn in methods.items():
+        for name in names:
             stream.synchronize()
-            t0 = time.perf_counter()
-            fn()
+            t0 = clock()
+            methods[name](launches)
             stream.synchronize()
-            times[name].append((time.perf_counter() - t0) / launches * 1e6)
+            throughput[name].append((clock() - t0) / launches * 1e6)
         if progress:
-            print(f"\rround {r + 1}/{rounds}", end="", file=sys.stderr, flush=True)
+            print(f"\rround {batches + r + 1}/{total}", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
-    base = statistics.median(times["cuda.bindings pre-packed"])
-    result = {"device": dev.name, "launches": launches, "rounds": rounds, "methods": {}}
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        result["methods"][name] = {"us_per_launch": med, "ratio_to_prepacked": med / base, "rounds_us": ts}
+    base_e = statistics.median(enqueue["cuda.bindings pre-packed"])
+    base_t = statistics.median(throughput["cuda.bindings pre-packed"])
+    result = {"device": dev.name, "batch": batch, "batches": batches, "launches": launches, "rounds": rounds,
+              "methods": {}}
+    for name in names:
+        e, t = statistics.median(enqueue[name]), statistics.median(throughput[name])
+        result["methods"][name] = {"enqueue_us": e, "enqueue_ratio": e / base_e,
+                                   "throughput_us": t, "throughput_ratio": t / base_t,
+                                   "enqueue_batches_us": enqueue[name], "throughput_rounds_us": throughput[name]}
     return result
 
 
 def report(result: dict) -> str:
-    lines = [f"launch overhead on {result['device']}: {result['launches']} launches x {result['rounds']} rounds, "
-             "median us/launch", f"{'method':36s} {'us/launch':>10s} {'vs pre-packed':>14s}"]
+    lines = [f"launch overhead on {result['device']} (median us per launch; ratio to cuda.bindings pre-packed)",
+             f"  enqueue: {result['batches']} batches of {result['batch']}; "
+             f"throughput: {result['rounds']} rounds of {result['launches']}",
+             f"{'method':36s} {'enqueue':>9s} {'ratio':>7s} {'throughput':>11s} {'ratio':>7s}"]
     for name, m in result["methods"].items():
-        lines.append(f"{name:36s} {m['us_per_launch']:10.2f} {m['ratio_to_prepacked']:13.3f}x")
+        lines.append(f"{name:36s} {m['enqueue_us']:9.2f} {m['enqueue_ratio']:6.3f}x "
+                     f"{m['throughput_us']:11.2f} {m['throughput_ratio']:6.3f}x")
     return "\n".join(lines)
 
 
 def run(args) -> int:
-    result = measure(args.launches, args.rounds)
+    result = measure(args.batch, args.batches, args.launches, args.rounds)
     print(report(result))
     if args.json:
         with open(args.json, "w") as f:
