@@ -1,26 +1,35 @@
-"""Where does Kernel.launch spend its time on this machine? (a diagnostic, not a benchmark)"""
-import ctypes, sys, threading, timeit
+"""Where does Kernel.launch spend its time on this machine? (a diagnostic, not a benchmark)
+
+Times batches of 200 launches (below the launch-queue depth), stream drained between batches,
+median per launch, variants interleaved.
+"""
+import ctypes, statistics, struct, sys, time
 sys.path.insert(0, ".")
 import shimrt
 from cuda.bindings import driver
 dev = shimrt.Device()
 k = dev.load(dev.compile(shimrt.kernels.source("vector_ops"), name="vector_ops.cu"))["empty"]
 buf = dev.alloc(4); s = dev.stream()
+k.launch(1, 32, buf, stream=s); s.synchronize()
 fn, h = k._fn, s._handle
 v = ctypes.c_uint64(buf.ptr); arr = (ctypes.c_void_p * 1)(ctypes.addressof(v)); addr = ctypes.addressof(arr)
+view, kaddr = k._local.block
 raw = driver.cuLaunchKernel
-def nop(*a): return (0,)
-N = 20000
-def t(stmt):
-    r = min(timeit.repeat(stmt, globals=globals(), number=N, repeat=5)) / N * 1e9
-    s.synchronize(); return r
-print(f"python call of a no-op (*a):        {t('nop(fn, 1, 1, 1, 32, 1, 1, 0, h, addr, 0)'):7.0f} ns")
-print(f"raw cuLaunchKernel pre-packed:      {t('raw(fn, 1, 1, 1, 32, 1, 1, 0, h, addr, 0)'):7.0f} ns")
-print(f"Kernel.launch real:                 {t('k.launch(1, 32, buf, stream=s)'):7.0f} ns")
-real = k._launch
-k2 = k; 
-from shimrt import fastlaunch
-k._launch = nop; k.launch = fastlaunch.build(k, shimrt.Stream)
-print(f"Kernel.launch with a no-op driver:  {t('k.launch(1, 32, buf, stream=s)'):7.0f} ns")
-k._launch = real; k.launch = fastlaunch.build(k, shimrt.Stream)
-print(f"Kernel.launch real again:           {t('k.launch(1, 32, buf, stream=s)'):7.0f} ns")
+put = struct.Struct("<Q").pack_into
+def wrap(): return raw(fn, 1, 1, 1, 32, 1, 1, 0, h, addr, 0)
+def wrap_put(): put(view, 0, buf.device_pointer); return raw(fn, 1, 1, 1, 32, 1, 1, 0, h, kaddr, 0)
+variants = {
+    "raw pre-packed": lambda n: [raw(fn, 1, 1, 1, 32, 1, 1, 0, h, addr, 0) for _ in range(n)],
+    "raw with the kernel's block": lambda n: [raw(fn, 1, 1, 1, 32, 1, 1, 0, h, kaddr, 0) for _ in range(n)],
+    "python wrapper around raw": lambda n: [wrap() for _ in range(n)],
+    "wrapper + pack pointer": lambda n: [wrap_put() for _ in range(n)],
+    "Kernel.launch": lambda n: [k.launch(1, 32, buf, stream=s) for _ in range(n)],
+    "Kernel.launch null stream": lambda n: [k.launch(1, 32, buf) for _ in range(n)],
+    "raw null stream": lambda n: [raw(fn, 1, 1, 1, 32, 1, 1, 0, 0, addr, 0) for _ in range(n)],
+}
+times = {name: [] for name in variants}
+for _ in range(100):
+    for name, f in variants.items():
+        dev.synchronize(); t0 = time.perf_counter(); f(200); times[name].append((time.perf_counter() - t0) / 200 * 1e9)
+for name, ts in times.items():
+    print(f"{name:32s} {statistics.median(ts):8.0f} ns")
