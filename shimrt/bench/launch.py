@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -58,6 +59,16 @@ def _methods(dev: Device, stream):
             launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
     methods["cuda.bindings pre-packed"] = bindings_prepacked
 
+    def call_prepacked():
+        launch = driver.cuLaunchKernel
+        return launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
+
+    def python_call_floor(n):
+        for _ in range(n):
+            call_prepacked()
+    # The floor for any Python-level launch API: one Python function call around pre-packed.
+    methods["one Python call + pre-packed"] = python_call_floor
+
     def bindings_packing(n):
         launch = driver.cuLaunchKernel
         for _ in range(n):
@@ -97,7 +108,9 @@ def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds:
     stream.synchronize()
     clock = time.perf_counter
     total = batches + rounds
+    order = random.Random(0)
     for b in range(batches):
+        order.shuffle(names)  # no method always follows the same one
         for name in names:
             stream.synchronize()
             t0 = clock()
@@ -106,6 +119,7 @@ def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds:
         if progress and b % 20 == 0:
             print(f"\rbatch {b + 1}/{total}", end="", file=sys.stderr, flush=True)
     for r in range(rounds):
+        order.shuffle(names)
         for name in names:
             stream.synchronize()
             t0 = clock()
@@ -120,7 +134,7 @@ def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds:
     base_t = statistics.median(throughput["cuda.bindings pre-packed"])
     result = {"device": dev.name, "batch": batch, "batches": batches, "launches": launches, "rounds": rounds,
               "methods": {}}
-    for name in names:
+    for name in methods:
         e, t = statistics.median(enqueue[name]), statistics.median(throughput[name])
         result["methods"][name] = {"enqueue_us": e, "enqueue_ratio": e / base_e,
                                    "throughput_us": t, "throughput_ratio": t / base_t,
