@@ -47,6 +47,13 @@ def _methods(dev: Device, stream):
             launch(1, 32, arg, stream=stream)
     methods["shimrt Kernel.launch"] = shimrt_launch
 
+    prepared = kernel.prepare(1, 32, arg, stream=stream)
+
+    def shimrt_prepared(n):
+        for _ in range(n):
+            prepared()
+    methods["shimrt Kernel.prepare, then call"] = shimrt_prepared
+
     from cuda.bindings import driver
     fn, handle = kernel._fn, stream._handle
     value = ctypes.c_uint64(arg.ptr)

@@ -304,3 +304,22 @@ def test_launches_from_other_threads(device, vec, rng):
         for _ in range(50):
             want = np.float32(1.0) * x + want
         np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_prepared_launch_repeats_with_the_same_checks(device, vec, rng):
+    n = 10_000
+    x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    dx, dy = device.to_device(x), device.to_device(y)
+    with device.stream("high") as s:
+        run = vec["saxpy"].prepare((8, 1), 256, dy, dx, 0.5, n, stream=s)
+        for _ in range(3):
+            run()
+        s.synchronize()
+    want = y
+    for _ in range(3):
+        want = np.float32(0.5) * x + want
+    np.testing.assert_array_equal(dy.numpy(), want)
+    with pytest.raises(UsageError, match="takes 4 arguments"):
+        vec["saxpy"].prepare(8, 256, dy, dx, 0.5)
+    with pytest.raises(UsageError, match="exceeds its limit"):
+        vec["saxpy"].prepare(8, 4096, dy, dx, 0.5, n)
