@@ -99,7 +99,7 @@ def _methods(dev: Device, stream):
                 for _ in range(n):
                     raw((1,), (32,), (carr,))
         methods["CuPy RawKernel"] = cupy_rawkernel
-    return methods, (kernel, arg)
+    return methods, (kernel, arg, value, params)  # the ctypes memory must outlive the launches
 
 
 def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds: int = 5,
