@@ -9,7 +9,6 @@ an entry that fails the check is recompiled and rewritten, never trusted.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -17,9 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from . import kernels, targets
+from . import backends, kernels, targets
 from .config import settings
-from .errors import ShimrtError, UsageError
+from .errors import UsageError
 from .program import KernelResources, Program
 from .targets import Target
 
@@ -27,16 +26,6 @@ log = logging.getLogger(__name__)
 
 _MAGIC = b"SHIMRT-PROGRAM-1\n"
 _DIGEST = 32
-
-
-def rtc(backend: str):
-    """The run-time compiler module of a backend (``shimrt.cuda.rtc`` or ``shimrt.hip.rtc``)."""
-    try:
-        return importlib.import_module(f"shimrt.{backend}.rtc")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"shimrt.{backend}.rtc":
-            raise ShimrtError(f"the {backend} backend has no run-time compiler in this version of shimrt") from None
-        raise
 
 
 def compile(source: str, target: "str | Target", *, options: Iterable[str] = (), name: str = "kernel.cu",
@@ -55,7 +44,7 @@ def compile(source: str, target: "str | Target", *, options: Iterable[str] = (),
         raise UsageError("every option must be a str")
     target = targets.get(target)
     dirs = [Path(d).resolve() for d in (include_dirs if include_dirs is not None else [kernels.directory()])]
-    backend = rtc(target.backend)
+    backend = backends.load(target.backend, "rtc")
     full = tuple(backend.default_options(target.arch)) + tuple(f"-I{d}" for d in dirs) + options
     cfg = settings()
     use_cache = cfg.cache_enabled if cache is None else bool(cache)

@@ -7,7 +7,6 @@ device), and errors during that late cleanup are ignored rather than printed.
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 import weakref
@@ -15,27 +14,14 @@ from typing import Iterable
 
 import numpy as np
 
-from . import compiler, fastlaunch, targets
+from . import backends, compiler, fastlaunch, targets
 from .args import Packer
 from .config import settings
 from .errors import NoDeviceError, ShimrtError, UsageError
 from .program import Program
 from .targets import Target
 
-BACKENDS = ("cuda", "hip")
 _MAX_GRID = (2**31 - 1, 65535, 65535)
-
-
-def backend_module(name: str):
-    """The driver module of backend ``name``; NoDeviceError if it cannot be used at all."""
-    if name not in BACKENDS:
-        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, not {name!r}")
-    try:
-        return importlib.import_module(f"shimrt.{name}.driver")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"shimrt.{name}.driver":
-            raise NoDeviceError(f"the {name} backend is not available in this version of shimrt") from None
-        raise
 
 
 def _quiet(fn, *args):
@@ -70,7 +56,17 @@ def _wait(query, timeout: float | None, what: str) -> None:
         pause = min(pause * 2, 1e-3)
 
 
-class Device:
+class _Closing:
+    """``with obj:`` closes ``obj`` on leaving the block."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Device(_Closing):
     """One GPU, through the CUDA backend when a CUDA driver and device are present (or HIP).
 
     ``backend`` (or ``SHIMRT_BACKEND``) forces one. With no driver or no device this raises
@@ -82,9 +78,9 @@ class Device:
             raise UsageError(f"device index must be a non-negative int, not {index!r}")
         requested = backend or settings().backend
         reasons = []
-        for name in ([requested] if requested else list(BACKENDS)):
+        for name in ([requested] if requested else list(backends.NAMES)):
             try:
-                drv = backend_module(name)
+                drv = backends.load(name, "driver")
                 drv.init()
                 count = drv.device_count()
                 if count == 0:
@@ -122,12 +118,6 @@ class Device:
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def activate(self) -> None:
         """Make this device's context current on the calling thread."""
@@ -260,7 +250,7 @@ def _check_compatible(built: Target, device: Target) -> None:
                      "compile for device.target")
 
 
-class Module:
+class Module(_Closing):
     """A loaded program. ``module["name"]`` gives a :class:`Kernel`."""
 
     def __init__(self, device: Device, handle, program: Program):
@@ -295,12 +285,6 @@ class Module:
             k._fn = None
             k._fast_block_limit = 0  # sends launches to the checked path, which raises
         self._finalizer()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 class Kernel:
@@ -361,22 +345,29 @@ class Kernel:
 
     def _launch_checked(self, grid, block, args, stream, smem) -> None:
         """Validate everything, then launch."""
-        if self._fn is None:
-            raise UsageError(f"kernel {self.name}: its module is closed")
-        gx, gy, gz = _dim3(grid, "grid")
-        bx, by, bz = _dim3(block, "block")
-        self._check_dims((gx, gy, gz), (bx, by, bz))
-        self._opt_in(smem)
-        handle = self.device._stream_handle(stream)
+        grid, block, smem, handle = self._validate(grid, block, smem, stream)
         try:
             packer = self._local.packer
         except AttributeError:
             packer = self._local.packer = Packer(self.name, self.param_layout)
         params = packer.pack(tuple(args))
-        grid, block = (gx, gy, gz), (bx, by, bz)
-        (err,) = self._launch(self._fn, gx, gy, gz, bx, by, bz, int(smem), handle, params, 0)
+        (err,) = self._launch(self._fn, *grid, *block, smem, handle, params, 0)
         if err:
-            self._launch_failed(err, grid, block, int(smem), handle, params)
+            self._launch_failed(err, grid, block, smem, handle, params)
+
+    def _validate(self, grid, block, smem, stream):
+        """(grid, block, smem, stream handle) of a launch after every check, dims as 3-tuples."""
+        if self._fn is None:
+            raise UsageError(f"kernel {self.name}: its module is closed")
+        grid, block = _dim3(grid, "grid"), _dim3(block, "block")
+        if any(g > m for g, m in zip(grid, _MAX_GRID, strict=True)):
+            raise UsageError(f"grid {grid} exceeds the limits {_MAX_GRID}")
+        threads = block[0] * block[1] * block[2]
+        if threads > self._max_threads:
+            raise UsageError(f"kernel {self.name}: a block of {threads} threads exceeds its limit of "
+                             f"{self._max_threads} (from its registers and launch bounds)")
+        self._opt_in(smem)
+        return grid, block, int(smem), self.device._stream_handle(stream)
 
     def prepare(self, grid, block, *args, stream=None, smem: int = 0):
         """Check and pack a launch once; return a function that repeats it with no further work.
@@ -386,14 +377,7 @@ class Kernel:
         then ``run()``. The same rules and checks as :meth:`launch` apply, once. The function
         keeps the arguments alive; freeing a Buffer it uses makes it invalid.
         """
-        if self._fn is None:
-            raise UsageError(f"kernel {self.name}: its module is closed")
-        gx, gy, gz = _dim3(grid, "grid")
-        bx, by, bz = _dim3(block, "block")
-        self._check_dims((gx, gy, gz), (bx, by, bz))
-        self._opt_in(smem)
-        smem = int(smem)
-        handle = self.device._stream_handle(stream)
+        (gx, gy, gz), (bx, by, bz), smem, handle = self._validate(grid, block, smem, stream)
         packer = Packer(self.name, self.param_layout)
         address = packer.pack(tuple(args))
         raw, fn, failed = self._launch, self._fn, self._launch_failed
@@ -407,15 +391,6 @@ class Kernel:
         run.keep = keep
         run.__doc__ = f"Launch {self.name} as prepared: grid {(gx, gy, gz)}, block {(bx, by, bz)}, smem {smem}."
         return run
-
-    def _check_dims(self, grid, block) -> None:
-        gx, gy, gz = grid
-        bx, by, bz = block
-        if gx > _MAX_GRID[0] or gy > _MAX_GRID[1] or gz > _MAX_GRID[2]:
-            raise UsageError(f"grid {(gx, gy, gz)} exceeds the limits {_MAX_GRID}")
-        if bx * by * bz > self._max_threads:
-            raise UsageError(f"kernel {self.name}: a block of {bx * by * bz} threads exceeds its limit of "
-                             f"{self._max_threads} (from its registers and launch bounds)")
 
     def _thread_block(self):
         """This thread's parameter block for the fast path: (memoryview, pointer-array address)."""
@@ -434,7 +409,7 @@ class Kernel:
         drv.launch_error(err)
 
 
-class Stream:
+class Stream(_Closing):
     """A non-blocking stream with a fixed priority. ``priority`` is read back from the driver."""
 
     def __init__(self, device: Device, handle):
@@ -486,14 +461,8 @@ class Stream:
         self._handle = self._launch_device = None
         self._finalizer()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class Event:
+class Event(_Closing):
     """A device event: record on a stream, wait for it, time between two of them."""
 
     def __init__(self, device: Device, handle, timing: bool):
@@ -527,14 +496,8 @@ class Event:
         self._handle = None
         self._finalizer()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class Buffer:
+class Buffer(_Closing):
     """Device memory with a dtype and shape. Exposes ``__cuda_array_interface__`` and DLPack.
 
     Host copies with ``stream=None`` first wait for all work on the device and return when the
@@ -576,7 +539,8 @@ class Buffer:
         return Buffer(self.device, self.ptr, self.nbytes, shape, dtype, owner=self._owner or self)
 
     def _host(self, array, writable: bool) -> np.ndarray:
-        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or (writable and not array.flags.writeable):
+        usable = isinstance(array, np.ndarray) and array.flags.c_contiguous
+        if not usable or (writable and not array.flags.writeable):
             raise UsageError("host array must be a C-contiguous" + (" writable" if writable else "") + " numpy array")
         if array.nbytes != self.nbytes:
             raise UsageError(f"host array has {array.nbytes} bytes, the buffer {self.nbytes}")
@@ -651,9 +615,3 @@ class Buffer:
             self._finalizer()
 
     close = free
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()

@@ -48,7 +48,9 @@ _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _Destructor]
 _api.PyCapsule_GetName.restype = ctypes.c_char_p
 _api.PyCapsule_GetName.argtypes = [ctypes.c_void_p]
-_RawGetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", ctypes.pythonapi))
+# The same function taking the capsule as a raw PyObject*, for use inside its destructor.
+_RawGetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
 def device_of(obj) -> tuple[int, int]:

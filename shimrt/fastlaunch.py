@@ -36,17 +36,17 @@ def build(kernel, stream_type):
         a = names[i]
         generic = f"view[{offset}:{offset + size}] = encode({i}, {a}, {size})"
         if size == 8:  # a Buffer's pointer, else the general rule
-            body += [f"    try:", f"        put_ptr(view, {offset}, {a}.device_pointer)",
-                     f"    except (AttributeError, StructError):", f"        {generic}"]
+            body += ["    try:", f"        put_ptr(view, {offset}, {a}.device_pointer)",
+                     "    except (AttributeError, StructError):", f"        {generic}"]
         elif size in _PUT:
             int_code, float_code = _PUT[size]
             ns[f"put_i{size}"] = struct.Struct("<" + int_code).pack_into
-            lines = [f"    if type({a}) is int:", f"        try:", f"            put_i{size}(view, {offset}, {a})",
-                     f"        except StructError:", f"            {generic}"]
+            lines = [f"    if type({a}) is int:", "        try:", f"            put_i{size}(view, {offset}, {a})",
+                     "        except StructError:", f"            {generic}"]
             if float_code:
                 ns[f"put_f{size}"] = struct.Struct("<" + float_code).pack_into
                 lines += [f"    elif type({a}) is float:", f"        put_f{size}(view, {offset}, {a})"]
-            body += lines + [f"    else:", f"        {generic}"]
+            body += lines + ["    else:", f"        {generic}"]
         else:
             body.append(f"    {generic}")
     unpack = f"    {', '.join(names)}{',' if n == 1 else ''} = args" if n else ""
@@ -59,7 +59,7 @@ def build(kernel, stream_type):
         "                and 0 < grid <= 2147483647 and 0 < block <= kernel._fast_block_limit",
         "                and 0 <= smem <= kernel._smem_limit):",
         "            return kernel._launch_checked(grid, block, args, stream, smem)",
-        f"    {unpack}" if n else f"        if args: raise ValueError",
+        f"    {unpack}" if n else "        if args: raise ValueError",
         "    except (TypeError, ValueError):",
         "        return kernel._launch_checked(grid, block, args, stream, smem)",
         "    if stream is None:",

@@ -53,7 +53,9 @@ def test_packer_places_each_argument_at_its_offset():
     packer = Packer("k", layout)
     address = packer.pack((CudaArrayLike(0x1000), 3.0, -2, 2**40, 255 - 256))
     pointers = (ctypes.c_void_p * 5).from_address(address)
-    read = lambda i, fmt: struct.unpack("<" + fmt, ctypes.string_at(pointers[i], struct.calcsize(fmt)))[0]
+
+    def read(i, fmt):
+        return struct.unpack("<" + fmt, ctypes.string_at(pointers[i], struct.calcsize(fmt)))[0]
     assert [read(0, "Q"), read(1, "f"), read(2, "i"), read(3, "q"), read(4, "b")] == [0x1000, 3.0, -2, 2**40, -1]
     with pytest.raises(UsageError, match="takes 5 arguments"):
         packer.pack((1, 2))
@@ -102,7 +104,7 @@ def test_specialised_launch_packs_like_the_general_rule():
     ]
     for args in cases:
         launch(4, 128, *args)
-        assert seen.pop() == [encode(i, a, s) for i, (a, (_, s)) in enumerate(zip(args, layout))]
+        assert seen.pop() == [encode(i, a, s) for i, (a, (_, s)) in enumerate(zip(args, layout, strict=True))]
     launch((4, 1), 128, *cases[0])  # a tuple grid, a wrong count, a size too large: the checked path
     launch(4, 128, *cases[0][:-1])
     launch(4, 2048, *cases[0])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from shimrt import ShimrtError, Target, targets
@@ -39,7 +41,7 @@ def test_unknown_name_lists_the_known_ones():
 
 def test_target_is_frozen_and_validated():
     t = targets.get("A100")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         t.num_sms = 1
     assert t.with_(num_sms=7).num_sms == 7 and t.num_sms == 108
     with pytest.raises(ShimrtError, match="num_sms"):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 
 from ..errors import NoDeviceError
-from .check import _bindings, check, library_path as _library_path, raise_for
+from .check import _bindings, check, raise_for
+from .check import library_path as _library_path
 
 NAME = "cuda"
 DLPACK_DEVICE_TYPE = 2          # kDLCUDA
@@ -46,6 +47,11 @@ _current = threading.local()  # the context made current on this thread, to skip
 
 def _driver():
     return _bindings()[0]
+
+
+def _read_attributes(table: dict, enum, prefix: str, query, call: str) -> dict:
+    """{our name: value} for a table of our name -> the enum member's name without ``prefix``."""
+    return {ours: check(query(getattr(enum, prefix + theirs)), call) for ours, theirs in table.items()}
 
 
 def init() -> None:
@@ -96,10 +102,8 @@ def device_name(dev) -> str:
 def device_properties(dev) -> dict:
     """The attributes a Target needs, plus name, arch and total memory."""
     driver = _driver()
-    props = {}
-    for ours, theirs in _ATTRS.items():
-        attr = getattr(driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + theirs)
-        props[ours] = check(driver.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute")
+    props = _read_attributes(_ATTRS, driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_",
+                             lambda attr: driver.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute")
     props["arch"] = f"sm_{props.pop('cc_major')}{props.pop('cc_minor')}"
     props["name"] = device_name(dev)
     props["total_memory"] = check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
@@ -154,11 +158,8 @@ def module_function(module, name: str):
 
 def function_attributes(fn) -> dict:
     driver = _driver()
-    out = {}
-    for ours, theirs in _FUNC_ATTRS.items():
-        attr = getattr(driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_" + theirs)
-        out[ours] = check(driver.cuFuncGetAttribute(attr, fn), "cuFuncGetAttribute")
-    return out
+    return _read_attributes(_FUNC_ATTRS, driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_",
+                            lambda attr: driver.cuFuncGetAttribute(attr, fn), "cuFuncGetAttribute")
 
 
 def function_param_layout(fn) -> list[tuple[int, int]] | None:
@@ -268,14 +269,17 @@ def stream_synchronize(stream) -> None:
     check(_driver().cuStreamSynchronize(stream), "cuStreamSynchronize")
 
 
+def _ready(result, call: str) -> bool:
+    """A query's answer: False for CUDA_ERROR_NOT_READY, True for success, else raise."""
+    if result[0] == _driver().CUresult.CUDA_ERROR_NOT_READY:
+        return False
+    check(result, call)
+    return True
+
+
 def stream_query(stream) -> bool:
     """True when all work on the stream has finished."""
-    driver = _driver()
-    (err,) = driver.cuStreamQuery(stream)
-    if err == driver.CUresult.CUDA_ERROR_NOT_READY:
-        return False
-    check((err,), "cuStreamQuery")
-    return True
+    return _ready(_driver().cuStreamQuery(stream), "cuStreamQuery")
 
 
 def stream_wait_event(stream, event) -> None:
@@ -306,12 +310,8 @@ def event_synchronize(event) -> None:
 
 
 def event_query(event) -> bool:
-    driver = _driver()
-    (err,) = driver.cuEventQuery(event)
-    if err == driver.CUresult.CUDA_ERROR_NOT_READY:
-        return False
-    check((err,), "cuEventQuery")
-    return True
+    """True when the event has completed."""
+    return _ready(_driver().cuEventQuery(event), "cuEventQuery")
 
 
 def event_elapsed_ms(start, end) -> float:

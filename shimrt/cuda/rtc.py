@@ -7,7 +7,8 @@ import struct
 
 from ..errors import CompileError
 from ..program import KernelResources
-from .check import _bindings, check, describe, library_path as _library_path
+from .check import _bindings, check, describe
+from .check import library_path as _library_path
 
 # ptxas -v: "Compiling entry function 'k' for 'sm_90'", then stack/spill and register lines.
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
@@ -78,7 +79,8 @@ def compile_source(source: str, arch: str, options: list[str], name: str) -> tup
     missing = sorted(set(_PTX_ENTRY_NAME.findall(_text(ptx))) - set(resources))
     if missing:
         raise CompileError(f"ptxas reported no resources for {', '.join(missing)} (is -Xptxas=-v "
-                           "overridden, or did a compiler cache skip ptxas?)", log=log, options=tuple(options), name=name)
+                           "overridden, or did a compiler cache skip ptxas?)",
+                           log=log, options=tuple(options), name=name)
     return bytes(cubin), log, resources
 
 

@@ -27,7 +27,8 @@ def test_target_from_device_attributes(device):
     assert t.num_sms > 0 and t.warp_size == 32
     if "H200" in device.name:
         # shared/notes/h200-measurements.md: the device attributes read on an H200.
-        assert (t.num_sms, t.smem_per_sm, t.smem_per_block_optin, t.reserved_smem_per_block) == (132, 233472, 232448, 1024)
+        smem = (t.smem_per_sm, t.smem_per_block_optin, t.reserved_smem_per_block)
+        assert t.num_sms == 132 and smem == (233472, 232448, 1024)
         assert (t.max_threads_per_sm, t.max_blocks_per_sm, t.regs_per_sm) == (2048, 32, 65536)
         profile = shimrt.targets.get("H200")
         assert t.with_(name=profile.name) == profile
@@ -299,7 +300,7 @@ def test_launches_from_other_threads(device, vec, rng):
     for t in threads:
         t.join(60)
     assert not errors
-    for x, out in zip(xs, outs):
+    for x, out in zip(xs, outs, strict=True):
         want = np.zeros(n, np.float32)
         for _ in range(50):
             want = np.float32(1.0) * x + want
