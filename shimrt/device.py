@@ -130,14 +130,26 @@ class Device(_Closing):
         self.activate()
         if timeout is None:
             self._drv.synchronize()
-        else:
-            ev = self.event(timing=False)
+            return
+        # No query covers every stream of a context, so the blocking call runs on a helper
+        # thread and the caller stops waiting after the timeout.
+        outcome = []
+
+        def wait():
             try:
-                self._drv.event_record(ev._handle, self._null)
-                _wait(ev.query, timeout, f"work on {self!r}")
-            finally:
-                ev.close()
-            self._drv.synchronize()
+                self.activate()
+                self._drv.synchronize()
+                outcome.append(None)
+            except BaseException as exc:  # handed to the caller below
+                outcome.append(exc)
+
+        helper = threading.Thread(target=wait, name="shimrt-synchronize", daemon=True)
+        helper.start()
+        helper.join(timeout)
+        if helper.is_alive():
+            raise ShimrtError(f"work on {self!r} did not finish within {timeout} s")
+        if outcome[0] is not None:
+            raise outcome[0]
 
     # --- compile and load ---
     def compile(self, source: str, *, options: Iterable[str] = (), name: str = "kernel.cu") -> Program:
@@ -375,7 +387,8 @@ class Kernel:
         For hot loops that launch the same kernel with the same arguments (timing runs,
         schedules replayed every step): ``run = kernel.prepare(grid, block, *args, stream=s)``,
         then ``run()``. The same rules and checks as :meth:`launch` apply, once. The function
-        keeps the arguments alive; freeing a Buffer it uses makes it invalid.
+        keeps the arguments and the stream alive; freeing a Buffer it uses or closing its stream
+        makes it invalid.
         """
         (gx, gy, gz), (bx, by, bz), smem, handle = self._validate(grid, block, smem, stream)
         packer = Packer(self.name, self.param_layout)

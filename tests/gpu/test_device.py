@@ -163,7 +163,10 @@ def test_synchronize_with_timeout_raises_instead_of_hanging(device):
         k.launch(1, 32, *bufs, 500_000_000, stream=s)  # 0.5 s
         with pytest.raises(shimrt.ShimrtError, match="did not finish within"):
             s.synchronize(timeout=0.05)
+        with pytest.raises(shimrt.ShimrtError, match="did not finish within"):
+            device.synchronize(timeout=0.05)  # the work is on a non-blocking stream
         s.synchronize(timeout=30)
+        device.synchronize(timeout=30)
 
 
 def test_torch_tensor_arguments_and_dlpack(device, vec, rng):
