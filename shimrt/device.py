@@ -33,19 +33,17 @@ def _quiet(fn, *args):
 
 
 def _dim3(value, what: str) -> tuple[int, int, int]:
-    if isinstance(value, (int, np.integer)):
-        dims = (int(value),)
-    elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
-        dims = tuple(int(v) for v in value)
-    else:
+    parts = value if isinstance(value, (tuple, list)) else (value,)
+    if not 1 <= len(parts) <= 3 or not all(isinstance(v, (int, np.integer)) for v in parts):
         raise UsageError(f"{what} must be an int or a tuple of 1-3 ints, not {value!r}")
+    dims = tuple(int(v) for v in parts)
     dims = dims + (1,) * (3 - len(dims))
     if any(d < 1 for d in dims):
         raise UsageError(f"{what} dimensions must be positive, got {dims}")
     return dims
 
 
-def _wait(query, timeout: float | None, what: str) -> None:
+def _wait(query, timeout: float, what: str) -> None:
     """Poll ``query`` until it is true; ShimrtError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     pause = 1e-5
