@@ -12,6 +12,22 @@ from .errors import NoDeviceError, UsageError
 
 NAMES = ("cuda", "hip")
 
+# What every backend provides, module by module; tests hold both backends to it, signatures too.
+INTERFACE = {
+    "check": ("check", "describe", "raise_for", "library_path"),
+    "rtc": ("version", "library_path", "default_options", "compile_source", "binary_arch"),
+    "driver": (
+        "NAME", "DLPACK_DEVICE_TYPE", "library_path", "binding_version", "init", "version", "device_count",
+        "get_device", "device_name", "device_properties", "timestamp_hz", "context_retain", "context_release",
+        "make_current", "synchronize", "priority_range", "module_load", "module_unload", "module_function",
+        "function_attributes", "function_param_layout", "function_set_max_dynamic_smem", "occupancy",
+        "launcher", "launch_error", "is_invalid_context", "mem_alloc", "mem_free", "mem_info", "memcpy_htod",
+        "memcpy_dtoh", "memcpy_dtod", "memset_d8", "stream_create", "stream_priority", "stream_destroy",
+        "stream_synchronize", "stream_query", "stream_wait_event", "stream_handle", "null_stream",
+        "event_create", "event_record", "event_synchronize", "event_query", "event_elapsed_ms", "event_destroy",
+    ),
+}
+
 
 def load(backend: str, part: str):
     """The module ``shimrt.<backend>.<part>``; NoDeviceError if this version lacks it."""

@@ -24,7 +24,7 @@ from .targets import Target
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"SHIMRT-PROGRAM-1\n"
+_MAGIC = b"SHIMRT-PROGRAM-2\n"
 _DIGEST = 32
 
 
@@ -57,10 +57,11 @@ def compile(source: str, target: "str | Target", *, options: Iterable[str] = (),
             binary, meta = cached
             return Program(binary=binary, log=meta["log"], target=target, name=name, options=full,
                            compiler=compiler, from_cache=True,
-                           resources={k: KernelResources.from_dict(v) for k, v in meta["resources"].items()})
-    binary, text, resources = backend.compile_source(source, target.arch, list(full), name)
+                           resources={k: KernelResources.from_dict(v) for k, v in meta["resources"].items()},
+                           params={k: tuple(tuple(p) for p in v) for k, v in meta.get("params", {}).items()})
+    binary, text, resources, params = backend.compile_source(source, target.arch, list(full), name)
     program = Program(binary=binary, log=text, target=target, resources=resources, name=name,
-                      options=full, compiler=compiler)
+                      options=full, compiler=compiler, params=params)
     if entry is not None:
         _write(entry, program)
     return program
@@ -102,7 +103,8 @@ def _read(path: Path):
 
 def _write(path: Path, program: Program) -> None:
     meta = json.dumps({"log": program.log, "binary_size": len(program.binary),
-                       "resources": {k: v.to_dict() for k, v in program.resources.items()}}).encode()
+                       "resources": {k: v.to_dict() for k, v in program.resources.items()},
+                       "params": {k: [list(p) for p in v] for k, v in program.params.items()}}).encode()
     body = _MAGIC + len(meta).to_bytes(8, "little") + meta + program.binary
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

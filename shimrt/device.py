@@ -102,7 +102,7 @@ class Device(_Closing):
         self.total_memory = props["total_memory"]
         self.target = _target_from(props, name)
         self.priority_range = drv.priority_range()  # (least, greatest)
-        self.timestamp_hz = drv.TIMESTAMP_HZ
+        self.timestamp_hz = drv.timestamp_hz(self._dev)
         self._null = drv.null_stream()
 
     def __repr__(self):
@@ -238,12 +238,14 @@ def _target_from(props: dict, backend: str) -> Target:
         base = targets.get(props["arch"])
     except ShimrtError:
         base = None
-    fields = {k: props[k] for k in ("num_sms", "warp_size", "max_threads_per_sm", "max_blocks_per_sm",
-                                     "regs_per_sm", "smem_per_sm", "smem_per_block_optin",
-                                     "reserved_smem_per_block", "max_threads_per_block",
-                                     "max_smem_per_block_default")}
+    keys = ("num_sms", "warp_size", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm", "smem_per_sm",
+            "smem_per_block_optin", "reserved_smem_per_block", "max_threads_per_block", "max_smem_per_block_default")
+    fields = {k: props[k] for k in keys if props.get(k) is not None}  # None: the driver cannot say
     if base is not None:
         return base.with_(name=props["name"], **fields)
+    missing = sorted(set(keys) - set(fields))
+    if missing:
+        raise ShimrtError(f"no profile for {props['arch']} and the driver does not report {', '.join(missing)}")
     return Target(name=props["name"], backend=backend, arch=props["arch"], max_regs_per_thread=255, **fields)
 
 
@@ -306,7 +308,10 @@ class Kernel:
         drv = self.device._drv
         self.resources = module.program.resources.get(name)
         self.attributes: dict = drv.function_attributes(fn)
-        self.param_layout = drv.function_param_layout(fn)
+        layout = drv.function_param_layout(fn)
+        if layout is None and name in module.program.params:
+            layout = [tuple(p) for p in module.program.params[name]]
+        self.param_layout = layout
         self._launch = drv.launcher()
         self._max_threads = self.attributes["max_threads_per_block"]
         self._smem_limit = self.attributes["max_dynamic_smem"]

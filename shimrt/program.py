@@ -11,7 +11,8 @@ from .targets import Target
 class KernelResources:
     """Per-kernel resources from the compiler's report.
 
-    ``registers`` per thread (for AMD: VGPRs, AGPRs counted separately in ``extra``),
+    ``registers`` per thread (for AMD: the code object's ``.vgpr_count``, which on gfx90a is the
+    combined ArchVGPR + AccVGPR total; ``extra`` holds AGPRs, SGPRs and the wavefront size),
     ``static_smem`` bytes of static shared memory (LDS), ``local_bytes`` of stack frame /
     scratch per thread, ``spill_bytes`` stored to local memory by register spills,
     ``max_threads_per_block`` the launch bound the kernel was compiled for.
@@ -47,6 +48,9 @@ class Program:
     options: tuple[str, ...] = ()
     compiler: str = ""          # e.g. "nvrtc 13.5"
     from_cache: bool = field(default=False, compare=False)
+    # kernel -> ((offset, size), ...) of its explicit parameters, where the compiler's metadata
+    # says (AMDGPU code objects); CUDA asks the driver instead (cuFuncGetParamInfo).
+    params: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[str]:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 
 from .errors import ShimrtError
 
+_KIB = 1024
+
 
 @dataclass(frozen=True)
 class Target:
@@ -73,6 +75,31 @@ class Target:
         return replace(self, **changes)
 
 
+def _mi250x_gcd() -> Target:
+    """One GCD of an AMD Instinct MI250X (gfx90a, CDNA2); a CU is an "SM", a wavefront a "warp".
+
+    - 110 CUs per GCD (220 per MI250X), wavefront 64, 64 KiB LDS per CU, 512 KiB VGPR file
+      per CU: ROCm documentation, "GPU hardware specifications" table (rocm-docs,
+      docs/reference/gpu-specs.rst, MI250X row).
+    - 4 SIMDs per CU and 8 wave slots per SIMD on gfx90a (so 32 waves, 2048 work-items per CU):
+      LLVM AMDGPU, Utils/AMDGPUBaseInfo.cpp, getEUsPerCU() and getMaxWavesPerEU()
+      ("if (isGFX90A(*STI)) return 8").
+    - 512 VGPRs per SIMD lane (unified ArchVGPR + AccVGPR, at most 256 of each per wave),
+      allocated in granules of 8: AMDGPUBaseInfo.cpp getTotalNumVGPRs(), getVGPRAllocGranule().
+      So regs_per_sm = 4 SIMDs x 512 x 64 lanes, and a wave's registers come in 8 x 64.
+    - LDS allocated in blocks of 128 dwords (512 B) on GFX7-GFX9: LLVM docs/AMDGPUUsage.rst,
+      GRANULATED_LDS_SIZE; at most 64 KiB per workgroup, no opt-in needed.
+    - At most 32 workgroups per CU (single-wave workgroups; multi-wave ones are bounded by the
+      32 wave slots first): AMDGPUBaseInfo.cpp getMaxWorkGroupsPerCU(). 1024 work-items per
+      workgroup: getMaxFlatWorkGroupSize().
+    """
+    return Target(name="MI250X", backend="hip", arch="gfx90a", num_sms=110, warp_size=64,
+                  max_threads_per_sm=2048, max_blocks_per_sm=32, regs_per_sm=4 * 512 * 64,
+                  max_regs_per_thread=512, smem_per_sm=64 * _KIB, smem_per_block_optin=64 * _KIB,
+                  reserved_smem_per_block=0, max_threads_per_block=1024, max_smem_per_block_default=64 * _KIB,
+                  reg_alloc_unit=8 * 64, smem_alloc_unit=512, subpartitions_per_sm=4)
+
+
 def _ampere_hopper(name, arch, num_sms, *, threads, blocks, smem_per_sm, optin):
     return Target(name=name, backend="cuda", arch=arch, num_sms=num_sms, warp_size=32,
                   max_threads_per_sm=threads, max_blocks_per_sm=blocks, regs_per_sm=65536,
@@ -80,7 +107,6 @@ def _ampere_hopper(name, arch, num_sms, *, threads, blocks, smem_per_sm, optin):
                   reserved_smem_per_block=1024)
 
 
-_KIB = 1024
 
 # CC 8.0: 2048 threads, 32 blocks, 164 KiB smem per SM, 163 KiB per block.
 # CC 8.6: 1536 threads, 16 blocks, 100 KiB per SM, 99 KiB per block.
@@ -91,6 +117,7 @@ PROFILES: dict[str, Target] = {
         _ampere_hopper("A40", "sm_86", 84, threads=1536, blocks=16, smem_per_sm=100 * _KIB, optin=99 * _KIB),
         _ampere_hopper("H100", "sm_90", 132, threads=2048, blocks=32, smem_per_sm=228 * _KIB, optin=227 * _KIB),
         _ampere_hopper("H200", "sm_90", 132, threads=2048, blocks=32, smem_per_sm=228 * _KIB, optin=227 * _KIB),
+        _mi250x_gcd(),
     )
 }
 
@@ -98,6 +125,7 @@ PROFILES: dict[str, Target] = {
 _ALIASES = {
     "h100sxm": "H100", "h100sxm5": "H100", "nvidiah100": "H100", "nvidiah10080gbhbm3": "H100",
     "nvidiah200": "H200", "nvidiaa100": "A100", "nvidiaa40": "A40",
+    "mi250": "MI250X", "amdinstinctmi250x": "MI250X", "amdinstinctmi250": "MI250X",
     "a10040gb": "A100", "a10080gb": "A100", "a100sxm": "A100", "a100sxm480gb": "A100",
 }
 

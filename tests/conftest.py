@@ -39,3 +39,20 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SHIMRT_CACHE_DIR", str(d))
     monkeypatch.delenv("SHIMRT_DISABLE_CACHE", raising=False)
     return d
+
+
+@pytest.fixture(scope="session")
+def hiprtc():
+    """The hipRTC backend, or a skip saying what to install. CI sets SHIMRT_TEST_REQUIRE_HIPRTC=1
+    so that a missing hipRTC fails there instead of skipping (its gfx90a compiles must run)."""
+    import os
+
+    import shimrt
+    from shimrt.hip import rtc
+    try:
+        rtc.version()
+    except shimrt.NoDeviceError as exc:
+        if os.environ.get("SHIMRT_TEST_REQUIRE_HIPRTC") == "1":
+            pytest.fail(f"hipRTC is required here (SHIMRT_TEST_REQUIRE_HIPRTC=1) but: {exc}")
+        pytest.skip(f"needs hipRTC for gfx90a: {exc}")
+    return rtc

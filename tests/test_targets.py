@@ -19,8 +19,9 @@ def test_lookup_by_product_or_arch(name, expected):
 
 def test_profiles_have_the_documented_arches():
     assert {n: t.arch for n, t in targets.PROFILES.items()} == {
-        "A100": "sm_80", "A40": "sm_86", "H100": "sm_90", "H200": "sm_90"}
-    assert all(t.backend == "cuda" and t.warp_size == 32 for t in targets.PROFILES.values())
+        "A100": "sm_80", "A40": "sm_86", "H100": "sm_90", "H200": "sm_90", "MI250X": "gfx90a"}
+    for t in targets.PROFILES.values():
+        assert (t.backend, t.warp_size) == (("hip", 64) if t.arch.startswith("gfx") else ("cuda", 32))
 
 
 def test_h200_matches_the_measured_device_attributes():

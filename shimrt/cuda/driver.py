@@ -14,7 +14,6 @@ from .check import library_path as _library_path
 
 NAME = "cuda"
 DLPACK_DEVICE_TYPE = 2          # kDLCUDA
-TIMESTAMP_HZ = 1_000_000_000    # %globaltimer counts nanoseconds
 
 _ATTRS = {  # our name -> CU_DEVICE_ATTRIBUTE_*
     "num_sms": "MULTIPROCESSOR_COUNT",
@@ -108,6 +107,11 @@ def device_properties(dev) -> dict:
     props["name"] = device_name(dev)
     props["total_memory"] = check(driver.cuDeviceTotalMem(dev), "cuDeviceTotalMem")
     return props
+
+
+def timestamp_hz(dev) -> int:
+    """Ticks per second of shimrt_timestamp() on this device: %globaltimer counts nanoseconds."""
+    return 1_000_000_000
 
 
 def context_retain(dev):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-import struct
 
+from .. import elf
 from ..errors import CompileError
 from ..program import KernelResources
 from .check import _bindings, check, describe
@@ -49,8 +49,11 @@ def _text(buf) -> str:
     return bytes(buf).rstrip(b"\0").decode(errors="replace")
 
 
-def compile_source(source: str, arch: str, options: list[str], name: str) -> tuple[bytes, str, dict]:
-    """Compile ``source`` for ``arch``; return (cubin, log, {kernel: KernelResources})."""
+def compile_source(source: str, arch: str, options: list[str], name: str) -> tuple[bytes, str, dict, dict]:
+    """Compile ``source`` for ``arch``; return (cubin, log, {kernel: KernelResources}, {}).
+
+    The last item, parameter layouts, stays empty: the CUDA driver reports them at load time.
+    """
     _, nvrtc = _bindings()
     prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
@@ -75,16 +78,16 @@ def compile_source(source: str, arch: str, options: list[str], name: str) -> tup
         check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    resources = parse_resources(log, _text(ptx))
+    resources = _parse_resources(log, _text(ptx))
     missing = sorted(set(_PTX_ENTRY_NAME.findall(_text(ptx))) - set(resources))
     if missing:
         raise CompileError(f"ptxas reported no resources for {', '.join(missing)} (is -Xptxas=-v "
                            "overridden, or did a compiler cache skip ptxas?)",
                            log=log, options=tuple(options), name=name)
-    return bytes(cubin), log, resources
+    return bytes(cubin), log, resources, {}
 
 
-def parse_resources(log: str, ptx: str) -> dict[str, KernelResources]:
+def _parse_resources(log: str, ptx: str) -> dict[str, KernelResources]:
     """Per-kernel resources from ptxas' -v report, with launch bounds from the PTX's .maxntid."""
     bounds = {}
     for m in _PTX_ENTRY.finditer(ptx):
@@ -116,8 +119,8 @@ def binary_arch(binary: bytes) -> str:
     EM_CUDA (190) in e_machine; the SM number sits in e_flags bits 8-15 from CUDA ELF ABI
     version 8 on (EI_ABIVERSION, byte 8) and in bits 0-7 before.
     """
-    if binary[:4] != b"\x7fELF" or struct.unpack_from("<H", binary, 18)[0] != 190:
+    head = elf.header(binary)
+    if head.machine != 190:
         raise ValueError("not a CUDA ELF (CUBIN)")
-    flags = struct.unpack_from("<I", binary, 48)[0]
-    sm = (flags >> 8) & 0xFF if binary[8] >= 8 else flags & 0xFF
+    sm = (head.flags >> 8) & 0xFF if head.abi_version >= 8 else head.flags & 0xFF
     return f"sm_{sm}"

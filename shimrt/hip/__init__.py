@@ -1,7 +1,7 @@
-"""The HIP backend (hip-python: HIP runtime and hipRTC), mirroring ``shimrt.cuda`` name for name.
+"""The HIP backend: hip-python's HIP runtime (``driver.py``) and hipRTC (``rtc.py``).
 
-Not yet implemented: ``Device(backend="hip")`` raises NoDeviceError saying so, and gfx90a
-targets are not yet known to ``shimrt.targets``.
+It mirrors ``shimrt.cuda`` name for name. Only modules in this package import hip-python;
+every call goes through ``check.py``.
 """
 
 NAME = "hip"

@@ -1,0 +1,325 @@
+"""The HIP runtime, through hip-python, behind the interface ``shimrt.device`` uses.
+
+Mirrors ``shimrt/cuda/driver.py`` name for name. HIP has no explicit contexts in this API: a
+device's "context" is its ordinal, made current with hipSetDevice. Every call's return
+convention was checked against hip-python's documentation (a tuple: the hipError_t first,
+then the out-parameters); without an AMD GPU they are exercised only up to the HIP error.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import NoDeviceError
+from .check import _bindings, check, loaded, raise_for
+from .check import library_path as _library_path
+
+NAME = "hip"
+DLPACK_DEVICE_TYPE = 10         # kDLROCM
+
+_ATTRS = {  # our name -> hipDeviceAttribute*
+    "num_sms": "MultiprocessorCount",
+    "warp_size": "WarpSize",
+    "max_threads_per_sm": "MaxThreadsPerMultiProcessor",
+    "max_blocks_per_sm": "MaxBlocksPerMultiProcessor",
+    "regs_per_sm": "MaxRegistersPerMultiprocessor",
+    "smem_per_sm": "MaxSharedMemoryPerMultiprocessor",
+    "smem_per_block_optin": "SharedMemPerBlockOptin",
+    "reserved_smem_per_block": "ReservedSharedMemPerBlock",
+    "max_threads_per_block": "MaxThreadsPerBlock",
+    "max_smem_per_block_default": "MaxSharedMemoryPerBlock",
+}
+
+_FUNC_ATTRS = {  # our name -> HIP_FUNC_ATTRIBUTE_*
+    "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
+    "static_smem": "SHARED_SIZE_BYTES",
+    "const_bytes": "CONST_SIZE_BYTES",
+    "local_bytes": "LOCAL_SIZE_BYTES",
+    "registers": "NUM_REGS",
+    "ptx_version": "PTX_VERSION",
+    "binary_version": "BINARY_VERSION",
+    "max_dynamic_smem": "MAX_DYNAMIC_SHARED_SIZE_BYTES",
+}
+
+_current = threading.local()  # the device made current on this thread
+
+
+def _hip():
+    return _bindings()[0]
+
+
+def _address(obj) -> int:
+    """A hip-python pointer object (or None) as an integer address."""
+    if obj is None:
+        return 0
+    try:
+        return int(obj)
+    except TypeError:
+        return obj.as_c_void_p().value or 0
+
+
+def _read_attributes(table: dict, enum, prefix: str, query, call: str) -> dict:
+    """{our name: value} for a table of our name -> the enum member's name without ``prefix``."""
+    return {ours: check(query(getattr(enum, prefix + theirs)), call) for ours, theirs in table.items()}
+
+
+def library_path() -> str | None:
+    """The HIP runtime library (libamdhip64) in use."""
+    return _library_path("libamdhip64.so")
+
+
+def binding_version() -> str:
+    """'hip-python X.Y.Z'."""
+    from importlib.metadata import version
+    return f"hip-python {version('hip-python')}"
+
+
+def init() -> None:
+    """Load and initialise HIP; :class:`NoDeviceError` naming HIP's error if there is no device."""
+    hip = _hip()
+    (err,) = loaded(lambda: hip.hipInit(0))
+    if int(err) == 0:
+        err, count = hip.hipGetDeviceCount()
+        if int(err) == 0 and count > 0:
+            return
+    name = getattr(err, "name", str(err))
+    raise NoDeviceError(f"the HIP runtime reports no usable device ({name})")
+
+
+def version() -> int:
+    """The HIP runtime version number (HIP_VERSION: major * 10**7 + minor * 10**5 + patch)."""
+    return check(_hip().hipRuntimeGetVersion(), "hipRuntimeGetVersion")
+
+
+def device_count() -> int:
+    return check(_hip().hipGetDeviceCount(), "hipGetDeviceCount")
+
+
+def get_device(index: int):
+    return check(_hip().hipDeviceGet(index), "hipDeviceGet")
+
+
+def device_name(dev) -> str:
+    raw = check(_hip().hipDeviceGetName(256, dev), "hipDeviceGetName")
+    raw = bytes(raw) if not isinstance(raw, str) else raw.encode()
+    return raw.split(b"\0", 1)[0].decode()
+
+
+def device_properties(dev) -> dict:
+    """The attributes a Target needs, plus name, arch and total memory. An attribute this HIP
+    does not report is None (the arch's profile then supplies it)."""
+    hip = _hip()
+    props = {}
+    for ours, theirs in _ATTRS.items():
+        err, value = hip.hipDeviceGetAttribute(getattr(hip.hipDeviceAttribute_t, "hipDeviceAttribute" + theirs), dev)
+        props[ours] = int(value) if int(err) == 0 else None
+    prop = hip.hipDeviceProp_t()
+    loaded(lambda: check(hip.hipGetDeviceProperties(prop, dev), "hipGetDeviceProperties"))
+    arch = prop.gcnArchName
+    arch = bytes(arch).split(b"\0", 1)[0].decode() if not isinstance(arch, str) else arch
+    props["arch"] = arch.split(":", 1)[0]          # "gfx90a:sramecc+:xnack-" -> "gfx90a"
+    props["name"] = device_name(dev)
+    props["total_memory"] = check(hip.hipDeviceTotalMem(dev), "hipDeviceTotalMem")
+    return props
+
+
+def timestamp_hz(dev) -> int:
+    """Ticks per second of shimrt_timestamp() (wall_clock64) on this device."""
+    hip = _hip()
+    khz = check(hip.hipDeviceGetAttribute(hip.hipDeviceAttribute_t.hipDeviceAttributeWallClockRate, dev),
+                "hipDeviceGetAttribute(WallClockRate)")
+    return int(khz) * 1000
+
+
+def context_retain(dev):
+    """HIP's per-thread current device stands in for a context: the device ordinal."""
+    check(_hip().hipSetDevice(dev), "hipSetDevice")
+    _current.ctx = dev
+    return dev
+
+
+def context_release(dev) -> None:
+    _current.ctx = None
+
+
+def make_current(ctx) -> None:
+    """Make device ``ctx`` current on this thread (a no-op when it already is)."""
+    if getattr(_current, "ctx", None) != ctx:
+        check(_hip().hipSetDevice(ctx), "hipSetDevice")
+        _current.ctx = ctx
+
+
+def synchronize() -> None:
+    check(_hip().hipDeviceSynchronize(), "hipDeviceSynchronize")
+
+
+def priority_range() -> tuple[int, int]:
+    """(least, greatest) stream priority; greater priority is lower."""
+    least, greatest = check(_hip().hipDeviceGetStreamPriorityRange(), "hipDeviceGetStreamPriorityRange")
+    return int(least), int(greatest)
+
+
+# --- modules and functions ---------------------------------------------------------------
+
+def module_load(binary: bytes):
+    return check(_hip().hipModuleLoadData(binary), "hipModuleLoadData")
+
+
+def module_unload(module) -> None:
+    check(_hip().hipModuleUnload(module), "hipModuleUnload")
+
+
+def module_function(module, name: str):
+    """The function ``name``, or None when the module has no such kernel."""
+    hip = _hip()
+    err, fn = hip.hipModuleGetFunction(module, name.encode())
+    if err == hip.hipError_t.hipErrorNotFound:
+        return None
+    check((err,), f"hipModuleGetFunction({name!r})")
+    return fn
+
+
+def function_attributes(fn) -> dict:
+    hip = _hip()
+    return _read_attributes(_FUNC_ATTRS, hip.hipFunction_attribute, "HIP_FUNC_ATTRIBUTE_",
+                            lambda attr: hip.hipFuncGetAttribute(attr, fn), "hipFuncGetAttribute")
+
+
+def function_param_layout(fn) -> list[tuple[int, int]] | None:
+    """HIP cannot report parameter layouts; the code object's metadata gives them (Program.params)."""
+    return None
+
+
+def function_set_max_dynamic_smem(fn, nbytes: int) -> None:
+    hip = _hip()
+    attr = hip.hipFuncAttribute.hipFuncAttributeMaxDynamicSharedMemorySize
+    check(hip.hipFuncSetAttribute(fn, attr, nbytes), "hipFuncSetAttribute(MaxDynamicSharedMemorySize)")
+
+
+def occupancy(fn, block_size: int, dynamic_smem: int) -> int:
+    return check(_hip().hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, dynamic_smem),
+                 "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor")
+
+
+def launcher():
+    """The raw launch call for the hot path: f(fn, gx, gy, gz, bx, by, bz, smem, stream,
+    params_address, extra) -> (err,), err falsy on success; pass a failure to :func:`launch_error`."""
+    return _hip().hipModuleLaunchKernel
+
+
+def launch_error(err) -> None:
+    """Raise the DriverError for a failed launch."""
+    raise_for("hipModuleLaunchKernel", err)
+
+
+def is_invalid_context(err) -> bool:
+    """True when a launch may have failed only because another device is current on this thread
+    (the caller makes the right one current and retries once)."""
+    e = _hip().hipError_t
+    return err in (e.hipErrorInvalidContext, e.hipErrorInvalidDevice, e.hipErrorInvalidHandle,
+                   e.hipErrorInvalidResourceHandle)
+
+
+# --- memory ------------------------------------------------------------------------------
+
+def mem_alloc(nbytes: int) -> int:
+    return _address(check(_hip().hipMalloc(nbytes), f"hipMalloc({nbytes})"))
+
+
+def mem_free(ptr: int) -> None:
+    check(_hip().hipFree(ptr), "hipFree")
+
+
+def mem_info() -> tuple[int, int]:
+    """(free, total) bytes of device memory."""
+    free, total = check(_hip().hipMemGetInfo(), "hipMemGetInfo")
+    return int(free), int(total)
+
+
+def memcpy_htod(dst: int, src_host: int, nbytes: int, stream) -> None:
+    check(_hip().hipMemcpyHtoDAsync(dst, src_host, nbytes, stream), "hipMemcpyHtoDAsync")
+
+
+def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream) -> None:
+    check(_hip().hipMemcpyDtoHAsync(dst_host, src, nbytes, stream), "hipMemcpyDtoHAsync")
+
+
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream) -> None:
+    check(_hip().hipMemcpyDtoDAsync(dst, src, nbytes, stream), "hipMemcpyDtoDAsync")
+
+
+def memset_d8(dst: int, value: int, nbytes: int, stream) -> None:
+    check(_hip().hipMemsetD8Async(dst, value, nbytes, stream), "hipMemsetD8Async")
+
+
+# --- streams and events ------------------------------------------------------------------
+
+def stream_create(priority: int):
+    """A non-blocking stream (no implicit sync with the null stream)."""
+    hip = _hip()
+    return check(hip.hipStreamCreateWithPriority(hip.hipStreamNonBlocking, priority), "hipStreamCreateWithPriority")
+
+
+def stream_priority(stream) -> int:
+    return int(check(_hip().hipStreamGetPriority(stream), "hipStreamGetPriority"))
+
+
+def stream_destroy(stream) -> None:
+    check(_hip().hipStreamDestroy(stream), "hipStreamDestroy")
+
+
+def stream_synchronize(stream) -> None:
+    check(_hip().hipStreamSynchronize(stream), "hipStreamSynchronize")
+
+
+def _ready(result, call: str) -> bool:
+    """A query's answer: False for hipErrorNotReady, True for success, else raise."""
+    if result[0] == _hip().hipError_t.hipErrorNotReady:
+        return False
+    check(result, call)
+    return True
+
+
+def stream_query(stream) -> bool:
+    """True when all work on the stream has finished."""
+    return _ready(_hip().hipStreamQuery(stream), "hipStreamQuery")
+
+
+def stream_wait_event(stream, event) -> None:
+    check(_hip().hipStreamWaitEvent(stream, event, 0), "hipStreamWaitEvent")
+
+
+def stream_handle(stream) -> int:
+    """The stream as an integer (what other libraries take)."""
+    return _address(stream)
+
+
+def null_stream():
+    return None  # hip-python passes None as the NULL stream
+
+
+def event_create(timing: bool):
+    hip = _hip()
+    return check(hip.hipEventCreateWithFlags(hip.hipEventDefault if timing else hip.hipEventDisableTiming),
+                 "hipEventCreateWithFlags")
+
+
+def event_record(event, stream) -> None:
+    check(_hip().hipEventRecord(event, stream), "hipEventRecord")
+
+
+def event_synchronize(event) -> None:
+    check(_hip().hipEventSynchronize(event), "hipEventSynchronize")
+
+
+def event_query(event) -> bool:
+    """True when the event has completed."""
+    return _ready(_hip().hipEventQuery(event), "hipEventQuery")
+
+
+def event_elapsed_ms(start, end) -> float:
+    return float(check(_hip().hipEventElapsedTime(start, end), "hipEventElapsedTime"))
+
+
+def event_destroy(event) -> None:
+    check(_hip().hipEventDestroy(event), "hipEventDestroy")
