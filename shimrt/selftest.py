@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import __version__, compiler, kernels, targets
+from . import __version__, backends, compiler, kernels, targets
 from .errors import NoDeviceError, ShimrtError
 
 COMPILE_TARGETS = ("sm_80", "sm_86", "sm_90", "gfx90a")
@@ -65,36 +65,47 @@ def _environment(results, progress):
     _run(sec, "shimrt", lambda: f"shimrt {__version__}; numpy {np.__version__}; kernels in {kernels.directory()}",
          results, progress)
 
+    for backend in backends.NAMES:
+        _backend_environment(backend, results, progress)
+
+
+# How to get each backend's libraries, for skips.
+_FIX = {
+    "cuda": "pip install 'shimrt[cuda]' (the GPU needs only its driver)",
+    "hip": "pip install 'shimrt[hip]' and install ROCm; on Debian bookworm see the README's HIP section",
+}
+_LABEL = {"cuda": ("cuda-python", "NVRTC", "CUDA driver"), "hip": ("hip-python", "hipRTC", "HIP runtime")}
+_VENDOR = {"cuda": "NVIDIA", "hip": "AMD"}
+
+
+def _backend_environment(backend: str, results, progress):
+    sec = "environment"
+    bindings_label, rtc_label, driver_label = _LABEL[backend]
+
     def bindings():
         try:
-            from .cuda import driver
-            return driver.binding_version()
+            return backends.load(backend, "driver").binding_version()
         except ImportError:
-            raise _Skip("cuda-python is not installed", "pip install 'shimrt[cuda]'") from None
-    _run(sec, "cuda-python", bindings, results, progress)
+            raise _Skip(f"{bindings_label} is not installed", _FIX[backend]) from None
+    _run(sec, bindings_label, bindings, results, progress)
 
-    def nvrtc():
+    def rtc():
+        module = backends.load(backend, "rtc")
         try:
-            from .cuda import rtc
-            return f"{rtc.version()} from {rtc.library_path()}"
+            return f"{module.version()} from {module.library_path()}"
         except NoDeviceError as exc:
-            raise _Skip(str(exc), "pip install 'shimrt[cuda]'") from None
-    _run(sec, "NVRTC", nvrtc, results, progress)
+            raise _Skip(str(exc), _FIX[backend]) from None
+    _run(sec, rtc_label, rtc, results, progress)
 
     def driver():
-        from .cuda import driver as drv
+        drv = backends.load(backend, "driver")
         try:
             drv.init()
         except NoDeviceError as exc:
-            raise _Skip(f"no CUDA GPU: {exc}", "run on a machine with an NVIDIA GPU and driver") from None
-        v = drv.version()
-        return f"CUDA driver {v // 1000}.{v % 1000 // 10} from {drv.library_path()}; {drv.device_count()} device(s)"
-    _run(sec, "CUDA driver", driver, results, progress)
-
-    def hip():
-        raise _Skip("the HIP backend (hip-python, hipRTC) is not in this version of shimrt",
-                    "upgrade shimrt once the HIP backend lands")
-    _run(sec, "HIP / hipRTC", hip, results, progress)
+            raise _Skip(f"no {_VENDOR[backend]} GPU: {exc}",
+                        f"run on a machine with an {_VENDOR[backend]} GPU and its driver") from None
+        return f"{driver_label} version {drv.version()} from {drv.library_path()}; {drv.device_count()} device(s)"
+    _run(sec, driver_label, driver, results, progress)
 
 
 # --- compile matrix -------------------------------------------------------------------------
@@ -104,15 +115,11 @@ def _compile(results, progress):
     for arch in COMPILE_TARGETS:
         for name in kernels.names():
             def one(arch=arch, name=name):
-                try:
-                    target = targets.get(arch)
-                except ShimrtError:
-                    raise _Skip(f"no {arch} target profile in this version of shimrt",
-                                "upgrade shimrt once the HIP backend lands") from None
+                target = targets.get(arch)
                 try:
                     program = compiler.compile(kernels.source(name), target, name=name)
-                except NoDeviceError as exc:  # the compiler's package is missing
-                    raise _Skip(str(exc), "pip install 'shimrt[cuda]'") from None
+                except NoDeviceError as exc:  # the compiler's package or library is missing
+                    raise _Skip(str(exc), _FIX[target.backend]) from None
                 parts = [f"{k}: {r.registers} regs, {r.static_smem} B smem, {r.spill_bytes} B spill"
                          for k, r in sorted(program.resources.items())]
                 return "; ".join(parts) + (" (cached)" if program.from_cache else "")
