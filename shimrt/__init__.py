@@ -1,10 +1,10 @@
 """shimrt: computation and collective communication that truly overlap on multi-GPU machines.
 
 Public names: :class:`Device` (and its Module, Kernel, Stream, Event, Buffer), :func:`compile`,
-:mod:`targets`, :mod:`kernels`, and the errors.
+:mod:`targets`, :mod:`kernels`, :mod:`occupancy` (the calculator and shaping), and the errors.
 """
 
-from . import kernels, targets
+from . import kernels, occupancy, targets
 from .compiler import compile
 from .device import Buffer, Device, Event, Kernel, Module, Stream
 from .errors import CollectiveError, CompileError, DriverError, NoDeviceError, ShimrtError, UsageError
@@ -16,5 +16,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Buffer", "CollectiveError", "CompileError", "Device", "DriverError", "Event", "Kernel",
     "KernelResources", "Module", "NoDeviceError", "Program", "ShimrtError", "Stream", "Target",
-    "UsageError", "compile", "kernels", "targets", "__version__",
+    "UsageError", "compile", "kernels", "occupancy", "targets", "__version__",
 ]

@@ -14,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-from . import backends, compiler, fastlaunch, targets
+from . import backends, compiler, fastlaunch, occupancy, targets
 from .args import Packer
 from .config import settings
 from .errors import NoDeviceError, ShimrtError, UsageError
@@ -239,7 +239,8 @@ def _target_from(props: dict, backend: str) -> Target:
     except ShimrtError:
         base = None
     keys = ("num_sms", "warp_size", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm", "smem_per_sm",
-            "smem_per_block_optin", "reserved_smem_per_block", "max_threads_per_block", "max_smem_per_block_default")
+            "smem_per_block_optin", "reserved_smem_per_block", "max_threads_per_block", "max_smem_per_block_default",
+            "regs_per_block")
     fields = {k: props[k] for k in keys if props.get(k) is not None}  # None: the driver cannot say
     if base is not None:
         return base.with_(name=props["name"], **fields)
@@ -348,6 +349,24 @@ class Kernel:
         self._opt_in(dynamic_smem)
         self.device.activate()
         return self.device._drv.occupancy(self._fn, int(block_size), int(dynamic_smem))
+
+    def shape(self, block_size: int, *, resident_blocks: int | None = None, reserve=None):
+        """:func:`shimrt.occupancy.shape` for this kernel on this device, confirmed with the driver.
+
+        Uses the device's own target and the driver's register and static smem counts; the
+        driver's occupancy query must give exactly the promised residency for the shaped
+        dynamic smem, else ShimrtError. Launch with ``smem=shaping.dynamic_smem``.
+        """
+        sgprs = int(self.resources.extra.get("sgprs", 0)) if self.resources is not None else 0
+        res = {"registers": self.attributes["registers"], "static_smem": self.attributes["static_smem"],
+               "sgprs": sgprs}
+        shaping = occupancy.shape(self.device.target, res, block_size, resident_blocks=resident_blocks,
+                                  reserve=reserve)
+        got = self.max_active_blocks(block_size, shaping.dynamic_smem)
+        if got != shaping.resident_blocks:
+            raise ShimrtError(f"kernel {self.name}: the driver fits {got} blocks per SM with {shaping.dynamic_smem} B "
+                              f"of dynamic smem, the occupancy model promised {shaping.resident_blocks}")
+        return shaping
 
     def launch(self, grid, block, *args, stream=None, smem: int = 0) -> None:
         """Launch on ``stream`` (None: the legacy default stream) with ``smem`` bytes of dynamic

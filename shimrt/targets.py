@@ -50,7 +50,10 @@ class Target:
     reg_alloc_unit: int = 256     # registers are allocated per warp in units of this many
     smem_alloc_unit: int = 128    # shared memory per block is rounded up to this
     warp_alloc_granularity: int = 1
-    subpartitions_per_sm: int = 4
+    subpartitions_per_sm: int = 4  # register file partitions (NVIDIA) or SIMDs (AMD) per SM/CU
+    regs_per_block: int = 65536    # largest register allocation one block may have (NVIDIA)
+    sgprs_per_simd: int = 0        # AMD: scalar registers per SIMD (0: not modelled)
+    sgpr_alloc_unit: int = 0       # AMD: scalar register allocation granule
 
     def __post_init__(self):
         if self.backend not in ("cuda", "hip"):
@@ -89,6 +92,8 @@ def _mi250x_gcd() -> Target:
       So regs_per_sm = 4 SIMDs x 512 x 64 lanes, and a wave's registers come in 8 x 64.
     - LDS allocated in blocks of 128 dwords (512 B) on GFX7-GFX9: LLVM docs/AMDGPUUsage.rst,
       GRANULATED_LDS_SIZE; at most 64 KiB per workgroup, no opt-in needed.
+    - 800 SGPRs per SIMD, allocated in granules of 16: AMDGPUBaseInfo.cpp getTotalNumSGPRs(),
+      getSGPRAllocGranule() (ROCm's CLR runtime uses the same, sgprsPerSimd_ = 800).
     - At most 32 workgroups per CU (single-wave workgroups; multi-wave ones are bounded by the
       32 wave slots first): AMDGPUBaseInfo.cpp getMaxWorkGroupsPerCU(). 1024 work-items per
       workgroup: getMaxFlatWorkGroupSize().
@@ -97,7 +102,8 @@ def _mi250x_gcd() -> Target:
                   max_threads_per_sm=2048, max_blocks_per_sm=32, regs_per_sm=4 * 512 * 64,
                   max_regs_per_thread=512, smem_per_sm=64 * _KIB, smem_per_block_optin=64 * _KIB,
                   reserved_smem_per_block=0, max_threads_per_block=1024, max_smem_per_block_default=64 * _KIB,
-                  reg_alloc_unit=8 * 64, smem_alloc_unit=512, subpartitions_per_sm=4)
+                  reg_alloc_unit=8 * 64, smem_alloc_unit=512, subpartitions_per_sm=4,
+                  sgprs_per_simd=800, sgpr_alloc_unit=16)
 
 
 def _ampere_hopper(name, arch, num_sms, *, threads, blocks, smem_per_sm, optin):

@@ -26,6 +26,7 @@ _ATTRS = {  # our name -> CU_DEVICE_ATTRIBUTE_*
     "reserved_smem_per_block": "RESERVED_SHARED_MEMORY_PER_BLOCK",
     "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
     "max_smem_per_block_default": "MAX_SHARED_MEMORY_PER_BLOCK",
+    "regs_per_block": "MAX_REGISTERS_PER_BLOCK",
     "cc_major": "COMPUTE_CAPABILITY_MAJOR",
     "cc_minor": "COMPUTE_CAPABILITY_MINOR",
 }

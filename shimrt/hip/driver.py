@@ -28,6 +28,7 @@ _ATTRS = {  # our name -> hipDeviceAttribute*
     "reserved_smem_per_block": "ReservedSharedMemPerBlock",
     "max_threads_per_block": "MaxThreadsPerBlock",
     "max_smem_per_block_default": "MaxSharedMemoryPerBlock",
+    "regs_per_block": "MaxRegistersPerBlock",
 }
 
 _FUNC_ATTRS = {  # our name -> HIP_FUNC_ATTRIBUTE_*
