@@ -18,6 +18,8 @@ VARIABLES = {
     "SHIMRT_BACKEND": "force the GPU backend: 'cuda' or 'hip' (default: the first one with a device)",
     "SHIMRT_CACHE_DIR": "where compiled kernels are cached (default: $XDG_CACHE_HOME/shimrt or ~/.cache/shimrt)",
     "SHIMRT_DISABLE_CACHE": "set to 1 to compile every time and never touch the cache",
+    "SHIMRT_NCCL_LIBRARY": "path of the NCCL (or RCCL) library to load, before any other place is searched",
+    "ROCM_PATH": "where ROCm is installed; librccl.so is looked for in its lib/ (read, not owned, by shimrt)",
 }
 
 _BACKENDS = ("cuda", "hip")
@@ -30,6 +32,8 @@ class Settings:
     backend: str | None
     cache_dir: Path
     cache_enabled: bool
+    nccl_library: str | None = None
+    rocm_path: str | None = None
 
     def __post_init__(self):
         if self.backend is not None and self.backend not in _BACKENDS:
@@ -51,4 +55,6 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
         base = env.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
         cache_dir = Path(base) / "shimrt"
     return Settings(backend=backend, cache_dir=cache_dir,
-                    cache_enabled=not _flag(env.get("SHIMRT_DISABLE_CACHE")))
+                    cache_enabled=not _flag(env.get("SHIMRT_DISABLE_CACHE")),
+                    nccl_library=env.get("SHIMRT_NCCL_LIBRARY", "").strip() or None,
+                    rocm_path=env.get("ROCM_PATH", "").strip() or None)

@@ -1,0 +1,174 @@
+"""Finding libnccl / librccl and binding its C API with ctypes, from one declarative table.
+
+Search order: ``SHIMRT_NCCL_LIBRARY``; the ``nvidia-nccl-cu13``/``-cu12`` wheel's
+``nvidia/nccl/lib/libnccl.so.2``; the system's ``libnccl.so.2``. Under the HIP backend:
+``$ROCM_PATH/lib/librccl.so``, then the system's ``librccl.so``. A symbol an older library
+lacks is left unbound, and only what uses it is unavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import settings
+from ..errors import CollectiveError
+
+# ncclResult_t values (nccl.h); ncclTimeout exists from 2.30 on.
+RESULTS = {0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
+           4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
+           8: "ncclTimeout"}
+IN_PROGRESS = 7
+
+# ncclDataType_t and ncclRedOp_t (nccl.h); float8 types from 2.24 on.
+DATATYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "float16": 6,
+             "float32": 7, "float64": 8, "bfloat16": 9, "float8_e4m3": 10, "float8_e5m2": 11}
+REDOPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
+
+_c = ctypes
+_p = ctypes.c_void_p  # ncclComm_t, cudaStream_t, buffers
+_result = ctypes.c_int
+
+
+class UniqueId(ctypes.Structure):
+    """ncclUniqueId: ``typedef struct { char internal[128]; } ncclUniqueId;`` (passed by value)."""
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+# name -> (restype, argtypes). The C prototype from nccl.h is the comment above each entry.
+TABLE = {
+    # ncclResult_t ncclGetVersion(int* version);
+    "ncclGetVersion": (_result, [_c.POINTER(_c.c_int)]),
+    # ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
+    "ncclGetUniqueId": (_result, [_c.POINTER(UniqueId)]),
+    # ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
+    "ncclCommInitRank": (_result, [_c.POINTER(_p), _c.c_int, UniqueId, _c.c_int]),
+    # ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+    #                                     ncclConfig_t* config);
+    "ncclCommInitRankConfig": (_result, [_c.POINTER(_p), _c.c_int, UniqueId, _c.c_int, _p]),
+    # ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist);
+    "ncclCommInitAll": (_result, [_c.POINTER(_p), _c.c_int, _c.POINTER(_c.c_int)]),
+    # ncclResult_t ncclCommDestroy(ncclComm_t comm);
+    "ncclCommDestroy": (_result, [_p]),
+    # ncclResult_t ncclCommAbort(ncclComm_t comm);
+    "ncclCommAbort": (_result, [_p]),
+    # ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
+    "ncclCommGetAsyncError": (_result, [_p, _c.POINTER(_c.c_int)]),
+    # ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
+    "ncclCommCount": (_result, [_p, _c.POINTER(_c.c_int)]),
+    # ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device);
+    "ncclCommCuDevice": (_result, [_p, _c.POINTER(_c.c_int)]),
+    # ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
+    "ncclCommUserRank": (_result, [_p, _c.POINTER(_c.c_int)]),
+    # ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+    #                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+    "ncclAllReduce": (_result, [_p, _p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    # ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+    #                            int root, ncclComm_t comm, cudaStream_t stream);
+    "ncclBroadcast": (_result, [_p, _p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    # ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+    #                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+    "ncclReduce": (_result, [_p, _p, _c.c_size_t, _c.c_int, _c.c_int, _c.c_int, _p, _p]),
+    # ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+    #                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+    "ncclAllGather": (_result, [_p, _p, _c.c_size_t, _c.c_int, _p, _p]),
+    # ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+    #                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+    "ncclReduceScatter": (_result, [_p, _p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    # ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+    #                       ncclComm_t comm, cudaStream_t stream);
+    "ncclSend": (_result, [_p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    # ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
+    #                       ncclComm_t comm, cudaStream_t stream);
+    "ncclRecv": (_result, [_p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    # ncclResult_t ncclGroupStart();
+    "ncclGroupStart": (_result, []),
+    # ncclResult_t ncclGroupEnd();
+    "ncclGroupEnd": (_result, []),
+    # const char* ncclGetErrorString(ncclResult_t result);
+    "ncclGetErrorString": (_c.c_char_p, [_c.c_int]),
+    # const char* ncclGetLastError(ncclComm_t comm);
+    "ncclGetLastError": (_c.c_char_p, [_p]),
+}
+
+
+def candidates(backend: str = "cuda") -> list[str]:
+    """Where the library is looked for, in order."""
+    cfg = settings()
+    found = [cfg.nccl_library] if cfg.nccl_library else []
+    if backend == "hip":
+        if cfg.rocm_path:
+            found.append(str(Path(cfg.rocm_path) / "lib" / "librccl.so"))
+        found.append("librccl.so")
+        return found
+    for wheel in ("nvidia.nccl",):
+        spec = importlib.util.find_spec(wheel) if importlib.util.find_spec("nvidia") else None
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            found.append(str(Path(root) / "lib" / "libnccl.so.2"))
+    found.append(ctypes.util.find_library("nccl") or "libnccl.so.2")
+    return found
+
+
+@dataclass
+class Library:
+    """A loaded NCCL/RCCL: ``path``, ``version`` (X*10000+Y*100+Z), and the table's functions
+    as attributes; ``missing`` names the symbols this library lacks."""
+
+    path: str
+    handle: ctypes.CDLL
+    version: int
+    missing: tuple[str, ...]
+
+    def __getattr__(self, name):
+        if name.startswith("nccl"):
+            raise CollectiveError(f"{name} is not in {self.path} (NCCL {self.version_text})")
+        raise AttributeError(name)
+
+    @property
+    def version_text(self) -> str:
+        v = self.version
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+
+    def has(self, name: str) -> bool:
+        return name not in self.missing
+
+    def check(self, result: int, call: str, comm=None) -> None:
+        """Raise CollectiveError for a failed call, with NCCL's error string and last error."""
+        if result == 0:
+            return
+        name = RESULTS.get(result, f"ncclResult {result}")
+        text = self.ncclGetErrorString(result).decode() if self.has("ncclGetErrorString") else ""
+        last = self.ncclGetLastError(comm).decode() if self.has("ncclGetLastError") else ""
+        raise CollectiveError(f"{call} failed: {name} ({result}): {text}" + (f"; last error: {last}" if last else ""))
+
+
+def load(backend: str = "cuda") -> Library:
+    """Load the first library found (see the module docstring); CollectiveError naming every
+    place searched when none loads."""
+    tried = []
+    for path in candidates(backend):
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as exc:
+            tried.append(f"{path} ({str(exc).split(':')[-1].strip()})")
+            continue
+        missing = []
+        lib = Library(path=path, handle=handle, version=0, missing=())
+        for name, (restype, argtypes) in TABLE.items():
+            try:
+                fn = getattr(handle, name)
+            except AttributeError:
+                missing.append(name)
+                continue
+            fn.restype, fn.argtypes = restype, argtypes
+            setattr(lib, name, fn)
+        lib.missing = tuple(missing)
+        version = ctypes.c_int()
+        lib.check(lib.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion")
+        lib.version = version.value
+        return lib
+    what = "RCCL (librccl.so)" if backend == "hip" else "NCCL (libnccl.so.2)"
+    raise CollectiveError(f"{what} not found; searched: " + "; ".join(tried))

@@ -1,0 +1,1 @@
+"""Running compute beside communication: footprint measurement (more arrives with the overlap issue)."""

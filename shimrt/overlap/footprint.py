@@ -1,0 +1,108 @@
+"""Measure what the loaded NCCL's kernels need per SM, from CUPTI's launch records.
+
+``python -m shimrt.overlap.footprint`` runs a few collectives on a single-rank communicator
+(one GPU) and prints, for every kernel NCCL launched, its grid, block, registers per thread and
+static and dynamic shared memory, as a table and as JSON. With one rank NCCL may do some
+operations with copies and no kernel at all; what it printed is what it launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+
+from ..device import Device
+from ..errors import ShimrtError
+from ..nccl import library
+from ..occupancy import Footprint
+
+
+def footprint_of(record: dict) -> Footprint:
+    """The Footprint of one launch record (one block of it per SM it occupies)."""
+    threads = record["block_x"] * record["block_y"] * record["block_z"]
+    return Footprint(record["name"], blocks=1, threads=threads, registers=record["registers"],
+                     static_smem=record["static_smem"], dynamic_smem=record["dynamic_smem"])
+
+
+def _operations(lib, comm, stream, send, recv, count):
+    """name -> function running one operation on the communicator."""
+    f32 = library.DATATYPES["float32"]
+
+    def all_reduce(op):
+        return lambda: lib.check(lib.ncclAllReduce(send, recv, count, f32, library.REDOPS[op], comm, stream),
+                                 "ncclAllReduce", comm)
+
+    def send_recv_self():
+        lib.check(lib.ncclGroupStart(), "ncclGroupStart")
+        lib.check(lib.ncclSend(send, count, f32, 0, comm, stream), "ncclSend", comm)
+        lib.check(lib.ncclRecv(recv, count, f32, 0, comm, stream), "ncclRecv", comm)
+        lib.check(lib.ncclGroupEnd(), "ncclGroupEnd")
+
+    return {"all_reduce sum": all_reduce("sum"), "all_reduce avg": all_reduce("avg"),
+            "all_reduce max": all_reduce("max"), "send/recv to self (grouped)": send_recv_self}
+
+
+def measure(device: Device | None = None, nbytes: int = 64 << 20) -> dict:
+    """Launch records of NCCL's kernels for each operation on a single-rank communicator."""
+    from ..cuda.cupti import KernelRecorder
+    dev = device or Device()
+    if dev.backend != "cuda":
+        raise ShimrtError("footprint measurement uses CUPTI and needs the CUDA backend")
+    lib = library.load("cuda")
+    comm = ctypes.c_void_p()
+    devices = (ctypes.c_int * 1)(dev.index)
+    dev.activate()
+    lib.check(lib.ncclCommInitAll(ctypes.byref(comm), 1, devices), "ncclCommInitAll")
+    result = {"nccl": lib.version_text, "nccl_path": lib.path, "device": dev.name, "operations": {}}
+    try:
+        count = nbytes // 4
+        send, recv = dev.alloc(nbytes).memset(1), dev.alloc(nbytes)
+        with dev.stream() as s:
+            for name, run in _operations(lib, comm, ctypes.c_void_p(s.handle), send.ptr, recv.ptr, count).items():
+                run()  # warm up outside the recording: first-use setup launches kernels of its own
+                s.synchronize()
+                with KernelRecorder() as rec:
+                    run()
+                    s.synchronize()
+                result["operations"][name] = rec.kernels
+        result["cupti_path"] = rec.path
+    finally:
+        lib.ncclCommDestroy(comm)
+    return result
+
+
+def report(result: dict) -> str:
+    lines = [f"NCCL {result['nccl']} on {result['device']} ({result['nccl_path']})",
+             f"{'operation':30s} {'kernel':58s} {'grid':>12s} {'block':>10s} {'regs':>5s} {'static':>7s} "
+             f"{'dynamic':>8s}"]
+    for op, kernels in result["operations"].items():
+        if not kernels:
+            lines.append(f"{op:30s} (no kernel: NCCL did this without launching one)")
+        for k in kernels:
+            lines.append(f"{op:30s} {k['name'][:58]:58s} {str((k['grid_x'], k['grid_y'], k['grid_z'])):>12s} "
+                         f"{str((k['block_x'], k['block_y'], k['block_z'])):>10s} {k['registers']:5d} "
+                         f"{k['static_smem']:7d} {k['dynamic_smem']:8d}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shimrt.overlap.footprint", description=__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, default=64 << 20, help="message size (default 64 MiB)")
+    parser.add_argument("--json", metavar="PATH", help="also write the records as JSON")
+    args = parser.parse_args(argv)
+    try:
+        result = measure(nbytes=args.bytes)
+    except ShimrtError as exc:
+        print(f"footprint: {exc}", file=sys.stderr)
+        return 2
+    print(report(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
