@@ -169,12 +169,14 @@ class Footprint:
                          self.static_smem, self.dynamic_smem, self.sgprs)
 
 
-#: NCCL 2.28's collective kernels on sm_90 (shared/notes/h200-measurements.md: cuobjdump
-#: -res-usage and NCCL's source): 96 registers (-maxrregcount=96), 22592 B static shared
-#: memory, 82240 B dynamic (ncclShmemDynamicSize, 4112 B x 20 warps), up to 640 threads
-#: (LL128 and P2P; 512 for LL), one block per channel.
-NCCL_2_28_SM90 = Footprint("NCCL 2.28 collective (sm_90)", blocks=1, threads=640, registers=96,
-                           static_smem=22592, dynamic_smem=82240)
+#: NCCL 2.28's device kernels on sm_90, as CUPTI recorded ncclDevKernel_SendRecv of NCCL 2.28.9
+#: on an H200 (python -m shimrt.overlap.footprint): 640 threads, 96 registers, 21568 B static
+#: and 82240 B dynamic shared memory, one block per channel (64 channels there). The ELF
+#: reports 22592 B static (shared/notes) because it counts the 1 KiB per-block reserve, which
+#: the occupancy arithmetic adds itself. NCCL's collective kernels use the same registers
+#: (-maxrregcount=96) and shared memory, with 512 threads for the LL protocol.
+NCCL_2_28_SM90 = Footprint("NCCL 2.28 device kernel (sm_90)", blocks=1, threads=640, registers=96,
+                           static_smem=21568, dynamic_smem=82240)
 
 
 @dataclass(frozen=True)

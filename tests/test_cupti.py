@@ -28,8 +28,10 @@ def test_kernel_record_layout_matches_cupti_activity_h(tmp_path):
         why = str(exc)
     else:
         why = "header not found"
-    if not include or not (Path(include) / "cupti_activity.h").is_file() or shutil.which("gcc") is None:
-        skip_or_fail("cupti-layout", f"needs gcc and cupti_activity.h (pip install nvidia-cuda-cupti): {why}")
+    needed = ("cupti_activity.h", "cuda.h", "crt/host_defines.h")
+    if not include or not all((Path(include) / h).is_file() for h in needed) or shutil.which("gcc") is None:
+        skip_or_fail("cupti-layout", "needs gcc and the headers of nvidia-cuda-cupti, nvidia-cuda-runtime and "
+                     f"nvidia-cuda-crt (pip install -e '.[test]'): {why}")
     exe = tmp_path / "offsets"
     subprocess.run(["gcc", f"-I{include}", f"-I{cuda_include}", "-o", str(exe), str(HERE / "data" / "cupti_offsets.c")],
                    check=True, timeout=300)
