@@ -6,7 +6,8 @@ the CUDA or NVRTC error, with the vendor's description, and returns the values.
 
 from __future__ import annotations
 
-from ..errors import DriverError, NoDeviceError
+from ..backends import checker
+from ..errors import NoDeviceError
 
 
 def _bindings():
@@ -36,19 +37,9 @@ def describe(err) -> tuple[str, int, str]:
     return name, code, desc
 
 
-def raise_for(call: str, err):
-    name, code, desc = describe(err)
-    raise DriverError(call, name, code, desc)
-
-
-def check(result, call: str):
-    """Unpack a cuda-python result tuple: raise on error, else return its value(s)."""
-    err = result[0]
-    if int(err) != 0:
-        raise_for(call, err)
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
+# The one check helper of this backend: vendor results in, DriverError (named after the
+# vendor's error, with its description) out.
+check, raise_for = checker(describe)
 
 
 def library_path(name: str) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 
+from ..backends import read_attributes, ready
 from ..errors import NoDeviceError
 from .check import _bindings, check, raise_for
 from .check import library_path as _library_path
@@ -47,11 +48,6 @@ _current = threading.local()  # the context made current on this thread, to skip
 
 def _driver():
     return _bindings()[0]
-
-
-def _read_attributes(table: dict, enum, prefix: str, query, call: str) -> dict:
-    """{our name: value} for a table of our name -> the enum member's name without ``prefix``."""
-    return {ours: check(query(getattr(enum, prefix + theirs)), call) for ours, theirs in table.items()}
 
 
 def init() -> None:
@@ -102,7 +98,7 @@ def device_name(dev) -> str:
 def device_properties(dev) -> dict:
     """The attributes a Target needs, plus name, arch and total memory."""
     driver = _driver()
-    props = _read_attributes(_ATTRS, driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_",
+    props = read_attributes(check, _ATTRS, driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_",
                              lambda attr: driver.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute")
     props["arch"] = f"sm_{props.pop('cc_major')}{props.pop('cc_minor')}"
     props["name"] = device_name(dev)
@@ -163,7 +159,7 @@ def module_function(module, name: str):
 
 def function_attributes(fn) -> dict:
     driver = _driver()
-    return _read_attributes(_FUNC_ATTRS, driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_",
+    return read_attributes(check, _FUNC_ATTRS, driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_",
                             lambda attr: driver.cuFuncGetAttribute(attr, fn), "cuFuncGetAttribute")
 
 
@@ -274,17 +270,9 @@ def stream_synchronize(stream) -> None:
     check(_driver().cuStreamSynchronize(stream), "cuStreamSynchronize")
 
 
-def _ready(result, call: str) -> bool:
-    """A query's answer: False for CUDA_ERROR_NOT_READY, True for success, else raise."""
-    if result[0] == _driver().CUresult.CUDA_ERROR_NOT_READY:
-        return False
-    check(result, call)
-    return True
-
-
 def stream_query(stream) -> bool:
     """True when all work on the stream has finished."""
-    return _ready(_driver().cuStreamQuery(stream), "cuStreamQuery")
+    return ready(check, _driver().cuStreamQuery(stream), _driver().CUresult.CUDA_ERROR_NOT_READY, "cuStreamQuery")
 
 
 def stream_wait_event(stream, event) -> None:
@@ -316,7 +304,7 @@ def event_synchronize(event) -> None:
 
 def event_query(event) -> bool:
     """True when the event has completed."""
-    return _ready(_driver().cuEventQuery(event), "cuEventQuery")
+    return ready(check, _driver().cuEventQuery(event), _driver().CUresult.CUDA_ERROR_NOT_READY, "cuEventQuery")
 
 
 def event_elapsed_ms(start, end) -> float:

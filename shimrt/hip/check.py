@@ -6,7 +6,8 @@ hip-python returns ``(err, *values)`` like cuda-python; :func:`check` raises
 
 from __future__ import annotations
 
-from ..errors import DriverError, NoDeviceError
+from ..backends import checker
+from ..errors import NoDeviceError
 
 # What to do when the libraries cannot be loaded (hip-python dlopens these plain names).
 INSTALL_HINT = ("install hip-python (pip install 'shimrt[hip]') and ROCm; on Debian bookworm "
@@ -45,19 +46,9 @@ def describe(err) -> tuple[str, int, str]:
         return getattr(err, "name", str(err)), code, "(no description: the HIP runtime is not loaded)"
 
 
-def raise_for(call: str, err):
-    name, code, desc = describe(err)
-    raise DriverError(call, name, code, desc)
-
-
-def check(result, call: str):
-    """Unpack a hip-python result tuple: raise on error, else return its value(s)."""
-    err = result[0]
-    if int(err) != 0:
-        raise_for(call, err)
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
+# The one check helper of this backend: vendor results in, DriverError (named after the
+# vendor's error, with its description) out.
+check, raise_for = checker(describe)
 
 
 def loaded(call):

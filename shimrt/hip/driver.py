@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 
+from ..backends import read_attributes, ready
 from ..errors import NoDeviceError
 from .check import _bindings, check, loaded, raise_for
 from .check import library_path as _library_path
@@ -57,11 +58,6 @@ def _address(obj) -> int:
         return int(obj)
     except TypeError:
         return obj.as_c_void_p().value or 0
-
-
-def _read_attributes(table: dict, enum, prefix: str, query, call: str) -> dict:
-    """{our name: value} for a table of our name -> the enum member's name without ``prefix``."""
-    return {ours: check(query(getattr(enum, prefix + theirs)), call) for ours, theirs in table.items()}
 
 
 def library_path() -> str | None:
@@ -182,7 +178,7 @@ def module_function(module, name: str):
 
 def function_attributes(fn) -> dict:
     hip = _hip()
-    return _read_attributes(_FUNC_ATTRS, hip.hipFunction_attribute, "HIP_FUNC_ATTRIBUTE_",
+    return read_attributes(check, _FUNC_ATTRS, hip.hipFunction_attribute, "HIP_FUNC_ATTRIBUTE_",
                             lambda attr: hip.hipFuncGetAttribute(attr, fn), "hipFuncGetAttribute")
 
 
@@ -273,17 +269,9 @@ def stream_synchronize(stream) -> None:
     check(_hip().hipStreamSynchronize(stream), "hipStreamSynchronize")
 
 
-def _ready(result, call: str) -> bool:
-    """A query's answer: False for hipErrorNotReady, True for success, else raise."""
-    if result[0] == _hip().hipError_t.hipErrorNotReady:
-        return False
-    check(result, call)
-    return True
-
-
 def stream_query(stream) -> bool:
     """True when all work on the stream has finished."""
-    return _ready(_hip().hipStreamQuery(stream), "hipStreamQuery")
+    return ready(check, _hip().hipStreamQuery(stream), _hip().hipError_t.hipErrorNotReady, "hipStreamQuery")
 
 
 def stream_wait_event(stream, event) -> None:
@@ -315,7 +303,7 @@ def event_synchronize(event) -> None:
 
 def event_query(event) -> bool:
     """True when the event has completed."""
-    return _ready(_hip().hipEventQuery(event), "hipEventQuery")
+    return ready(check, _hip().hipEventQuery(event), _hip().hipError_t.hipErrorNotReady, "hipEventQuery")
 
 
 def event_elapsed_ms(start, end) -> float:
