@@ -1,0 +1,105 @@
+"""``ncclConfig_t`` laid out as the loaded library's ``nccl.h`` defines it, and the options shimrt sets.
+
+NCCL grows the structure at its end from release to release and copies
+``min(config->size, sizeof(its own))`` bytes, so each library gets exactly its own layout:
+the fields below, in order, each from the release whose ``nccl.h`` first has it (read from
+the nvidia-nccl wheels' headers, 2.17.1 to 2.32.3). Unset fields keep NCCL's "undefined"
+values (INT_MIN, NULL), as ``NCCL_CONFIG_INITIALIZER`` leaves them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..errors import UsageError
+
+MAGIC = 0xCAFEBEEF        # NCCL_API_MAGIC
+UNDEF_INT = -(2**31)      # NCCL_CONFIG_UNDEF_INT = INT_MIN
+CTA_POLICIES = {"default": 0x00, "efficiency": 0x01, "zero": 0x02}  # NCCL_CTA_POLICY_* (2.27+)
+
+_int, _ptr = ctypes.c_int, ctypes.c_char_p
+# (field, ctype, first NCCL version (X*10000 + Y*100 + Z) whose ncclConfig_t has it)
+FIELDS = (
+    ("size", ctypes.c_size_t, 21700), ("magic", ctypes.c_uint, 21700), ("version", ctypes.c_uint, 21700),
+    ("blocking", _int, 21700), ("cgaClusterSize", _int, 21700), ("minCTAs", _int, 21700),
+    ("maxCTAs", _int, 21700), ("netName", _ptr, 21700), ("splitShare", _int, 21800),
+    ("trafficClass", _int, 22600),
+    ("commName", _ptr, 22700), ("collnetEnable", _int, 22700), ("CTAPolicy", _int, 22700),
+    ("shrinkShare", _int, 22700), ("nvlsCTAs", _int, 22700),
+    ("nChannelsPerNetPeer", _int, 22800), ("nvlinkCentricSched", _int, 22800),
+    ("graphUsageMode", _int, 22900), ("numRmaCtx", _int, 22900),
+    ("maxP2pPeers", _int, 23000), ("graphStreamOrdering", _int, 23000),
+    ("launchOrderImplicit", _int, 23100), ("numRmaSig", _int, 23100), ("rmaEagerInit", _int, 23100),
+    ("hostCftMode", _int, 23100),
+    ("nvlsHostMode", _int, 23200),
+)
+MIN_VERSION = FIELDS[0][2]
+
+
+@lru_cache(maxsize=None)
+def structure(version: int) -> type[ctypes.Structure]:
+    """The ncclConfig_t ctypes Structure of NCCL ``version`` (X*10000 + Y*100 + Z)."""
+    if version < MIN_VERSION:
+        raise UsageError(f"NCCL {version} predates ncclConfig_t as shimrt knows it (2.17)")
+    fields = [(name, ctype) for name, ctype, since in FIELDS if since <= version]
+    return type(f"ncclConfig_v{version}", (ctypes.Structure,), {"_fields_": fields})
+
+
+def has_field(version: int, name: str) -> bool:
+    return any(n == name and since <= version for n, _, since in FIELDS)
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    """Communicator options. ``None`` leaves NCCL's default.
+
+    ``blocking=False`` (the default) lets shimrt bound every wait by ``timeout`` seconds and
+    abort the communicator instead of hanging when a peer is gone. ``min_ctas``/``max_ctas``
+    bound NCCL's channels (one block each), ``cta_policy`` is "default", "efficiency" or "zero"
+    (NCCL 2.27+), ``cga_cluster_size`` 0-8.
+    """
+
+    blocking: bool = False
+    timeout: float = 300.0
+    min_ctas: int | None = None
+    max_ctas: int | None = None
+    cta_policy: str | None = None
+    cga_cluster_size: int | None = None
+    net_name: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise UsageError(f"timeout must be a positive number of seconds, not {self.timeout!r}")
+        for name in ("min_ctas", "max_ctas"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 64):
+                raise UsageError(f"{name} must be an int in 1..64 (NCCL's MAXCHANNELS), not {v!r}")
+        if self.min_ctas is not None and self.max_ctas is not None and self.min_ctas > self.max_ctas:
+            raise UsageError(f"min_ctas ({self.min_ctas}) exceeds max_ctas ({self.max_ctas})")
+        if self.cta_policy is not None and self.cta_policy not in CTA_POLICIES:
+            raise UsageError(f"cta_policy must be one of {', '.join(CTA_POLICIES)}, not {self.cta_policy!r}")
+        c = self.cga_cluster_size
+        if c is not None and (not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= 8):
+            raise UsageError(f"cga_cluster_size must be an int in 0..8, not {c!r}")
+
+    def build(self, version: int) -> ctypes.Structure:
+        """An ncclConfig_t for NCCL ``version`` holding these options."""
+        cls = structure(version)
+        cfg = cls()
+        for name, ctype, since in FIELDS:
+            if since <= version and ctype is _int:
+                setattr(cfg, name, UNDEF_INT)
+        cfg.size, cfg.magic, cfg.version = ctypes.sizeof(cls), MAGIC, version
+        cfg.blocking = 1 if self.blocking else 0
+        for ours, theirs in (("min_ctas", "minCTAs"), ("max_ctas", "maxCTAs"), ("cga_cluster_size", "cgaClusterSize")):
+            if getattr(self, ours) is not None:
+                setattr(cfg, theirs, getattr(self, ours))
+        if self.net_name is not None:
+            cfg.netName = self.net_name.encode()
+        if self.cta_policy is not None:
+            if not has_field(version, "CTAPolicy"):
+                raise UsageError(f"cta_policy needs NCCL 2.27 or newer; this NCCL is {version}")
+            cfg.CTAPolicy = CTA_POLICIES[self.cta_policy]
+        return cfg
