@@ -59,6 +59,31 @@ def device_of(obj) -> tuple[int, int]:
     return int(dev[0]), int(dev[1])
 
 
+_DL_DTYPES = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8",
+              (1, 16): "uint16", (1, 32): "uint32", (1, 64): "uint64", (2, 16): "float16", (2, 32): "float32",
+              (2, 64): "float64", (4, 16): "bfloat16", (6, 8): "bool"}
+
+
+def tensor_info(obj) -> tuple[int, str, tuple[int, ...], bool]:
+    """(data pointer, dtype name, shape, C-contiguous) of a DLPack producer's tensor."""
+    capsule = obj.__dlpack__()
+    if not _api.PyCapsule_IsValid(capsule, _CAPSULE_NAME):
+        raise ValueError("__dlpack__ did not return an unconsumed 'dltensor' capsule")
+    t = DLManagedTensor.from_address(_api.PyCapsule_GetPointer(capsule, _CAPSULE_NAME)).dl_tensor
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    contiguous = True
+    if t.strides:
+        expected = 1
+        for i in reversed(range(t.ndim)):
+            if shape[i] != 1 and t.strides[i] != expected:
+                contiguous = False
+            expected *= shape[i]
+    dtype = _DL_DTYPES.get((t.dtype.code, t.dtype.bits), f"dlpack(code={t.dtype.code}, bits={t.dtype.bits})")
+    if t.dtype.lanes != 1:
+        dtype += f"x{t.dtype.lanes}"
+    return (t.data or 0) + t.byte_offset, dtype, shape, contiguous
+
+
 def data_pointer(obj) -> int:
     """Address of the first element of a DLPack producer's tensor (data + byte_offset).
 

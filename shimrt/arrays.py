@@ -1,0 +1,64 @@
+"""What a device array is, whatever library made it: pointer, dtype, element count, contiguity.
+
+Accepts shimrt Buffers, objects with ``__cuda_array_interface__`` (CuPy, torch CUDA tensors,
+Numba) and device DLPack producers (torch, CuPy, JAX).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dlpack
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    pointer: int
+    dtype: str      # numpy-style name: "float32", "int64", "bfloat16", ...
+    count: int      # elements
+    itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
+
+
+_ITEMSIZE = {"bfloat16": 2}
+
+
+def describe(obj, what: str = "array") -> ArrayInfo:
+    """ArrayInfo of a contiguous device array; UsageError for host arrays and strided views."""
+    if isinstance(obj, np.ndarray):
+        raise UsageError(f"{what} is a numpy array on the host; pass device memory (Device.to_device)")
+    if getattr(obj, "device_pointer", None) is not None:  # shimrt Buffer
+        return ArrayInfo(obj.ptr, obj.dtype.name, obj.size, obj.dtype.itemsize)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        dtype = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides")
+        if strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize):
+            raise UsageError(f"{what} is not contiguous (strides {tuple(strides)}); pass a contiguous array")
+        return ArrayInfo(int(cai["data"][0] or 0), dtype.name, int(np.prod(shape, dtype=np.int64)), dtype.itemsize)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        kind, _ = dlpack.device_of(obj)
+        if kind not in dlpack.DEVICE_MEMORY:
+            raise UsageError(f"{what} lives on the host (DLPack device {kind}); pass device memory")
+        ptr, dtype, shape, contiguous = dlpack.tensor_info(obj)
+        if not contiguous:
+            raise UsageError(f"{what} is not contiguous; pass a contiguous array")
+        itemsize = _ITEMSIZE.get(dtype) or np.dtype(dtype).itemsize
+        return ArrayInfo(ptr, dtype, int(np.prod(shape, dtype=np.int64)), itemsize)
+    raise UsageError(f"{what}: cannot use {type(obj).__name__} as device memory (a shimrt Buffer, a torch "
+                     "or CuPy array, or anything with __cuda_array_interface__ or DLPack)")
+
+
+def _c_strides(shape, itemsize) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= n
+    return tuple(reversed(out))
