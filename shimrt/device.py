@@ -573,6 +573,15 @@ class Buffer(_Closing):
             raise UsageError(f"a view of shape {shape} and dtype {dtype} is not {self.nbytes} bytes")
         return Buffer(self.device, self.ptr, self.nbytes, shape, dtype, owner=self._owner or self)
 
+    def __getitem__(self, index: slice) -> "Buffer":
+        """A view of a contiguous range of a 1-D buffer: ``buf[start:stop]`` (no step)."""
+        if len(self.shape) != 1 or not isinstance(index, slice) or index.step not in (None, 1):
+            raise UsageError("buffers can be sliced as buf[start:stop] when one-dimensional")
+        start, stop, _ = index.indices(self.shape[0])
+        count = max(stop - start, 0)
+        return Buffer(self.device, self.ptr + start * self.dtype.itemsize, count * self.dtype.itemsize, (count,),
+                      self.dtype, owner=self._owner or self)
+
     def _host(self, array, writable: bool) -> np.ndarray:
         usable = isinstance(array, np.ndarray) and array.flags.c_contiguous
         if not usable or (writable and not array.flags.writeable):

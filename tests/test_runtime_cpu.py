@@ -79,3 +79,10 @@ def test_selftest_runs_environment_and_compile_sections(tmp_path, request):
         strict = subprocess.run([sys.executable, "-m", "shimrt.selftest", "--strict", "--quiet"],
                                 capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
         assert strict.returncode == 1 and "skipped" in strict.stdout
+
+
+def test_collective_bus_bandwidth_factors_follow_nccl_tests():
+    from shimrt.bench.collectives import bus_factor
+    assert [bus_factor("all_reduce", n) for n in (1, 2, 8)] == [0.0, 1.0, 1.75]
+    assert [bus_factor("all_gather", n) for n in (1, 2, 8)] == [0.0, 0.5, 0.875]
+    assert bus_factor("reduce_scatter", 4) == 0.75 and bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1.0
