@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import __version__, backends, compiler, kernels, targets
-from .errors import NoDeviceError, ShimrtError
+from . import __version__, backends, compiler, kernels, occupancy, targets
+from .errors import CollectiveError, NoDeviceError, ShimrtError
 
 COMPILE_TARGETS = ("sm_80", "sm_86", "sm_90", "gfx90a")
 
@@ -76,6 +76,8 @@ _FIX = {
 }
 _LABEL = {"cuda": ("cuda-python", "NVRTC", "CUDA driver"), "hip": ("hip-python", "hipRTC", "HIP runtime")}
 _VENDOR = {"cuda": "NVIDIA", "hip": "AMD"}
+_NCCL_FIX = {"cuda": "pip install 'shimrt[nccl]' (or set SHIMRT_NCCL_LIBRARY)",
+             "hip": "install RCCL with ROCm (or set SHIMRT_NCCL_LIBRARY / ROCM_PATH)"}
 
 
 def _backend_environment(backend: str, results, progress):
@@ -107,6 +109,15 @@ def _backend_environment(backend: str, results, progress):
         return f"{driver_label} version {drv.version()} from {drv.library_path()}; {drv.device_count()} device(s)"
     _run(sec, driver_label, driver, results, progress)
 
+    def collectives():
+        from .nccl import library
+        try:
+            lib = library.load(backend)
+        except CollectiveError as exc:
+            raise _Skip(str(exc), _NCCL_FIX[backend]) from None
+        return f"{'RCCL' if backend == 'hip' else 'NCCL'} {lib.version_text} from {lib.path}"
+    _run(sec, "RCCL" if backend == "hip" else "NCCL", collectives, results, progress)
+
 
 # --- compile matrix -------------------------------------------------------------------------
 
@@ -120,8 +131,13 @@ def _compile(results, progress):
                     program = compiler.compile(kernels.source(name), target, name=name)
                 except NoDeviceError as exc:  # the compiler's package or library is missing
                     raise _Skip(str(exc), _FIX[target.backend]) from None
-                parts = [f"{k}: {r.registers} regs, {r.static_smem} B smem, {r.spill_bytes} B spill"
-                         for k, r in sorted(program.resources.items())]
+                parts = []
+                for k, r in sorted(program.resources.items()):
+                    bs = min(256, r.max_threads_per_block)
+                    occ = occupancy.occupancy(target, block_size=bs, registers=r.registers,
+                                              static_smem=r.static_smem, sgprs=int(r.extra.get("sgprs", 0)))
+                    parts.append(f"{k}: {r.registers} regs, {r.static_smem} B smem, {r.spill_bytes} B spill, "
+                                 f"{occ.blocks} blocks/SM at {bs} threads ({'/'.join(occ.limited_by)})")
                 return "; ".join(parts) + (" (cached)" if program.from_cache else "")
             _run(sec, f"{name} for {arch}", one, results, progress)
 
@@ -134,8 +150,10 @@ def _device(results, progress):
     try:
         dev = Device()
     except NoDeviceError as exc:
-        results.append(Check(sec, "open device", "skip", str(exc), "run on a machine with a GPU and its driver"))
-        return
+        for name in DEVICE_CHECKS + COMMUNICATION_CHECKS:
+            section = "communication" if name in COMMUNICATION_CHECKS else sec
+            results.append(Check(section, name, "skip", f"no GPU: {exc}", "run on a machine with a GPU and its driver"))
+        return None
     results.append(Check(sec, "open device", "pass", f"{dev!r}: {dev.target.num_sms} SMs, "
                          f"{dev.target.smem_per_sm} B smem/SM, priorities {dev.priority_range}"))
     rng = np.random.default_rng()
@@ -172,6 +190,112 @@ def _device(results, progress):
                 raise ShimrtError(f"streams read back {hi.priority}/{lo.priority}, expected {greatest}/{least}")
         return f"greatest {greatest}, least {least}, read back from created streams"
     _run(sec, "stream priorities", priorities, results, progress)
+    _run(sec, "shaping confirmed by the driver", lambda: _shaping_check(dev), results, progress)
+    _run(sec, "overlap: prioritized comm beside shaped compute", lambda: _overlap_check(dev), results, progress)
+    return dev
+
+
+DEVICE_CHECKS = ["open device", "launch correctness", "large dynamic shared memory", "stream priorities",
+                 "shaping confirmed by the driver", "overlap: prioritized comm beside shaped compute"]
+COMMUNICATION_CHECKS = ["library", "single-rank collective", "N-rank collective"]
+
+
+def _comm_standin(dev):
+    """A communication stand-in: sm_probe blocks of 512 threads holding NCCL's shared memory."""
+    from .occupancy import NCCL_2_28_SM90, Footprint
+    smem = min(NCCL_2_28_SM90.static_smem + NCCL_2_28_SM90.dynamic_smem,
+               dev.target.smem_per_block_optin // 2)
+    return Footprint("NCCL-sized stand-in", blocks=1, threads=512, registers=32, static_smem=0, dynamic_smem=smem)
+
+
+def _shaping_check(dev) -> str:
+    probe = dev.load(dev.compile(kernels.source("probe"), name="probe.cu"))["sm_probe"]
+    natural = probe.max_active_blocks(256, 0)
+    for n in range(1, natural + 1):
+        probe.shape(256, resident_blocks=n)  # raises if the driver disagrees
+    s = probe.shape(256, reserve=_comm_standin(dev))
+    return (f"sm_probe at 256 threads: the driver confirms every cap 1..{natural}; beside an NCCL-sized block "
+            f"{s.resident_blocks} fit(s) with {s.dynamic_smem} B of dynamic smem")
+
+
+def _overlap_check(dev) -> str:
+    """A greatest-priority comm kernel, launched after a shaped single-wave compute kernel, must
+    start before that kernel drains (timestamps from %globaltimer / wall_clock64)."""
+    probe = dev.load(dev.compile(kernels.source("probe"), name="probe.cu"))["sm_probe"]
+    standin = _comm_standin(dev)
+    shaped = probe.shape(256, reserve=standin)
+    sms, hz = dev.target.num_sms, dev.timestamp_hz
+
+    def run(compute_smem, blocks_per_sm):
+        c_blocks, m_blocks = sms * blocks_per_sm, 16
+        cb = [dev.empty(c_blocks, np.uint32), dev.empty(c_blocks, np.uint64), dev.empty(c_blocks, np.uint64)]
+        mb = [dev.empty(m_blocks, np.uint32), dev.empty(m_blocks, np.uint64), dev.empty(m_blocks, np.uint64)]
+        with dev.stream("low") as lo, dev.stream("high") as hi:
+            probe.launch(c_blocks, 256, *cb, 3 * hz // 1000, stream=lo, smem=compute_smem)     # 3 ms per block
+            probe.launch(m_blocks, standin.threads, *mb, hz // 10000, stream=hi, smem=standin.dynamic_smem)
+            lo.synchronize(timeout=30)
+            hi.synchronize(timeout=30)
+        c_start, c_stop, m_start = cb[1].numpy(), cb[2].numpy(), mb[1].numpy()
+        t0 = int(c_start.min())
+        return (int(m_start.max()) - t0) / hz * 1e3, (int(c_stop.min()) - t0) / hz * 1e3
+
+    comm_at, first_done = run(shaped.dynamic_smem, shaped.resident_blocks)
+    control_at, control_done = run(0, probe.max_active_blocks(256, 0))
+    if comm_at >= first_done:
+        raise ShimrtError(f"the prioritized comm kernel started {comm_at:.2f} ms after compute began, not before "
+                          f"the shaped compute kernel's first block finished ({first_done:.2f} ms)")
+    return (f"comm started {comm_at:.2f} ms after a shaped compute wave began (its blocks run {first_done:.2f} ms); "
+            f"unshaped it started at {control_at:.2f} ms")
+
+
+def _communication(dev, results, progress):
+    sec = "communication"
+    if dev is None:
+        return
+    from .nccl import Communicator, library, unique_id
+    try:
+        lib = library.load(dev.backend)
+    except CollectiveError as exc:
+        for name in COMMUNICATION_CHECKS:
+            results.append(Check(sec, name, "skip", str(exc), _NCCL_FIX[dev.backend]))
+        return
+    results.append(Check(sec, "library", "pass", f"{lib.version_text} from {lib.path}"))
+    rng = np.random.default_rng()
+
+    def single():
+        x = rng.standard_normal(1 << 20).astype(np.float32)
+        with Communicator(dev, unique_id(lib), 0, 1) as comm:
+            buf = dev.to_device(x)
+            comm.all_reduce(buf, op="max")
+            comm.wait(timeout=30)
+            if not np.array_equal(buf.numpy(), x):
+                raise ShimrtError("a single-rank all_reduce changed the data")
+            return f"all_reduce of 4 MiB on a greatest-priority stream (priority {comm.stream.priority})"
+    _run(sec, "single-rank collective", single, results, progress)
+
+    def many():
+        from .device import Device
+        count = dev._drv.device_count()
+        if count < 2:
+            raise _Skip(f"needs 2 or more GPUs; this machine has {count}", "run on a machine with several GPUs")
+        devices = [dev] + [Device(i, backend=dev.backend) for i in range(1, count)]
+        comms = Communicator.local(devices)
+        try:
+            xs = [rng.standard_normal(1 << 18).astype(np.float32) for _ in comms]
+            bufs = [c.device.to_device(x) for c, x in zip(comms, xs, strict=True)]
+            with comms[0].group():
+                for c, b in zip(comms, bufs, strict=True):
+                    c.all_reduce(b)
+            for c in comms:
+                c.wait(timeout=60)
+            want = np.sum(xs, axis=0, dtype=np.float32)
+            for b in bufs:
+                np.testing.assert_allclose(b.numpy(), want, rtol=1e-5, atol=1e-5)
+            return f"all_reduce over {count} GPUs in one process equals numpy"
+        finally:
+            for c in comms:
+                c.close()
+    _run(sec, "N-rank collective", many, results, progress)
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -202,8 +326,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results: list[Check] = []
     progress = not args.quiet
-    for section in (_environment, _compile, _device):
-        section(results, progress)
+    _environment(results, progress)
+    _compile(results, progress)
+    _communication(_device(results, progress), results, progress)
     if args.json:
         print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
     else:

@@ -73,8 +73,9 @@ def test_selftest_runs_environment_and_compile_sections(tmp_path, request):
         for name in shimrt.kernels.names():
             assert by[("compile", f"{name} for {arch}")]["status"] == "pass"
     if not has_gpu():
-        device = by[("device", "open device")]
-        assert device["status"] == "skip" and device["fix"]
+        for key in [("device", "open device"), ("device", "overlap: prioritized comm beside shaped compute"),
+                    ("communication", "single-rank collective"), ("communication", "N-rank collective")]:
+            assert by[key]["status"] == "skip" and by[key]["fix"] and "no GPU" in by[key]["detail"]
         assert run.returncode == 0
         strict = subprocess.run([sys.executable, "-m", "shimrt.selftest", "--strict", "--quiet"],
                                 capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)

@@ -1,0 +1,30 @@
+"""The whole selftest on a GPU machine: every section runs, nothing fails, under 60 s."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+
+def test_full_selftest_passes_quickly(device):
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "shimrt.selftest", "--json", "--quiet"], capture_output=True,
+                         text=True, timeout=300)
+    elapsed = time.monotonic() - t0
+    results = json.loads(run.stdout)["results"]
+    by = {(r["section"], r["name"]): r for r in results}
+    failed = [r for r in results if r["status"] == "fail"]
+    assert not failed and run.returncode == 0, failed
+    for name in ("launch correctness", "large dynamic shared memory", "stream priorities",
+                 "shaping confirmed by the driver", "overlap: prioritized comm beside shaped compute"):
+        assert by[("device", name)]["status"] == "pass", by[("device", name)]
+    assert by[("communication", "single-rank collective")]["status"] in ("pass", "skip")
+    n_rank = by[("communication", "N-rank collective")]
+    assert n_rank["status"] == "pass" or "needs 2 or more GPUs" in n_rank["detail"]
+    shown = [r for r in results if r["section"] in ("device", "communication")]
+    print(f"\nselftest took {elapsed:.1f} s:")
+    for r in shown:
+        print(f"  {r['status']:4s} {r['section']}: {r['name']}: {r['detail'].splitlines()[0] if r['detail'] else ''}")
+    assert elapsed < 60
