@@ -342,6 +342,14 @@ class Kernel:
         self.device._drv.function_set_max_dynamic_smem(self._fn, smem)
         self._smem_limit = smem
 
+    def set_carveout(self, percent: int) -> None:
+        """Prefer ``percent`` of the SM's L1/shared-memory split as shared memory for this kernel
+        (100: all of it, what shaping needs so that room is left beside it)."""
+        if not isinstance(percent, int) or not 0 <= percent <= 100:
+            raise UsageError(f"carveout must be a percentage 0..100, not {percent!r}")
+        self.device.activate()
+        self.device._drv.function_set_carveout(self._fn, percent)
+
     def max_active_blocks(self, block_size: int, dynamic_smem: int = 0) -> int:
         """Blocks of this kernel that fit on one SM at once (the driver's occupancy query)."""
         if not isinstance(block_size, (int, np.integer)) or not 1 <= block_size <= self._max_threads:
@@ -357,6 +365,10 @@ class Kernel:
         driver's occupancy query must give exactly the promised residency for the shaped
         dynamic smem, else ShimrtError. Launch with ``smem=shaping.dynamic_smem``.
         """
+        # The SM's shared memory is split from L1 per launch, and a kernel that needs little gets
+        # a small split: its SMs then have no room for a communication block until they drain
+        # (seen on the H200). The whole of it must be shared memory for the reserve to exist.
+        self.set_carveout(100)
         sgprs = int(self.resources.extra.get("sgprs", 0)) if self.resources is not None else 0
         res = {"registers": self.attributes["registers"], "static_smem": self.attributes["static_smem"],
                "sgprs": sgprs}

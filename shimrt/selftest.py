@@ -223,7 +223,7 @@ def _overlap_check(dev) -> str:
     start before that kernel drains (timestamps from %globaltimer / wall_clock64)."""
     probe = dev.load(dev.compile(kernels.source("probe"), name="probe.cu"))["sm_probe"]
     standin = _comm_standin(dev)
-    shaped = probe.shape(256, reserve=standin)
+    shaped = probe.shape(256, reserve=standin)  # also asks for the full shared-memory carveout
     sms, hz = dev.target.num_sms, dev.timestamp_hz
 
     def run(compute_smem, blocks_per_sm):

@@ -196,6 +196,13 @@ def function_set_max_dynamic_smem(fn, nbytes: int) -> None:
     check(driver.cuFuncSetAttribute(fn, attr, nbytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
 
 
+def function_set_carveout(fn, percent: int) -> None:
+    """Preferred shared-memory carveout of the function, in percent of the maximum."""
+    driver = _driver()
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    check(driver.cuFuncSetAttribute(fn, attr, percent), "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
+
+
 def occupancy(fn, block_size: int, dynamic_smem: int) -> int:
     return check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, dynamic_smem),
                  "cuOccupancyMaxActiveBlocksPerMultiprocessor")

@@ -193,6 +193,14 @@ def function_set_max_dynamic_smem(fn, nbytes: int) -> None:
     check(hip.hipFuncSetAttribute(fn, attr, nbytes), "hipFuncSetAttribute(MaxDynamicSharedMemorySize)")
 
 
+def function_set_carveout(fn, percent: int) -> None:
+    """Preferred shared-memory carveout of the function, in percent (AMD's LDS is not shared with L1:
+    HIP accepts and ignores it)."""
+    hip = _hip()
+    attr = hip.hipFuncAttribute.hipFuncAttributePreferredSharedMemoryCarveout
+    check(hip.hipFuncSetAttribute(fn, attr, percent), "hipFuncSetAttribute(PreferredSharedMemoryCarveout)")
+
+
 def occupancy(fn, block_size: int, dynamic_smem: int) -> int:
     return check(_hip().hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, dynamic_smem),
                  "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor")
