@@ -47,7 +47,16 @@ def _torch_store_share(env: LaunchEnv, uid_maker) -> bytes:
                      timeout=__import__("datetime").timedelta(seconds=300))
     if env.rank == 0:
         store.set("shimrt_nccl_unique_id", uid_maker().hex())
-    return bytes.fromhex(store.get("shimrt_nccl_unique_id").decode())
+    uid = bytes.fromhex(store.get("shimrt_nccl_unique_id").decode())
+    # Rank 0 serves the store: it must not leave before every rank has read the id.
+    store.add("shimrt_nccl_unique_id_read", 1)
+    if env.rank == 0:
+        deadline = time.monotonic() + 300
+        while store.add("shimrt_nccl_unique_id_read", 0) < env.world_size:
+            if time.monotonic() > deadline:
+                raise ShimrtError("not every rank read the unique id from the store within 300 s")
+            time.sleep(0.01)
+    return uid
 
 
 def _mpi_share(env: LaunchEnv, uid_maker) -> bytes:
