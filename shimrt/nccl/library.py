@@ -104,10 +104,9 @@ def candidates(backend: str = "cuda") -> list[str]:
             found.append(str(Path(cfg.rocm_path) / "lib" / "librccl.so"))
         found.append("librccl.so")
         return found
-    for wheel in ("nvidia.nccl",):
-        spec = importlib.util.find_spec(wheel) if importlib.util.find_spec("nvidia") else None
-        for root in (spec.submodule_search_locations or []) if spec else []:
-            found.append(str(Path(root) / "lib" / "libnccl.so.2"))
+    spec = importlib.util.find_spec("nvidia.nccl") if importlib.util.find_spec("nvidia") else None
+    for root in (spec.submodule_search_locations or []) if spec else []:  # the nvidia-nccl-cu1x wheel
+        found.append(str(Path(root) / "lib" / "libnccl.so.2"))
     found.append(ctypes.util.find_library("nccl") or "libnccl.so.2")
     return found
 
