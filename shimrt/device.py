@@ -8,13 +8,12 @@ device), and errors during that late cleanup are ignored rather than printed.
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from typing import Iterable
 
 import numpy as np
 
-from . import backends, compiler, fastlaunch, occupancy, targets
+from . import backends, compiler, fastlaunch, occupancy, targets, waiting
 from .args import Packer
 from .config import settings
 from .errors import NoDeviceError, ShimrtError, UsageError
@@ -45,13 +44,8 @@ def _dim3(value, what: str) -> tuple[int, int, int]:
 
 def _wait(query, timeout: float, what: str) -> None:
     """Poll ``query`` until it is true; ShimrtError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    pause = 1e-5
-    while not query():
-        if time.monotonic() > deadline:
-            raise ShimrtError(f"{what} did not finish within {timeout} s")
-        time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
+    if not waiting.until(query, timeout):
+        raise ShimrtError(f"{what} did not finish within {timeout} s")
 
 
 class _Closing:

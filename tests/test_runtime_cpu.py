@@ -87,3 +87,15 @@ def test_collective_bus_bandwidth_factors_follow_nccl_tests():
     assert [bus_factor("all_reduce", n) for n in (1, 2, 8)] == [0.0, 1.0, 1.75]
     assert [bus_factor("all_gather", n) for n in (1, 2, 8)] == [0.0, 0.5, 0.875]
     assert bus_factor("reduce_scatter", 4) == 0.75 and bus_factor("broadcast", 8) == bus_factor("reduce", 8) == 1.0
+
+
+def test_bounded_waiting_stops_at_the_deadline():
+    import time
+
+    from shimrt import waiting
+    calls = []
+    t0 = time.monotonic()
+    assert waiting.until(lambda: calls.append(1) and False, 0.05) is False
+    assert 0.05 <= time.monotonic() - t0 < 1.0 and len(calls) > 3
+    ticks = iter([False, False, True])
+    assert waiting.until(lambda: next(ticks), 5) is True

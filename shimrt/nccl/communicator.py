@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import time
 
-from .. import arrays
+from .. import arrays, waiting
 from ..errors import CollectiveError, UsageError
 from . import library
 from .config import MIN_VERSION, CommOptions
@@ -35,11 +34,6 @@ def _uid(value) -> library.UniqueId:
     uid = library.UniqueId()
     ctypes.memmove(ctypes.addressof(uid), bytes(value), 128)
     return uid
-
-
-def _pause(deadline_left: float, pause: float) -> float:
-    time.sleep(min(pause, max(deadline_left, 0)))
-    return min(pause * 2, 0.01)
 
 
 class Communicator:
@@ -106,15 +100,17 @@ class Communicator:
             return
         if result != library.IN_PROGRESS:
             self.lib.check(result, call, self._handle)
-        deadline = time.monotonic() + self.options.timeout
-        pause = 1e-4
-        while (state := self._state()) == library.IN_PROGRESS:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.abort()
-                raise CollectiveError(f"{call} did not complete within {self.options.timeout} s (is every rank "
-                                      f"running?); the communicator was aborted")
-            pause = _pause(left, pause)
+        state = library.IN_PROGRESS
+
+        def settled() -> bool:
+            nonlocal state
+            state = self._state()
+            return state != library.IN_PROGRESS
+
+        if not waiting.until(settled, self.options.timeout, first=1e-4, longest=0.01):
+            self.abort()
+            raise CollectiveError(f"{call} did not complete within {self.options.timeout} s (is every rank "
+                                  f"running?); the communicator was aborted")
         self.lib.check(state, call, self._handle)
 
     def wait(self, stream=None, timeout: float | None = None) -> None:
@@ -124,19 +120,20 @@ class Communicator:
         timeout = self.options.timeout if timeout is None else timeout
         handle = self.device._stream_handle(stream if stream is not None else self.stream)
         drv = self.device._drv
-        deadline = time.monotonic() + timeout
-        pause = 1e-5
-        while not drv.stream_query(handle):
+
+        def finished() -> bool:
+            if drv.stream_query(handle):
+                return True
             state = self._state()
-            if state not in (0, library.IN_PROGRESS):
+            if state not in (0, library.IN_PROGRESS):  # an asynchronous NCCL error: stop now
                 self.abort()
                 self.lib.check(state, "collective (asynchronous error)")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.abort()
-                raise CollectiveError(f"collectives did not finish within {timeout} s (a peer may be gone); "
-                                      "the communicator was aborted")
-            pause = _pause(left, pause)
+            return False
+
+        if not waiting.until(finished, timeout, longest=0.01):
+            self.abort()
+            raise CollectiveError(f"collectives did not finish within {timeout} s (a peer may be gone); "
+                                  "the communicator was aborted")
 
     # --- collectives ---
     def _stream_arg(self, stream) -> ctypes.c_void_p:

@@ -1,0 +1,22 @@
+"""Bounded waiting: poll a condition with growing pauses, never past a deadline."""
+
+from __future__ import annotations
+
+import time
+
+
+def until(done, timeout: float, first: float = 1e-5, longest: float = 1e-3) -> bool:
+    """Call ``done()`` until it returns true (then True) or ``timeout`` seconds pass (then False).
+
+    Pauses start at ``first`` seconds and double up to ``longest``, so short waits stay short and
+    long ones do not spin.
+    """
+    deadline = time.monotonic() + timeout
+    pause = first
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, longest)
+    return True
