@@ -57,3 +57,21 @@ static __device__ __forceinline__ shimrt_i64 shimrt_global_index() {
 static __device__ __forceinline__ shimrt_i64 shimrt_grid_stride() {
     return (shimrt_i64)gridDim.x * blockDim.x;
 }
+
+// Per-block timelines for the overlap engine: ``stamps`` (nullable) holds 3 words per block:
+// start, end (shimrt_timestamp units) and the SM (CU) id. Call shimrt_block_begin first thing
+// and shimrt_block_end last, from every thread (it synchronises the block), never after an
+// early return.
+static __device__ __forceinline__ shimrt_u64 shimrt_block_begin(shimrt_u64* stamps) {
+    return stamps ? shimrt_timestamp() : 0;
+}
+static __device__ __forceinline__ void shimrt_block_end(shimrt_u64* stamps, shimrt_u64 begin) {
+    if (!stamps) return;
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+        shimrt_u64 b = blockIdx.x + (shimrt_u64)gridDim.x * (blockIdx.y + (shimrt_u64)gridDim.y * blockIdx.z);
+        stamps[3 * b] = begin;
+        stamps[3 * b + 1] = shimrt_timestamp();
+        stamps[3 * b + 2] = shimrt_sm_id();
+    }
+}
