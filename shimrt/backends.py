@@ -26,6 +26,7 @@ INTERFACE = {
         "memcpy_dtoh", "memcpy_dtod", "memset_d8", "stream_create", "stream_priority", "stream_destroy",
         "stream_synchronize", "stream_query", "stream_wait_event", "stream_handle", "null_stream",
         "event_create", "event_record", "event_synchronize", "event_query", "event_elapsed_ms", "event_destroy",
+        "sm_partition", "partition_stream_create", "partition_destroy",
     ),
 }
 

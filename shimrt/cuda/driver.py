@@ -320,3 +320,39 @@ def event_elapsed_ms(start, end) -> float:
 
 def event_destroy(event) -> None:
     check(_driver().cuEventDestroy(event), "cuEventDestroy")
+
+
+# --- SM partitions (green contexts) -----------------------------------------------------------
+
+def sm_partition(dev, sm_count: int):
+    """Split the device's SMs in two: ``sm_count`` (rounded up by the driver to its granularity)
+    and the rest. Returns ``[(handle, context, sms), (handle, context, sms)]`` (the split first),
+    one green context each; the contexts are made current to load modules into them."""
+    driver = _driver()
+    sm = driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM
+    resource = check(driver.cuDeviceGetDevResource(dev, sm), "cuDeviceGetDevResource")
+    groups, count, rest = check(driver.cuDevSmResourceSplitByCount(1, resource, 0, sm_count),
+                                "cuDevSmResourceSplitByCount")
+    if count != 1:
+        raise NoDeviceError(f"the driver could not set {sm_count} SMs apart (cuDevSmResourceSplitByCount "
+                            f"made {count} groups)")
+    parts = []
+    for res in (groups[0], rest):
+        desc = check(driver.cuDevResourceGenerateDesc([res], 1), "cuDevResourceGenerateDesc")
+        flags = driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
+        green = check(driver.cuGreenCtxCreate(desc, dev, flags), "cuGreenCtxCreate")
+        ctx = check(driver.cuCtxFromGreenCtx(green), "cuCtxFromGreenCtx")
+        parts.append((green, ctx, int(res.sm.smCount)))
+    return parts
+
+
+def partition_stream_create(handle, priority: int):
+    """A non-blocking stream whose kernels run only on the partition's SMs."""
+    driver = _driver()
+    flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
+    return check(driver.cuGreenCtxStreamCreate(handle, flags, priority), "cuGreenCtxStreamCreate")
+
+
+def partition_destroy(handle) -> None:
+    check(_driver().cuGreenCtxDestroy(handle), "cuGreenCtxDestroy")
+    _current.ctx = None

@@ -320,3 +320,43 @@ def event_elapsed_ms(start, end) -> float:
 
 def event_destroy(event) -> None:
     check(_hip().hipEventDestroy(event), "hipEventDestroy")
+
+
+# --- SM partitions (CU-masked streams) --------------------------------------------------------
+
+def sm_partition(dev, sm_count: int):
+    """Split the device's CUs in two: the first ``sm_count`` and the rest. Returns
+    ``[(mask, None, cus), (mask, None, cus)]`` (the split first): HIP partitions by masking a
+    stream's CUs, in the same context (None: nothing to load per partition)."""
+    total = device_properties(dev)["num_sms"]
+    if not 0 < sm_count < total:
+        raise NoDeviceError(f"cannot set {sm_count} of {total} CUs apart")
+    words = -(-total // 32)
+    split = [0] * words
+    for cu in range(sm_count):
+        split[cu // 32] |= 1 << (cu % 32)
+    rest = [~w & 0xFFFFFFFF for w in split]
+    rest[-1] &= (1 << (total - 32 * (words - 1))) - 1
+    return [(tuple(split), None, sm_count), (tuple(rest), None, total - sm_count)]
+
+
+def partition_stream_create(handle, priority: int):
+    """A stream restricted to the CUs of ``handle`` (a CU mask). CU-masked streams have the
+    default priority: HIP takes no priority with a mask."""
+    import ctypes
+    hip = _hip()
+    # hip-python 6.2 passes hipExtStreamCreateWithCUMask an uninitialised one-word mask (its
+    # generator took the const uint32_t* for an output), so the call goes through ctypes.
+    lib = ctypes.CDLL(library_path() or "libamdhip64.so")
+    fn = lib.hipExtStreamCreateWithCUMask
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+    fn.restype = ctypes.c_int
+    out = ctypes.c_void_p()
+    mask = (ctypes.c_uint32 * len(handle))(*handle)
+    err = fn(ctypes.byref(out), len(handle), mask)
+    check((hip.hipError_t(err),), "hipExtStreamCreateWithCUMask")
+    return hip.ihipStream_t.fromObj(out.value)
+
+
+def partition_destroy(handle) -> None:
+    """Nothing to free: a CU mask is plain data."""
