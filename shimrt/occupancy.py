@@ -165,7 +165,8 @@ class Footprint:
 
     def with_threads(self, threads: int) -> "Footprint":
         """The same kernel launched with another thread count (NCCL_NTHREADS, for example)."""
-        return Footprint(f"{self.name}, {threads} threads", self.blocks, threads, self.registers,
+        base = self.name.split(", ")[0]  # the kernel's own name, without an earlier thread count
+        return Footprint(f"{base}, {threads} threads", self.blocks, threads, self.registers,
                          self.static_smem, self.dynamic_smem, self.sgprs)
 
 

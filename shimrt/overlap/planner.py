@@ -1,0 +1,263 @@
+"""Policies and the choices behind them: pure arithmetic on the occupancy model, no GPU.
+
+A :class:`Problem` says what runs side by side: a compute kernel (its registers, static shared
+memory and block size) and a communication kernel (its per-block :class:`Footprint` and its
+number of blocks, one per channel). :func:`plan` turns a fixed policy into a :class:`Choice`;
+:func:`candidates` lists what ``auto`` measures, after the occupancy model has ruled out the
+choices that cannot work at all (and says why for each); :class:`ChoiceCache` keeps what auto
+picked per workload on disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import occupancy
+from ..errors import ShimrtError, UsageError
+from ..occupancy import Footprint
+from ..targets import Target
+
+#: Every policy, in report order; ``auto`` picks among the choices of the others.
+POLICIES = ("sequential", "concurrent", "priority", "shaping", "shaping+priority", "partition", "auto")
+FIXED = POLICIES[:-1]
+PRIORITIES = ("low", "high")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How one run is set up.
+
+    ``resident_blocks``: the compute kernel's cap per SM (None: unshaped) and ``dynamic_smem`` the
+    padding that sets it; ``comm_priority``: the communication stream's priority;
+    ``partition_sms``: SMs set apart for communication (None: shared); ``comm_blocks`` and
+    ``comm_threads``: the communication kernel's blocks (NCCL's CTAs/channels) and threads per
+    block (None: its default).
+    """
+
+    policy: str
+    resident_blocks: int | None = None
+    dynamic_smem: int = 0
+    comm_priority: str = "low"
+    partition_sms: int | None = None
+    comm_blocks: int | None = None
+    comm_threads: int | None = None
+
+    def __post_init__(self):
+        if self.policy not in FIXED:
+            raise UsageError(f"policy must be one of {', '.join(FIXED)}, not {self.policy!r}")
+        if self.comm_priority not in PRIORITIES:
+            raise UsageError(f"comm_priority must be 'low' or 'high', not {self.comm_priority!r}")
+        for name in ("resident_blocks", "partition_sms", "comm_blocks", "comm_threads"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UsageError(f"{name} must be a positive int or None, not {value!r}")
+        if isinstance(self.dynamic_smem, bool) or not isinstance(self.dynamic_smem, int) or self.dynamic_smem < 0:
+            raise UsageError(f"dynamic_smem must be a non-negative int, not {self.dynamic_smem!r}")
+        if (self.resident_blocks is None) != (self.dynamic_smem == 0) and self.resident_blocks is None:
+            raise UsageError("dynamic_smem is set only with resident_blocks")
+
+    @property
+    def shaped(self) -> bool:
+        return self.resident_blocks is not None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Choice":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+    def describe(self) -> str:
+        parts = [self.policy]
+        if self.shaped:
+            parts.append(f"N={self.resident_blocks}")
+        if self.partition_sms:
+            parts.append(f"{self.partition_sms} SMs")
+        if self.comm_priority == "high":
+            parts.append("high")
+        if self.comm_blocks:
+            parts.append(f"{self.comm_blocks} CTAs")
+        if self.comm_threads:
+            parts.append(f"{self.comm_threads} thr")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A compute kernel and a communication kernel meant to run side by side on ``target``.
+
+    ``compute``: the compute kernel's resources (``registers``, ``static_smem``, optionally
+    ``sgprs``) and ``compute_block`` its threads per block; ``comm``: the communication kernel's
+    per-block footprint (``comm.blocks``: blocks it needs per SM, normally 1) and ``comm_blocks``
+    its grid, one block per channel.
+    """
+
+    target: Target
+    compute: dict
+    compute_block: int
+    comm: Footprint
+    comm_blocks: int
+
+    def __post_init__(self):
+        if not isinstance(self.target, Target):
+            raise UsageError(f"target must be a shimrt Target, not {type(self.target).__name__}")
+        if not isinstance(self.comm, Footprint):
+            raise UsageError(f"comm must be a Footprint, not {type(self.comm).__name__}")
+        if not {"registers", "static_smem"} <= set(self.compute):
+            raise UsageError("compute needs 'registers' and 'static_smem'")
+        for name in ("compute_block", "comm_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name} must be a positive int, not {value!r}")
+
+    def footprint(self, threads: int | None = None) -> Footprint:
+        return self.comm if threads is None else self.comm.with_threads(threads)
+
+    def comm_per_sm(self, threads: int | None = None) -> int:
+        """Communication blocks one otherwise idle SM holds."""
+        fp = self.footprint(threads)
+        return occupancy.max_active_blocks(self.target, block_size=fp.threads, registers=fp.registers,
+                                           static_smem=fp.static_smem, dynamic_smem=fp.dynamic_smem, sgprs=fp.sgprs)
+
+
+def shaped(problem: Problem, threads: int | None = None, resident_blocks: int | None = None) -> occupancy.Shaping:
+    """shape() of the compute kernel with room for one block of the communication kernel."""
+    fp = problem.footprint(threads)
+    return occupancy.shape(problem.target, problem.compute, problem.compute_block, reserve=fp,
+                           resident_blocks=resident_blocks)
+
+
+def partition_sms(problem: Problem, threads: int | None = None, blocks: int | None = None) -> int:
+    """The fewest SMs that hold every communication block at once (they must all be resident)."""
+    per_sm = problem.comm_per_sm(threads)
+    if per_sm == 0:
+        raise ShimrtError(f"{problem.footprint(threads).name} does not fit on one SM of {problem.target.name}")
+    need = -(-(blocks or problem.comm_blocks) // per_sm)
+    if need >= problem.target.num_sms:
+        raise ShimrtError(f"{blocks or problem.comm_blocks} communication blocks need {need} SMs, "
+                          f"{problem.target.name} has {problem.target.num_sms}: nothing would be left for compute")
+    return need
+
+
+def plan(policy: str, problem: Problem) -> Choice:
+    """The choice a fixed policy makes for ``problem``; ShimrtError if it cannot work (why)."""
+    if policy in ("sequential", "concurrent"):
+        return Choice(policy)
+    if policy == "priority":
+        return Choice(policy, comm_priority="high")
+    if policy in ("shaping", "shaping+priority"):
+        s = shaped(problem)
+        return Choice(policy, resident_blocks=s.resident_blocks, dynamic_smem=s.dynamic_smem,
+                      comm_priority="high" if policy == "shaping+priority" else "low")
+    if policy == "partition":
+        return Choice(policy, partition_sms=partition_sms(problem), comm_priority="high")
+    if policy == "auto":
+        raise UsageError("auto is not a fixed policy: use candidates() and measure them")
+    raise UsageError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A choice the occupancy model rules out, and why."""
+
+    what: str
+    why: str
+
+
+def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_steps: int = 3,
+               partition_granularity: int = 8) -> tuple[list[Choice], list[Rejected]]:
+    """What ``auto`` measures: every fixed policy's own choice, every residency cap N that leaves
+    room for a communication block, partitions from the fewest SMs that hold every
+    communication block upward, each for every communication thread count in ``threads`` and
+    block count in ``blocks`` (None: the default). Returns (feasible choices, rejected ones)."""
+    t = problem.target
+    feasible: list[Choice] = []
+    rejected: list[Rejected] = []
+
+    def add(choice: Choice):
+        if choice not in feasible:
+            feasible.append(choice)
+
+    for policy in FIXED:
+        try:
+            add(plan(policy, problem))
+        except ShimrtError as exc:
+            rejected.append(Rejected(policy, str(exc)))
+    natural = occupancy.occupancy(t, block_size=problem.compute_block, registers=int(problem.compute["registers"]),
+                                  static_smem=int(problem.compute["static_smem"]),
+                                  sgprs=int(problem.compute.get("sgprs", 0))).blocks
+    for th in threads:
+        for nb in blocks:
+            label = f"{nb or problem.comm_blocks} blocks x {th or problem.comm.threads} threads"
+            per_sm = problem.comm_per_sm(th)
+            if per_sm * t.num_sms < (nb or problem.comm_blocks):
+                rejected.append(Rejected(label, f"only {per_sm * t.num_sms} such blocks fit on the device at once; "
+                                                "they must all be resident"))
+                continue
+            for n in range(natural, 0, -1):
+                try:
+                    s = shaped(problem, th, n)
+                except ShimrtError as exc:
+                    rejected.append(Rejected(f"N={n}, {label}", str(exc)))
+                    continue
+                add(Choice("shaping+priority", resident_blocks=n, dynamic_smem=s.dynamic_smem, comm_priority="high",
+                           comm_blocks=nb, comm_threads=th))
+            try:
+                need = partition_sms(problem, th, nb)
+            except ShimrtError as exc:
+                rejected.append(Rejected(f"partition, {label}", str(exc)))
+                continue
+            sizes = sorted({min(-(-need * k // partition_granularity) * partition_granularity, t.num_sms // 2)
+                            for k in range(1, partition_steps + 1)})
+            for sms in sizes:
+                if sms >= need:
+                    add(Choice("partition", partition_sms=sms, comm_priority="high", comm_blocks=nb, comm_threads=th))
+    return feasible, rejected
+
+
+class ChoiceCache:
+    """What auto chose per workload, in a JSON file (one per device model), written atomically."""
+
+    def __init__(self, directory: Path, device_key: str):
+        self.path = Path(directory) / f"overlap-auto-{hashlib.sha256(device_key.encode()).hexdigest()[:16]}.json"
+        self.device_key = device_key
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) and data.get("device") == self.device_key else {}
+
+    def get(self, key: str) -> Choice | None:
+        entry = self._read().get("choices", {}).get(key)
+        if entry is None:
+            return None
+        try:
+            return Choice.from_dict(entry)
+        except (UsageError, TypeError):
+            return None  # written by another version: measure again
+
+    def put(self, key: str, choice: Choice) -> None:
+        data = self._read() or {"device": self.device_key, "choices": {}}
+        data.setdefault("choices", {})[key] = choice.as_dict()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".overlap-auto-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def pick(choices: list[Choice], measure) -> tuple[Choice, dict[Choice, float]]:
+    """The choice with the least ``measure(choice)`` (a makespan); also every measured value."""
+    if not choices:
+        raise ShimrtError("auto has no feasible choice to measure")
+    times = {c: float(measure(c)) for c in choices}
+    return min(times, key=times.get), times
