@@ -1,0 +1,177 @@
+"""The communication stand-in: a kernel with NCCL's footprint whose blocks form a ring.
+
+On one GPU there is no peer to talk to, yet the scheduling problem of overlap is all on the
+device: a communication kernel whose blocks must all be resident competes with a compute kernel
+for SMs. :class:`CommStandIn` launches ``kernels_src/comm_standin.cu`` as a ring all-reduce (or
+all-gather / reduce-scatter) of ``nbytes`` over ``ranks`` virtual ranks would move data: the
+same number of steps, each block reducing its slice per step, with NCCL's registers and shared
+memory per block, one block per channel. Every report says the stand-in was used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import kernels
+from ..errors import ShimrtError, UsageError
+from ..occupancy import NCCL_2_28_SM90, Footprint
+
+#: Ring steps per rank count: an all-reduce is a reduce-scatter then an all-gather.
+STEPS = {"all_reduce": lambda r: 2 * (r - 1), "all_gather": lambda r: r - 1, "reduce_scatter": lambda r: r - 1}
+_KERNEL = "comm_ring"
+_MAX_THREADS = 640  # the kernel's launch bounds, NCCL's largest block
+
+
+def _size_label(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return f"{nbytes}B"
+
+
+@dataclass(frozen=True)
+class StandInSpec:
+    """The collective a stand-in plays: ``collective`` of ``nbytes`` over a ring of ``ranks``,
+    on ``blocks`` channels of ``threads`` threads, each block launched with ``dynamic_smem``
+    bytes (None: NCCL's 82240 B). ``timeout_s``: how long a block waits for its neighbour
+    before the ring gives up (an error, never a hang)."""
+
+    nbytes: int
+    collective: str = "all_reduce"
+    ranks: int = 8
+    blocks: int = 16
+    threads: int = 512
+    dynamic_smem: int | None = None
+    timeout_s: float = 10.0
+
+    def __post_init__(self):
+        if self.collective not in STEPS:
+            raise UsageError(f"collective must be one of {', '.join(STEPS)}, not {self.collective!r}")
+        for name, low in (("nbytes", 16), ("ranks", 2), ("blocks", 1), ("threads", 32)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UsageError(f"{name} must be an int >= {low}, not {value!r}")
+        if self.threads > _MAX_THREADS or self.threads % 32:
+            raise UsageError(f"threads must be a multiple of 32 up to {_MAX_THREADS}, not {self.threads}")
+        if self.dynamic_smem is not None and (not isinstance(self.dynamic_smem, int) or self.dynamic_smem < 0):
+            raise UsageError(f"dynamic_smem must be a non-negative int or None, not {self.dynamic_smem!r}")
+        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
+            raise UsageError(f"timeout_s must be a positive number, not {self.timeout_s!r}")
+
+    @property
+    def steps(self) -> int:
+        return STEPS[self.collective](self.ranks)
+
+    @property
+    def label(self) -> str:
+        return f"{self.collective}-{_size_label(self.nbytes)}"
+
+    def chunk(self, blocks: int | None = None) -> int:
+        """float4 elements each block reduces per step."""
+        return max(1, self.nbytes // self.ranks // (blocks or self.blocks) // 16)
+
+
+class CommStandIn:
+    """A stand-in collective on ``device``: :meth:`launch` runs it once on a stream."""
+
+    kind = "stand-in"
+
+    def __init__(self, device, spec: StandInSpec, seed: int = 0):
+        if not isinstance(spec, StandInSpec):
+            raise UsageError(f"spec must be a StandInSpec, not {type(spec).__name__}")
+        self.device, self.spec = device, spec
+        # NVRTC caps registers at NCCL's 96 (it builds with -maxrregcount=96); hipRTC has no such
+        # option, and the launch bounds keep the kernel within 640 threads there.
+        options = ["--maxrregcount=96"] if device.backend == "cuda" else []
+        self.program = device.compile(kernels.source("comm_standin"), options=options, name="comm_standin.cu")
+        self.kernel = device.load(self.program)[_KERNEL]
+        t = device.target
+        default = NCCL_2_28_SM90.dynamic_smem
+        static = self.kernel.attributes["static_smem"]
+        self.dynamic_smem = spec.dynamic_smem if spec.dynamic_smem is not None else \
+            min(default, t.smem_per_block_optin - static)
+        self._check_resident(spec.blocks, spec.threads)
+        self._checked = {(spec.blocks, spec.threads)}
+        self.max_blocks = t.num_sms * 8
+        # float4s: steps x grid x chunk(grid) for any grid up to max_blocks
+        self.capacity = spec.steps * (spec.nbytes // spec.ranks // 16 + self.max_blocks)
+        rng = np.random.default_rng(seed)
+        self.src = device.to_device(rng.standard_normal(self.capacity * 4, dtype=np.float32))
+        self.dst = device.empty(self.capacity * 4, np.float32).memset(0)
+        self.flags = device.empty(self.max_blocks, np.uint32).memset(0)
+        self.error = device.empty(1, np.uint32).memset(0)
+        self._counter = 0  # the ring counters' value: launches so far x steps
+
+    def __repr__(self):
+        return f"<CommStandIn {self.spec.label} x{self.spec.ranks} ranks, {self.spec.blocks} blocks>"
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+    def footprint(self, threads: int | None = None) -> Footprint:
+        """What one block needs per SM, from the compiled kernel's own attributes."""
+        a = self.kernel.attributes
+        sgprs = int(self.kernel.resources.extra.get("sgprs", 0)) if self.kernel.resources else 0
+        return Footprint(f"stand-in ({a['registers']} regs)", 1, threads or self.spec.threads, a["registers"],
+                         a["static_smem"], self.dynamic_smem, sgprs)
+
+    def blocks(self, blocks: int | None = None) -> int:
+        return blocks or self.spec.blocks
+
+    def _check_resident(self, blocks: int, threads: int) -> None:
+        per_sm = self.kernel.max_active_blocks(threads, self.dynamic_smem)
+        if per_sm * self.device.target.num_sms < blocks:
+            raise UsageError(f"{blocks} stand-in blocks of {threads} threads cannot all be resident on "
+                             f"{self.device.target.name} ({per_sm} per SM x {self.device.target.num_sms} SMs); "
+                             "the ring would never finish")
+
+    def launch(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
+               threads: int | None = None) -> None:
+        """Enqueue one collective. ``kernel``: the same kernel loaded elsewhere (an SM
+        partition); ``blocks``/``threads``: other channel and thread counts than the spec's."""
+        g, nt = blocks or self.spec.blocks, threads or self.spec.threads
+        if not 1 <= g <= self.max_blocks:
+            raise UsageError(f"blocks must be 1..{self.max_blocks}, not {g}")
+        if stamps is not None and stamps.nbytes < 24 * g:
+            raise UsageError(f"stamps hold {stamps.nbytes // 24} blocks, the launch has {g}")
+        if (g, nt) not in self._checked:
+            self._check_resident(g, nt)
+            self._checked.add((g, nt))
+        if self._counter + self.spec.steps > 0xFFFFFFFF:  # the 32-bit ring counters would wrap
+            self.flags.memset(0)  # waits for the device first
+            self._counter = 0
+        base = self._counter
+        self._counter += self.spec.steps
+        timeout_ns = np.uint64(int(self.spec.timeout_s * 1e9))
+        stamps = 0 if stamps is None else stamps  # a null pointer: the kernel skips its timeline
+        (kernel or self.kernel).launch(g, nt, self.src, self.dst, np.int32(self.spec.chunk(g)), self.flags,
+                                       np.uint32(base), np.int32(self.spec.steps), timeout_ns, self.error, stamps,
+                                       stream=stream, smem=self.dynamic_smem)
+
+    def raise_if_stalled(self) -> None:
+        """After the work finished: ShimrtError if the ring gave up waiting (and clear the flag)."""
+        if int(self.error.numpy()[0]):
+            self.error.memset(0)
+            raise ShimrtError(f"the communication stand-in stalled: its blocks were not all resident within "
+                              f"{self.spec.timeout_s} s (compute held the SMs), so it stopped early")
+
+    def reset(self) -> None:
+        """Zero the output: after one launch it equals the input over the slices touched."""
+        self.dst.memset(0)
+
+    def touched(self, blocks: int | None = None) -> int:
+        """float32 elements one launch writes."""
+        g = blocks or self.spec.blocks
+        return self.spec.steps * g * self.spec.chunk(g) * 4
+
+    def check(self, blocks: int | None = None) -> None:
+        """After :meth:`reset` and one launch: every touched element equals the input."""
+        n = self.touched(blocks)
+        got, want = self.dst.numpy()[:n], self.src.numpy()[:n]
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            raise ShimrtError(f"stand-in output wrong at {bad.size} of {n} elements (first {bad[0]}: "
+                              f"{got[bad[0]]} != {want[bad[0]]})")
