@@ -1,0 +1,291 @@
+"""PNG plots of overlap benchmark results: per-SM block timelines and makespans per policy.
+
+Reads the results of the overlap benchmark (schema ``shimrt.bench.overlap/1``) and writes
+makespan.png (one panel per workload: the makespan of each policy beside T_comp + T_comm and
+max(T_comp, T_comm)) and timeline_<workload>.png (one panel per policy: every thread block as a
+bar on its SM, compute and communication in two colors). Needs matplotlib:
+pip install 'shimrt[plot]'.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ShimrtError
+
+SCHEMA = "shimrt.bench.overlap/1"
+# Panels follow the order in which the controls build on one another; unknown policies go last.
+POLICIES = ("sequential", "concurrent", "priority", "shaping", "shaping+priority", "partition", "auto")
+DPI = 100
+COMPUTE_COLOR, COMM_COLOR = "#4C72B0", "#E8642B"
+# Figure sizes in inches; fixed per layout so that the pixel size of a PNG is predictable.
+TIMELINE_WIDTH, TIMELINE_PANEL, TIMELINE_EXTRA = 12.0, 2.2, 0.9
+MAKESPAN_PANEL_HEIGHT, MAKESPAN_EXTRA, MAKESPAN_COLUMNS = 4.5, 0.9, 3
+_METRICS = ("makespan_ms", "t_comp_ms", "t_comm_ms")
+
+
+def validate(results) -> None:
+    """Raise ShimrtError, naming the first problem, unless ``results`` follows the schema."""
+    if not isinstance(results, dict):
+        raise ShimrtError(f"results must be a JSON object, not {type(results).__name__}")
+    if results.get("schema") != SCHEMA:
+        raise ShimrtError(f"results schema is {results.get('schema')!r}, expected {SCHEMA!r}")
+    runs = results.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise ShimrtError("results have no 'runs' (a non-empty list)")
+    seen = set()
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict):
+            raise ShimrtError(f"results run {i} is not an object")
+        for key in ("workload", "policy"):
+            if not isinstance(run.get(key), str):
+                raise ShimrtError(f"results run {i} has no {key!r} (a string)")
+        metrics = run.get("metrics")
+        if not isinstance(metrics, dict):
+            raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}) has no 'metrics'")
+        for key in _METRICS:
+            if not isinstance(metrics.get(key), (int, float)):
+                raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}) has no metrics.{key}")
+        key = (run["workload"], run["policy"])
+        if key in seen:
+            raise ShimrtError(f"results have two runs of workload {key[0]!r} with policy {key[1]!r}")
+        seen.add(key)
+
+
+def workloads(results) -> list[str]:
+    """The workload labels of ``results``, in order of first appearance."""
+    return list(dict.fromkeys(run["workload"] for run in results["runs"]))
+
+
+def slug(workload: str) -> str:
+    """A safe file-name part for a workload label: 'sgemm-4096 + all_reduce-64MiB' -> 'sgemm-4096_all_reduce-64MiB'."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", workload).strip("_.") or "workload"
+
+
+def timeline_png(results, workload: str, path) -> Path:
+    """Write the block timeline of one workload: a panel per policy, SM id against time in ms.
+
+    Each thread block is a horizontal bar on its SM from its start to its end, compute in blue and
+    communication in orange (drawn on top, at least 2 pt thick). Panels share the time axis. Returns
+    the path.
+    """
+    validate(results)
+    runs = _runs_of(results, workload)
+    figure = _figure(TIMELINE_WIDTH, TIMELINE_EXTRA + TIMELINE_PANEL * len(runs))
+    from matplotlib.collections import LineCollection, PolyCollection
+    from matplotlib.lines import Line2D
+
+    blocks = [(run, _blocks(run, "compute"), _blocks(run, "comm")) for run in runs]
+    end = max([b[:, 1].max() for _, *kinds in blocks for b in kinds if len(b)] + [run["metrics"]["makespan_ms"]
+                                                                                     for run in runs])
+    sms = (results.get("device") or {}).get("num_sms")
+    rows = int(sms or max([b[:, 2].max() + 1 for _, *kinds in blocks for b in kinds if len(b)] + [1]))
+    # Compute blocks fill their SM's row exactly (in data units), so a full SM reads as a solid area.
+    # The few communication blocks are lines at least 2 pt thick on top, or they vanish among thousands.
+    comm_pt = max(2.0, 0.6 * (TIMELINE_PANEL - 0.5) * 72 / rows)
+    axes = figure.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (run, compute, comm) in zip(axes, blocks, strict=True):
+        s, e, sm = compute.T
+        rects = np.stack([np.c_[s, sm - 0.5], np.c_[e, sm - 0.5], np.c_[e, sm + 0.5], np.c_[s, sm + 0.5]], axis=1)
+        ax.add_collection(PolyCollection(rects, facecolors=COMPUTE_COLOR, edgecolors="none", antialiased=False))
+        segments = np.stack([comm[:, [0, 2]], comm[:, [1, 2]]], axis=1)  # (n, 2 ends, (t, sm))
+        ax.add_collection(LineCollection(segments, colors=COMM_COLOR, linewidths=comm_pt, capstyle="butt"))
+        ax.set_xlim(0, end * 1.01 or 1)
+        ax.set_ylim(-0.5, rows - 0.5)
+        ax.set_ylabel("SM")
+        ax.set_title(f"{run['policy']}: makespan {run['metrics']['makespan_ms']:.3f} ms   ({_choice(run)})",
+                     loc="left", fontsize=10)
+    axes[-1].set_xlabel("time since the first block started (ms)")
+    handles = [Line2D([], [], color=COMPUTE_COLOR, lw=6, label="compute block"),
+               Line2D([], [], color=COMM_COLOR, lw=6, label="communication block")]
+    figure.legend(handles=handles, loc="outside upper right", ncols=2, frameon=False)
+    # Wrapped so that a long label leaves room for the legend at the right.
+    figure.suptitle(textwrap.fill(f"{workload}: thread blocks per SM{_where(results)}", 80), x=0.01, ha="left")
+    return _save(figure, path)
+
+
+def makespan_png(results, path) -> Path:
+    """Write makespans: a panel per workload with a bar per policy, marked with T_comp + T_comm
+    (no overlap) and max(T_comp, T_comm) (perfect overlap), each bar labelled with its reduction
+    against sequential execution. Returns the path."""
+    validate(results)
+    names = workloads(results)
+    policies = _ordered({run["policy"] for run in results["runs"]})
+    columns = min(len(names), MAKESPAN_COLUMNS)
+    rows = math.ceil(len(names) / columns)
+    figure = _figure(columns * _makespan_panel_width(len(policies)), MAKESPAN_EXTRA + rows * MAKESPAN_PANEL_HEIGHT)
+    from matplotlib.lines import Line2D
+
+    colors = _policy_colors(policies)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for ax, name in zip(axes, names, strict=False):
+        runs = _runs_of(results, name)
+        x = range(len(runs))
+        makespans = [run["metrics"]["makespan_ms"] for run in runs]
+        ax.bar(x, makespans, width=0.7, color=[colors[run["policy"]] for run in runs])
+        summed = [run["metrics"]["t_comp_ms"] + run["metrics"]["t_comm_ms"] for run in runs]
+        limit = [max(run["metrics"]["t_comp_ms"], run["metrics"]["t_comm_ms"]) for run in runs]
+        ax.hlines(summed, [i - 0.42 for i in x], [i + 0.42 for i in x], colors="black", linestyles="--", lw=1.3)
+        ax.hlines(limit, [i - 0.42 for i in x], [i + 0.42 for i in x], colors="black", linestyles=":", lw=1.6)
+        top = max(makespans + summed)
+        for i, run in enumerate(runs):
+            ax.annotate(_reduction(run), (i, max(makespans[i], summed[i])), xytext=(0, 3),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        ax.set_ylim(0, top * 1.15)
+        ax.set_xticks(list(x), [run["policy"] for run in runs], rotation=30, ha="right", rotation_mode="anchor")
+        ax.set_ylabel("makespan (ms)")
+        ax.set_title(textwrap.fill(name, 40), fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    # Policies are named under their bars; the legend explains only the marks and the labels.
+    handles = [Line2D([], [], color="black", ls="--", lw=1.3, label="T_comp + T_comm (sequential sum)"),
+               Line2D([], [], color="black", ls=":", lw=1.6, label="max(T_comp, T_comm) (limit)"),
+               Line2D([], [], ls="none", label="over bars: makespan change vs sequential")]
+    figure.legend(handles=handles, loc="outside lower center", ncols=3 if figure.get_figwidth() >= 9 else 1,
+                  frameon=False, fontsize=9)
+    figure.suptitle(f"Makespan per policy{_where(results)}", x=0.01, ha="left")
+    return _save(figure, path)
+
+
+def write_all(results, out_dir) -> list[Path]:
+    """Write makespan.png and one timeline_<slug>.png per workload into ``out_dir``; return the paths."""
+    validate(results)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [makespan_png(results, out / "makespan.png")]
+    used = set()
+    for name in workloads(results):
+        base = stem = f"timeline_{slug(name)}"
+        n = 1
+        while stem in used:  # two labels that differ only in punctuation must not overwrite each other
+            n += 1
+            stem = f"{base}-{n}"
+        used.add(stem)
+        paths.append(timeline_png(results, name, out / f"{stem}.png"))
+    return paths
+
+
+def load(path) -> dict:
+    """Read and validate a results JSON file."""
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except OSError as exc:
+        raise ShimrtError(f"cannot read {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise ShimrtError(f"{path} is not JSON: {exc}") from exc
+    validate(results)
+    return results
+
+
+def add_arguments(p) -> None:
+    p.add_argument("results", metavar="RESULTS.json", help="results of the overlap benchmark")
+    p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: the folder of RESULTS.json)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    results = load(args.results)
+    for path in write_all(results, args.out or Path(args.results).parent):
+        print(path)
+    return 0
+
+
+def _figure(width: float, height: float):
+    """A Figure rendered through Agg. No pyplot: it would keep every figure alive in its registry and
+    switch the process's backend, and a library should do neither."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ShimrtError(f"plots need matplotlib ({exc}): pip install 'shimrt[plot]'") from None
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _save(figure, path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure)
+    path = Path(path)
+    figure.savefig(path, dpi=DPI, format="png")
+    return path
+
+
+def _runs_of(results, workload: str) -> list[dict]:
+    runs = [run for run in results["runs"] if run["workload"] == workload]
+    if not runs:
+        raise ShimrtError(f"no runs of workload {workload!r}; the results have {', '.join(workloads(results))}")
+    order = _ordered({run["policy"] for run in runs})
+    return sorted(runs, key=lambda run: order.index(run["policy"]))
+
+
+def _ordered(policies) -> list[str]:
+    return [p for p in POLICIES if p in policies] + sorted(set(policies) - set(POLICIES))
+
+
+def _policy_colors(policies) -> dict:
+    """The same color for a policy in every panel and every file (tab10 by canonical order)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    extra = [p for p in policies if p not in POLICIES]
+    return {p: cmap((POLICIES.index(p) if p in POLICIES else len(POLICIES) + extra.index(p)) % 10)
+            for p in policies}
+
+
+def _makespan_panel_width(policies: int) -> float:
+    return max(4.0, 0.6 * policies + 1.2)
+
+
+def _blocks(run: dict, kind: str):
+    """The (start_ms, end_ms, sm) rows of one kind of block of a run, as an (n, 3) float array."""
+    timeline = run.get("timeline")
+    if not isinstance(timeline, dict) or kind not in timeline:
+        raise ShimrtError(f"run ({run['workload']}, {run['policy']}) has no timeline.{kind}")
+    try:
+        rows = np.asarray(timeline[kind], dtype=float)
+    except (TypeError, ValueError):
+        rows = None
+    if rows is not None and rows.size == 0:
+        return np.empty((0, 3))
+    if rows is None or rows.ndim != 2 or rows.shape[1] != 3:
+        raise ShimrtError(f"run ({run['workload']}, {run['policy']}): timeline.{kind} is not a list of "
+                          "[start_ms, end_ms, sm]")
+    return rows
+
+
+def _choice(run: dict) -> str:
+    c = run.get("choice") or {}
+    parts = []
+    if c.get("resident_blocks") is not None:
+        parts.append(f"{c['resident_blocks']} compute block(s)/SM")
+    if c.get("partition_sms") is not None:
+        parts.append(f"{c['partition_sms']} SMs for compute")
+    if c.get("priority"):
+        parts.append(f"comm priority {c['priority']}")
+    if c.get("comm_blocks") is not None:
+        parts.append(f"comm {c['comm_blocks']} x {c.get('comm_threads', '?')} threads")
+    return ", ".join(parts) or "no choice recorded"
+
+
+def _reduction(run: dict) -> str:
+    m = run["metrics"]
+    r = m.get("reduction")
+    if r is None:
+        r = 1 - m["makespan_ms"] / (m["t_comp_ms"] + m["t_comm_ms"])
+    text = f"{-r:+.0%}"
+    return "0%" if text in ("+0%", "-0%") else text
+
+
+def _where(results) -> str:
+    device = (results.get("device") or {}).get("name")
+    comm = results.get("comm")
+    parts = [p for p in (device, comm and f"comm: {comm}") if p]
+    return f" ({', '.join(parts)})" if parts else ""
