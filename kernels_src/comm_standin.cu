@@ -6,14 +6,15 @@
 // resident: beside a compute kernel that fills the SMs it meets NCCL's scheduling problem.
 #include "shimrt_portable.h"
 
-// float4 values each thread holds in registers per round trip: 18 x 4 = 72 data registers,
+// float4 values each thread holds in registers per round trip: 16 x 4 = 64 data registers,
 // which with addresses and counters lands on NCCL's 96 under -maxrregcount=96 (checked in tests).
-#define STANDIN_UNROLL 18
+#define STANDIN_UNROLL 16
 // NCCL's ncclShmemData on sm_90 is 21568 B; the stand-in keeps the same static size and uses it.
 #define STANDIN_STATIC_SMEM 21568
 
 // Each step every block adds ``chunk`` float4s of ``src`` into ``dst`` (one ring step of an
-// all-reduce reducing its slice); src and dst hold steps x blocks x chunk float4s. ``flags`` holds one counter per block, kept across launches:
+// all-reduce reducing its slice); src and dst hold steps x blocks x chunk float4s. ``flags``
+// holds one counter per block, kept across launches:
 // a launch passes ``base`` = the counters' value when it began (launch k: k * steps), so no
 // reset is needed between launches. If a block waits longer than ``timeout_ns`` for its
 // neighbour, it sets ``*error`` and the whole grid stops instead of hanging.

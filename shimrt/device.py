@@ -188,20 +188,35 @@ class Device(_Closing):
     def stream(self, priority: "str | int" = "low") -> "Stream":
         """A non-blocking stream. ``"high"`` is the device's greatest priority, ``"low"`` its least;
         an int must lie in the device's range (see ``priority_range``)."""
+        value = self._priority(priority)
+        self.activate()
+        return Stream(self, self._drv.stream_create(value))
+
+    def _priority(self, priority) -> int:
         least, greatest = self.priority_range
         if priority == "high":
-            value = greatest
-        elif priority == "low":
-            value = least
-        elif isinstance(priority, (int, np.integer)) and not isinstance(priority, bool):
+            return greatest
+        if priority == "low":
+            return least
+        if isinstance(priority, (int, np.integer)) and not isinstance(priority, bool):
             value = int(priority)
             if not min(least, greatest) <= value <= max(least, greatest):
                 raise UsageError(f"stream priority {value} is outside this device's range "
                                  f"[{greatest} (greatest), {least} (least)]")
-        else:
-            raise UsageError(f"priority must be 'high', 'low' or an int, not {priority!r}")
+            return value
+        raise UsageError(f"priority must be 'high', 'low' or an int, not {priority!r}")
+
+    def partition(self, sms: int) -> tuple["Partition", "Partition"]:
+        """Split the SMs (CUs) in two: ``sms`` of them (the driver may round up to its
+        granularity) and the rest. Returns (the split, the rest) as :class:`Partition` objects:
+        kernels loaded into one and launched on its streams run only on its SMs. CUDA uses green
+        contexts, HIP CU-masked streams. Memory from this device is usable in both."""
+        if isinstance(sms, bool) or not isinstance(sms, int) or not 0 < sms < self.target.num_sms:
+            raise UsageError(f"sms must be an int in 1..{self.target.num_sms - 1}, not {sms!r}")
         self.activate()
-        return Stream(self, self._drv.stream_create(value))
+        parts = self._drv.sm_partition(self._dev, sms)
+        self.activate()
+        return tuple(Partition(self, handle, ctx, count) for handle, ctx, count in parts)
 
     def event(self, timing: bool = True) -> "Event":
         """An event; ``timing=False`` makes it cheaper but unusable for elapsed time."""
@@ -255,6 +270,32 @@ def _check_compatible(built: Target, device: Target) -> None:
         return
     raise UsageError(f"program was compiled for {built.arch} ({built.name}); this device is {device.arch}: "
                      "compile for device.target")
+
+
+class Partition(Device):
+    """A share of a device's SMs (from :meth:`Device.partition`): load programs, create streams
+    and allocate as on a Device; its kernels run only on its ``target.num_sms`` SMs. Partitions
+    made from a CUDA device are green contexts: launch into one only while it is active
+    (:meth:`activate`)."""
+
+    def __init__(self, parent: Device, handle, ctx, sms: int):  # a view: no Device.__init__
+        self.parent, self._partition = parent, handle
+        for name in ("index", "backend", "_drv", "_dev", "name", "total_memory", "priority_range", "timestamp_hz",
+                     "_null"):
+            setattr(self, name, getattr(parent, name))
+        self._ctx = ctx if ctx is not None else parent._ctx
+        self.target = parent.target.with_(num_sms=sms)
+        self._finalizer = weakref.finalize(self, _quiet, parent._drv.partition_destroy, handle)
+
+    def __repr__(self):
+        return f"<shimrt.Partition of device {self.index}: {self.target.num_sms} SMs>"
+
+    def stream(self, priority: "str | int" = "low") -> "Stream":
+        """A non-blocking stream on this partition's SMs (HIP: CU-masked streams keep the
+        default priority)."""
+        value = self._priority(priority)
+        self.activate()
+        return Stream(self, self._drv.partition_stream_create(self._partition, value))
 
 
 class Module(_Closing):

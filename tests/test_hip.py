@@ -12,13 +12,20 @@ import pytest
 import shimrt
 from shimrt import CompileError, DriverError, NoDeviceError, backends, elf, kernels
 
-_DECL = re.compile(r"SHIMRT_KERNEL(?:_BOUNDS\(\w+\))?\s+void\s+(\w+)\s*\(([^)]*)\)")
+_DECL = re.compile(r"SHIMRT_KERNEL(?:_BOUNDS\((\w+)\))?\s+void\s+(\w+)\s*\(([^)]*)\)")
 
 
 def declared(name):
     """{kernel: number of parameters} from the source."""
-    return {m.group(1): len([p for p in m.group(2).split(",") if p.strip()])
+    return {m.group(2): len([p for p in m.group(3).split(",") if p.strip()])
             for m in _DECL.finditer(kernels.source(name))}
+
+
+def declared_bounds(name):
+    """{kernel: the max threads its SHIMRT_KERNEL_BOUNDS names (1024, hipRTC's default, without)}."""
+    src = kernels.source(name)
+    defines = dict(re.findall(r"#define\s+(\w+)\s+(\d+)", src))
+    return {m.group(2): int(defines.get(m.group(1), m.group(1)) if m.group(1) else 1024) for m in _DECL.finditer(src)}
 
 
 @pytest.mark.parametrize("name", kernels.names())
@@ -32,7 +39,7 @@ def test_every_kernel_compiles_for_gfx90a_with_plausible_resources(name, hiprtc,
         assert res.extra["wavefront_size"] == 64
         assert (res.registers > 0) or kernel == "empty", (kernel, res)  # an empty body needs none
         assert 0 <= res.registers <= 512 and res.spill_bytes == 0 and res.extra["sgprs"] <= 112
-        assert res.max_threads_per_block in (256, 1024)
+        assert res.max_threads_per_block == declared_bounds(name)[kernel]
         layout = program.params[kernel]
         assert len(layout) == decl[kernel]
         for (o1, s1), (o2, s2) in itertools.pairwise(layout):
