@@ -377,13 +377,14 @@ class Kernel:
         self.device._drv.function_set_max_dynamic_smem(self._fn, smem)
         self._smem_limit = smem
 
-    def set_carveout(self, percent: int) -> None:
+    def set_carveout(self, percent: int | None) -> None:
         """Prefer ``percent`` of the SM's L1/shared-memory split as shared memory for this kernel
-        (100: all of it, what shaping needs so that room is left beside it)."""
-        if not isinstance(percent, int) or not 0 <= percent <= 100:
-            raise UsageError(f"carveout must be a percentage 0..100, not {percent!r}")
+        (100: all of it, what shaping needs so that room is left beside it; None: the driver's
+        default, no preference)."""
+        if percent is not None and (not isinstance(percent, int) or not 0 <= percent <= 100):
+            raise UsageError(f"carveout must be a percentage 0..100 or None, not {percent!r}")
         self.device.activate()
-        self.device._drv.function_set_carveout(self._fn, percent)
+        self.device._drv.function_set_carveout(self._fn, -1 if percent is None else percent)
 
     def max_active_blocks(self, block_size: int, dynamic_smem: int = 0) -> int:
         """Blocks of this kernel that fit on one SM at once (the driver's occupancy query)."""

@@ -1,0 +1,230 @@
+"""Compute beside communication under every policy: makespan, overlap efficiency and ratio.
+
+For each workload (a compute kernel and size x a collective and message size) the schedule
+"compute of layer i-1 beside the collective of layer i" runs under sequential, concurrent,
+priority, shaping, shaping+priority, partition and auto, ``--repeats`` times each; times come
+from the kernels' per-block device timestamps. On one GPU the collective is the stand-in with
+NCCL's footprint (shimrt.overlap.standin); every report says which communication was used.
+``--comm-ratios`` sizes the stand-in so that T_comm is that multiple of T_comp (1 is the
+balanced point); ``--bytes`` gives message sizes instead. Prints a table per workload, a
+summary (auto against the best fixed policy, the reduction against sequential), and writes JSON
+(``--json``) and PNG plots (``--plots DIR``: timelines per policy, makespan per policy).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from ..config import settings
+from ..device import Device
+from ..errors import ShimrtError, UsageError
+from ..overlap import planner
+from ..overlap.engine import Engine, Schedule
+from ..overlap.standin import CommStandIn, StandInSpec
+from ..overlap.workloads import ComputeSpec, ComputeWorkload
+from .progress import Progress
+
+SCHEMA = "shimrt.bench.overlap/1"
+_PROBE_BYTES = 64 << 20
+
+
+def _ints(text: str) -> list[int]:
+    return [_size(v) for v in text.split(",") if v.strip()]
+
+
+def _size(text: str) -> int:
+    text = text.strip()
+    for suffix, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("G", 30), ("M", 20), ("K", 10)):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * (1 << shift))
+    return int(text)
+
+
+def _computes(text: str) -> list[ComputeSpec]:
+    specs = []
+    for item in text.split(","):
+        kind, _, size = item.strip().partition(":")
+        if not size:
+            raise UsageError(f"--compute takes kind:size items (e.g. sgemm:4096), not {item!r}")
+        specs.append(ComputeSpec(kind, int(size)))
+    return specs
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--compute", default="sgemm:4096,bias_gelu:8192,softmax:8192",
+                   help="compute kernels as kind:size, comma-separated (default %(default)s)")
+    p.add_argument("--collective", default="all_reduce", help="all_reduce, all_gather or reduce_scatter")
+    p.add_argument("--comm-ratios", default="0.25,1,4",
+                   help="size the collective so T_comm = ratio x T_comp (default %(default)s)")
+    p.add_argument("--bytes", help="message sizes instead of ratios, e.g. 16MiB,256MiB")
+    p.add_argument("--policies", default=",".join(planner.POLICIES), help="policies to run (default: all)")
+    p.add_argument("--ranks", type=int, default=8, help="ring size the stand-in plays (default 8)")
+    p.add_argument("--comm-blocks", type=int, default=16, help="stand-in blocks (NCCL channels, default 16)")
+    p.add_argument("--comm-threads", type=int, default=512, help="stand-in threads per block (default 512)")
+    p.add_argument("--auto-threads", default="512,256", help="thread counts auto may give the collective")
+    p.add_argument("--auto-blocks", default="16,8", help="block (CTA) counts auto may give the collective")
+    p.add_argument("--repeats", type=int, default=5, help="runs per policy; medians are reported (default 5)")
+    p.add_argument("--fresh", action="store_true", help="ignore auto's cached choices")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots there (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def _standin(dev, args, nbytes: int) -> CommStandIn:
+    spec = StandInSpec(nbytes=max(nbytes // (1 << 20), 1) << 20, collective=args.collective, ranks=args.ranks,
+                       blocks=args.comm_blocks, threads=args.comm_threads)
+    return CommStandIn(dev, spec)
+
+
+def _sized(dev, args, compute: ComputeWorkload, ratio: float) -> CommStandIn:
+    """A stand-in whose time alone is about ``ratio`` x the compute's (two measured steps)."""
+    comm = _standin(dev, args, _PROBE_BYTES)
+    for _ in range(2):
+        engine = Engine(dev, Schedule.pair(compute, comm), repeats=3)
+        t_comp, t_comm = engine.alone()
+        engine.close()
+        nbytes = int(comm.spec.nbytes * ratio * t_comp / t_comm)
+        comm = _standin(dev, args, nbytes)
+    return comm
+
+
+def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
+    return {"workload": workload, "policy": result.policy, "choice": result.choice.as_dict(),
+            "describe": result.choice.describe(), "bytes": nbytes, "comm": comm_kind,
+            "metrics": result.metrics.as_dict(), "timeline": result.timeline(), "identical": result.note != "differs"}
+
+
+def measure_workload(dev, engine: Engine, policies, args, progress: Progress) -> tuple[list, list, dict]:
+    """Every policy on one workload: (results, infeasible [(policy, why)], auto's details)."""
+    compute = engine.schedule.of("compute")[0].work
+    problem = engine.problem()
+    progress.step(f"{engine.schedule.label}: alone")
+    engine.alone()
+    progress.step(f"{engine.schedule.label}: sequential")
+    seq = engine.measure(planner.Choice("sequential"))
+    reference = compute.result()
+    results, infeasible, auto = [seq] if "sequential" in policies else [], [], {}
+    for policy in policies:
+        if policy == "sequential":
+            continue
+        progress.step(f"{engine.schedule.label}: {policy}")
+        if policy == "auto":
+            cache = None if args.fresh else planner.ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
+            choice, times, rejected = engine.auto(cache, threads=[None] + _ints(args.auto_threads),
+                                                  blocks=[None] + _ints(args.auto_blocks))
+            auto = {"choice": choice.describe(), "cached": not times,
+                    "measured": {c.describe(): round(t, 4) for c, t in sorted(times.items(), key=lambda x: x[1])},
+                    "rejected": [f"{r.what}: {r.why}" for r in rejected]}
+        else:
+            try:
+                choice = planner.plan(policy, problem)
+            except ShimrtError as exc:
+                infeasible.append((policy, str(exc)))
+                continue
+        try:
+            result = engine.measure(choice, t_seq=seq.makespan)
+        except ShimrtError as exc:
+            infeasible.append((policy, str(exc)))
+            continue
+        result.policy = policy
+        # Overlap must not change results: the compute output is the sequential run's, bit for bit.
+        if not np.array_equal(compute.result(), reference, equal_nan=True):
+            result.note = "differs"
+        results.append(result)
+    return results, infeasible, auto
+
+
+def table(label: str, comm_kind: str, nbytes: int, results, infeasible) -> str:
+    head = (f"{'policy':17s} {'choice':34s} {'makespan':>9s} {'E':>6s} {'R':>6s} {'slowdown':>8s} "
+            f"{'comm start':>10s} {'vs seq':>7s}")
+    m0 = results[0].metrics if results else None
+    times = f": T_comp {m0.t_comp_ms:.3f} ms, T_comm {m0.t_comm_ms:.3f} ms, T_seq {m0.t_seq_ms:.3f} ms" if m0 else ""
+    lines = [f"== {label} ({comm_kind}, {nbytes / (1 << 20):.0f} MiB){times}", head]
+    for r in results:
+        m = r.metrics
+        lines.append(f"{r.policy:17s} {r.choice.describe()[:34]:34s} {m.makespan_ms:8.3f}ms {m.efficiency:6.2f} "
+                     f"{m.ratio:6.3f} {m.compute_slowdown:8.3f} {m.comm_start_delay_ms:8.3f}ms {-m.reduction:+7.1%}"
+                     + ("  RESULT DIFFERS" if r.note == "differs" else ""))
+    for policy, why in infeasible:
+        lines.append(f"{policy:17s} cannot run: {why}")
+    return "\n".join(lines)
+
+
+def summary(label: str, results) -> dict:
+    """Auto against the best fixed policy, and the reduction against sequential."""
+    by = {r.policy: r for r in results}
+    fixed = [r for r in results if r.policy != "auto"]
+    best = min(fixed, key=lambda r: r.makespan) if fixed else None
+    out = {"workload": label, "best_fixed": best.policy if best else None,
+           "best_fixed_ms": best.makespan if best else None}
+    if "auto" in by and best is not None:
+        a = by["auto"].metrics
+        out.update(auto_ms=a.makespan_ms, auto_vs_best=a.makespan_ms / best.makespan, auto_ratio=a.ratio,
+                   auto_reduction=a.reduction, balance=a.t_comm_ms / a.t_comp_ms)
+    if "shaping+priority" in by:
+        out["seed_efficiency"] = by["shaping+priority"].metrics.efficiency
+        out["seed_reduction"] = by["shaping+priority"].metrics.reduction
+    return out
+
+
+def run(args) -> int:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in planner.POLICIES]
+    if bad:
+        raise UsageError(f"unknown policies {bad}; known: {', '.join(planner.POLICIES)}")
+    computes = _computes(args.compute)
+    ratios = [float(r) for r in args.comm_ratios.split(",")] if not args.bytes else []
+    sizes = _ints(args.bytes) if args.bytes else []
+    dev = Device()
+    comm_kind = "stand-in"
+    workloads = [(c, r, s) for c in computes for r, s in ([(r, None) for r in ratios] + [(None, s) for s in sizes])]
+    steps = len(workloads) * (len(policies) + 1)
+    progress = Progress(steps, enabled=not args.quiet)
+    out = {"schema": SCHEMA, "device": {"name": dev.name, "arch": dev.target.arch, "num_sms": dev.target.num_sms,
+                                        "backend": dev.backend},
+           "comm": comm_kind, "runs": [], "infeasible": [], "summary": [], "auto": {}}
+    print(f"shimrt overlap on {dev.name} ({dev.target.arch}, {dev.target.num_sms} SMs): communication = "
+          f"{comm_kind} (NCCL's footprint, {args.comm_blocks} blocks x {args.comm_threads} threads, ring of "
+          f"{args.ranks}); {args.repeats} repeats, medians; device timestamps")
+    tables = []
+    for spec, ratio, nbytes in workloads:
+        compute = ComputeWorkload(dev, spec)
+        comm = _sized(dev, args, compute, ratio) if ratio is not None else _standin(dev, args, nbytes)
+        engine = Engine(dev, Schedule.pair(compute, comm), repeats=args.repeats)
+        label = engine.schedule.label
+        try:
+            results, infeasible, auto = measure_workload(dev, engine, policies, args, progress)
+        finally:
+            engine.close()
+        tables.append(table(label, comm_kind, comm.spec.nbytes, results, infeasible))
+        out["runs"] += [_row(label, r, comm_kind, comm.spec.nbytes) for r in results]
+        out["infeasible"] += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]
+        out["summary"].append(summary(label, results))
+        out["auto"][label] = auto
+    progress.close()
+    print("\n\n".join(tables))
+    print("\nsummary (auto vs the best fixed policy; reduction = time saved against sequential):")
+    for s in out["summary"]:
+        line = f"  {s['workload']:44s} best fixed {s['best_fixed']} {s['best_fixed_ms']:.3f} ms"
+        if "auto_ms" in s:
+            line += (f"; auto {s['auto_ms']:.3f} ms = {s['auto_vs_best']:.3f}x best, R {s['auto_ratio']:.3f}, "
+                     f"{s['auto_reduction']:.1%} less than sequential (T_comm/T_comp {s['balance']:.2f})")
+        if "seed_efficiency" in s:
+            line += f"; shaping+priority E {s['seed_efficiency']:.2f}"
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"wrote {args.json}")
+    if args.plots:
+        from .plots import write_all
+        try:
+            for path in write_all(out, args.plots):
+                print(f"wrote {path}")
+        except ShimrtError as exc:  # matplotlib missing: the JSON can be plotted elsewhere
+            print(f"no plots: {exc}", file=sys.stderr)
+    return 0

@@ -1,0 +1,318 @@
+"""Run a schedule of compute launches and collectives under a policy, timed on the device.
+
+A :class:`Schedule` lists operations in launch order: compute launches, and collectives that
+may wait for a compute launch (an event dependency: the all-reduce of layer i's gradients
+waits for layer i's backward compute, and runs beside layer i-1's). An :class:`Engine` runs it
+under a :class:`~shimrt.overlap.planner.Choice`:
+
+- ``sequential``: one stream, everything in order;
+- ``concurrent``: compute on one stream, collectives on another, both at the least priority;
+- ``priority``: collectives on the device's greatest-priority stream;
+- ``shaping``: compute launched with the dynamic shared memory that caps it at N blocks per SM;
+- ``shaping+priority``: both (the method shimrt is built on);
+- ``partition``: compute and collectives on disjoint SM sets (green contexts / CU masks).
+
+Times come from the kernels' own per-block timestamps (``shimrt_block_begin/end``), or from
+CUPTI's kernel records for kernels shimrt does not compile (NCCL's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ShimrtError, UsageError
+from . import metrics, planner
+from .planner import Choice
+
+KINDS = ("compute", "comm")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One launch: ``work`` is a compute workload or a communication (stand-in or NCCL);
+    ``after`` the index of an earlier compute op it must wait for (None: none)."""
+
+    kind: str
+    work: object
+    after: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise UsageError(f"op kind must be 'compute' or 'comm', not {self.kind!r}")
+
+
+class Schedule:
+    """Operations in launch order. See :meth:`pair` and :meth:`backward`."""
+
+    def __init__(self, ops: list[Op]):
+        ops = list(ops)
+        for i, op in enumerate(ops):
+            if not isinstance(op, Op):
+                raise UsageError(f"op {i} must be an Op, not {type(op).__name__}")
+            if op.after is not None and not (0 <= op.after < i and ops[op.after].kind == "compute"):
+                raise UsageError(f"op {i} waits for op {op.after}, which is not an earlier compute op")
+        if not any(o.kind == "compute" for o in ops) or not any(o.kind == "comm" for o in ops):
+            raise UsageError("a schedule needs at least one compute op and one comm op")
+        self.ops = ops
+
+    @classmethod
+    def pair(cls, compute, comm) -> "Schedule":
+        """Layer i-1's compute beside layer i's collective, whose input is ready: the compute is
+        launched first (it takes every SM it can), the collective right after, independent."""
+        return cls([Op("compute", compute), Op("comm", comm)])
+
+    @classmethod
+    def backward(cls, computes, comms) -> "Schedule":
+        """A backward pass: layer by layer, compute, then its collective waiting for it; the
+        next layer's compute is launched at once, beside the collective."""
+        if len(computes) != len(comms) or not computes:
+            raise UsageError("backward() takes as many collectives as compute launches (at least one)")
+        ops = []
+        for c, a in zip(computes, comms, strict=True):
+            ops.append(Op("compute", c))
+            ops.append(Op("comm", a, after=len(ops) - 1))
+        return cls(ops)
+
+    def of(self, kind: str) -> list[Op]:
+        return [o for o in self.ops if o.kind == kind]
+
+    @property
+    def label(self) -> str:
+        c = "+".join(dict.fromkeys(o.work.label for o in self.of("compute")))
+        a = "+".join(dict.fromkeys(o.work.label for o in self.of("comm")))
+        n = len(self.of("compute"))
+        return f"{c} + {a}" + (f" x{n} layers" if n > 1 else "")
+
+
+@dataclass
+class Timing:
+    """One run: per-block rows ``[start_ms, end_ms, sm]`` per kind, relative to the first start."""
+
+    rows: dict
+    makespan: float
+    compute: metrics.Span | None
+    comm: metrics.Span | None
+
+
+@dataclass
+class Result:
+    """A measured policy: the choice, medians, the metrics and the median run's timeline."""
+
+    policy: str
+    choice: Choice
+    timings: list[Timing]
+    metrics: metrics.Metrics | None = None
+    note: str = ""
+    candidates: dict = field(default_factory=dict)
+
+    @property
+    def makespan(self) -> float:
+        return float(np.median([t.makespan for t in self.timings]))
+
+    def timeline(self) -> dict:
+        t = self.timings[metrics.median_run([x.makespan for x in self.timings])]
+        return {k: np.round(v, 5).tolist() for k, v in t.rows.items()}
+
+
+class _Setup:
+    """Streams and kernels for one choice (partitions hold their own copies of the kernels)."""
+
+    def __init__(self, engine: "Engine", choice: Choice):
+        dev = engine.device
+        self.parts = ()
+        self.kernels: dict[int, object] = {}
+        if choice.policy == "partition":
+            comm_part, compute_part = self.parts = dev.partition(choice.partition_sms)
+            self.places = {"compute": compute_part, "comm": comm_part}
+            for i, op in enumerate(engine.schedule.ops):
+                k = op.work.kernel
+                place = self.places[op.kind]
+                self.kernels[i] = place.load(k.module.program)[k.name]
+        else:
+            self.places = {"compute": dev, "comm": dev}
+        self.compute_stream = self.places["compute"].stream("low")
+        self.comm_stream = self.compute_stream if choice.policy == "sequential" else \
+            self.places["comm"].stream(choice.comm_priority)
+        self.smem: dict[int, int] = {}
+        for i, op in enumerate(engine.schedule.ops):
+            if op.kind == "compute":
+                k = self.kernels.get(i, op.work.kernel)
+                if choice.shaped:
+                    natural = k.max_active_blocks(op.work.block_size, 0)
+                    self.smem[i] = k.shape(op.work.block_size,
+                                           resident_blocks=min(choice.resident_blocks, natural)).dynamic_smem
+                else:
+                    k.set_carveout(None)
+                    self.smem[i] = 0
+        # Recorded on the compute stream, so made where it lives; waiting on it works across contexts.
+        self.events = {i: self.places["compute"].event(timing=False)
+                       for i, op in enumerate(engine.schedule.ops) if op.kind == "compute"}
+
+    def close(self):
+        for e in self.events.values():
+            e.close()
+        if self.comm_stream is not self.compute_stream:
+            self.comm_stream.close()
+        self.compute_stream.close()
+        for p in self.parts:
+            p.close()
+
+
+class Engine:
+    """Runs ``schedule`` on ``device`` under any choice, ``repeats`` times, and reports metrics.
+
+    Every stream wait is bounded (``timeout_s``): a run that does not finish raises ShimrtError
+    instead of hanging.
+    """
+
+    def __init__(self, device, schedule: Schedule, *, repeats: int = 5, timeout_s: float = 30.0):
+        if not isinstance(schedule, Schedule):
+            raise UsageError(f"schedule must be a Schedule, not {type(schedule).__name__}")
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise UsageError(f"repeats must be a positive int, not {repeats!r}")
+        self.device, self.schedule, self.repeats, self.timeout_s = device, schedule, repeats, timeout_s
+        self.hz = device.timestamp_hz
+        # Enough stamp words for any grid an op may be launched with.
+        self._stamps = {i: device.empty(3 * self._max_blocks(op), np.uint64) for i, op in enumerate(schedule.ops)}
+        self._setups: dict[Choice, _Setup] = {}
+        self._alone: tuple[float, float] | None = None
+        self.comm_kind = schedule.of("comm")[0].work.kind
+
+    @staticmethod
+    def _max_blocks(op: Op) -> int:
+        work = op.work
+        return work.max_blocks if op.kind == "comm" else work.blocks
+
+    def close(self) -> None:
+        for s in self._setups.values():
+            s.close()
+        self._setups.clear()
+
+    # --- planning ---
+    def problem(self) -> planner.Problem:
+        """The planner's view: the first compute kernel and the first collective's footprint."""
+        c = self.schedule.of("compute")[0].work
+        a = self.schedule.of("comm")[0].work
+        k = c.kernel
+        sgprs = int(k.resources.extra.get("sgprs", 0)) if k.resources is not None else 0
+        res = {"registers": k.attributes["registers"], "static_smem": k.attributes["static_smem"], "sgprs": sgprs}
+        return planner.Problem(self.device.target, res, c.block_size, a.footprint(), a.blocks())
+
+    # --- running ---
+    def _setup(self, choice: Choice) -> _Setup:
+        s = self._setups.get(choice)
+        if s is None:
+            s = self._setups[choice] = _Setup(self, choice)
+        return s
+
+    def run_once(self, choice: Choice, only: str | None = None) -> Timing:
+        """One run of the schedule (or of its ``only`` = "compute"/"comm" ops, alone)."""
+        s = self._setup(choice)
+        ops = [(i, op) for i, op in enumerate(self.schedule.ops) if only in (None, op.kind)]
+        dev = self.device
+        dev.synchronize(self.timeout_s)
+        for i, _ in ops:
+            self._stamps[i].memset(0)
+        for op in self.schedule.of("comm"):
+            getattr(op.work, "prepare_run", lambda: None)()
+        for i, op in ops:
+            place = s.places[op.kind]
+            place.activate()  # a green context must be current to launch into it
+            k = s.kernels.get(i)
+            if op.kind == "compute":
+                op.work.launch(s.compute_stream, smem=s.smem[i], stamps=self._stamps[i], kernel=k)
+                s.events[i].record(s.compute_stream)
+            else:
+                if op.after is not None and only is None:
+                    s.comm_stream.wait(s.events[op.after])
+                op.work.launch(s.comm_stream, stamps=self._stamps[i], kernel=k, blocks=choice.comm_blocks,
+                               threads=choice.comm_threads)
+        dev.activate()
+        s.compute_stream.synchronize(self.timeout_s)
+        s.comm_stream.synchronize(self.timeout_s)
+        for op in self.schedule.of("comm"):
+            op.work.raise_if_stalled()
+        return self._timing(ops, choice)
+
+    def _timing(self, ops, choice: Choice) -> Timing:
+        raw = {}
+        for i, op in ops:
+            n = op.work.blocks(choice.comm_blocks) if op.kind == "comm" else op.work.blocks
+            raw[i] = self._stamps[i].numpy()[: 3 * n]
+        origin = min(int(r.reshape(-1, 3)[:, 0].min()) for r in raw.values())
+        rows = {k: [] for k in KINDS}
+        for i, op in ops:
+            try:
+                rows[op.kind].append(metrics.blocks(raw[i], self.hz, origin))
+            except UsageError as exc:
+                raise ShimrtError(f"op {i} ({op.work.label}): {exc}") from None
+        rows = {k: np.concatenate(v) for k, v in rows.items() if v}
+        spans = {k: metrics.span(v) for k, v in rows.items()}
+        end = max(sp.end for sp in spans.values())
+        start = min(sp.start for sp in spans.values())
+        return Timing(rows, end - start, spans.get("compute"), spans.get("comm"))
+
+    def run(self, choice: Choice, repeats: int | None = None, only: str | None = None,
+            warmup: int = 1) -> list[Timing]:
+        for _ in range(warmup):
+            self.run_once(choice, only)
+        return [self.run_once(choice, only) for _ in range(repeats or self.repeats)]
+
+    def alone(self) -> tuple[float, float]:
+        """(T_comp, T_comm): the medians of each side run by itself, unshaped (ms)."""
+        if self._alone is None:
+            base = Choice("sequential")
+            comp = float(np.median([t.makespan for t in self.run(base, only="compute")]))
+            comm = float(np.median([t.makespan for t in self.run(base, only="comm")]))
+            self._alone = (comp, comm)
+        return self._alone
+
+    def measure(self, choice: Choice, t_seq: float | None = None) -> Result:
+        """Run ``choice`` ``repeats`` times; metrics against the sequential time ``t_seq``
+        (measured now when not given)."""
+        t_comp, t_comm = self.alone()
+        timings = self.run(choice)
+        result = Result(choice.policy, choice, timings)
+        if t_seq is None:
+            t_seq = result.makespan if choice.policy == "sequential" else self.measure(Choice("sequential")).makespan
+        comp_span = float(np.median([t.compute.length for t in timings]))
+        delay = float(np.median([t.comm.start - t.compute.start for t in timings]))
+        result.metrics = metrics.compute(t_comp, t_comm, t_seq, result.makespan, comp_span, delay)
+        return result
+
+    def auto(self, cache: planner.ChoiceCache | None = None, key: str | None = None, threads=(None,),
+             blocks=(None,), progress=None) -> tuple[Choice, dict, list]:
+        """Auto's choice: a cached one, or the fastest of the planner's candidates (measured
+        with fewer repeats). Returns (choice, {choice: makespan}, rejected)."""
+        key = key or self.key()
+        if cache is not None:
+            cached = cache.get(key)
+            if cached is not None:
+                return cached, {}, []
+        feasible, rejected = planner.candidates(self.problem(), threads=threads, blocks=blocks)
+        if self.comm_kind != "stand-in":  # NCCL's CTAs and threads are fixed when it is set up
+            feasible = [c for c in feasible if c.comm_blocks is None and c.comm_threads is None]
+        quick = max(3, self.repeats // 2)
+
+        def makespan(c: Choice) -> float:
+            if progress is not None:
+                progress(c)
+            try:
+                return float(np.median([t.makespan for t in self.run(c, repeats=quick)]))
+            except ShimrtError as exc:  # a choice the device refuses (e.g. a partition size)
+                rejected.append(planner.Rejected(c.describe(), str(exc)))
+                return float("inf")
+
+        best, times = planner.pick(feasible, makespan)
+        if cache is not None and np.isfinite(times[best]):
+            cache.put(key, best)
+        return best, times, rejected
+
+    def key(self) -> str:
+        """What auto's cached choice depends on: the workload and its communication."""
+        a = self.schedule.of("comm")[0].work
+        fp = a.footprint()
+        return f"{self.schedule.label}|{self.comm_kind}|{a.blocks()}x{fp.threads}|{fp.registers}r|" \
+               f"{fp.static_smem}+{fp.dynamic_smem}B"
