@@ -29,6 +29,11 @@ from .planner import Choice
 KINDS = ("compute", "comm")
 
 
+def _threads(work) -> int:
+    """Threads per block of a compute workload."""
+    return int(np.prod(work.block))
+
+
 @dataclass(frozen=True)
 class Op:
     """One launch: ``work`` is a compute workload or a communication (stand-in or NCCL);
@@ -140,9 +145,9 @@ class _Setup:
             if op.kind == "compute":
                 k = self.kernels.get(i, op.work.kernel)
                 if choice.shaped:
-                    natural = k.max_active_blocks(op.work.block_size, 0)
-                    self.smem[i] = k.shape(op.work.block_size,
-                                           resident_blocks=min(choice.resident_blocks, natural)).dynamic_smem
+                    threads = _threads(op.work)
+                    natural = k.max_active_blocks(threads, 0)
+                    self.smem[i] = k.shape(threads, resident_blocks=min(choice.resident_blocks, natural)).dynamic_smem
                 else:
                     k.set_carveout(None)
                     self.smem[i] = 0
@@ -198,7 +203,7 @@ class Engine:
         k = c.kernel
         sgprs = int(k.resources.extra.get("sgprs", 0)) if k.resources is not None else 0
         res = {"registers": k.attributes["registers"], "static_smem": k.attributes["static_smem"], "sgprs": sgprs}
-        return planner.Problem(self.device.target, res, c.block_size, a.footprint(), a.blocks())
+        return planner.Problem(self.device.target, res, _threads(c), a.footprint(), a.blocks())
 
     # --- running ---
     def _setup(self, choice: Choice) -> _Setup:

@@ -1,0 +1,195 @@
+"""The overlap planner and metrics on a CPU: choices from the occupancy model for real targets,
+checked against the arithmetic by hand, and the metric formulas on known numbers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import shimrt
+from shimrt import kernels, occupancy, targets
+from shimrt.occupancy import NCCL_2_28_SM90
+from shimrt.overlap import metrics, planner
+from shimrt.overlap.engine import Op, Schedule
+from shimrt.overlap.standin import StandInSpec
+
+H200 = targets.get("H200")
+FMA = {"registers": 18, "static_smem": 0}  # the shared notes' FMA-bound compute kernel
+
+
+def problem(threads=512, compute=FMA, block=256, target=H200, blocks=16):
+    return planner.Problem(target, compute, block, NCCL_2_28_SM90.with_threads(threads), blocks)
+
+
+def test_fixed_policies():
+    p = problem()
+    assert planner.plan("sequential", p) == planner.Choice("sequential")
+    assert planner.plan("priority", p).comm_priority == "high"
+    seed = planner.plan("shaping+priority", p)
+    # NCCL's block takes 21568 + 82240 + 1024 B: one 256-thread compute block must then take more
+    # than 233472 / 2 B so that no second one fits, and leave 104832 B.
+    assert seed.resident_blocks == 1 and seed.comm_priority == "high"
+    alloc = -(-(seed.dynamic_smem + 1024) // 128) * 128
+    assert 2 * alloc > H200.smem_per_sm and H200.smem_per_sm - alloc >= 21568 + 82240 + 1024
+    assert occupancy.max_active_blocks(H200, block_size=256, registers=18, dynamic_smem=seed.dynamic_smem) == 1
+    assert planner.plan("shaping", p).comm_priority == "low"
+    part = planner.plan("partition", p)
+    assert part.partition_sms == 16  # one 512-thread NCCL block per SM, 16 channels
+    with pytest.raises(shimrt.UsageError):
+        planner.plan("auto", p)
+
+
+def test_640_threads_leave_no_room_and_say_why():
+    # 640 threads x 96 registers = 61440 of the SM's 65536: not even one 256-thread block fits.
+    with pytest.raises(shimrt.ShimrtError, match=r"\(registers\).*16896 registers in a sub-partition of 16384"):
+        planner.plan("shaping+priority", problem(threads=640))
+
+
+def test_candidates_are_feasible_by_the_model_and_rejections_give_reasons():
+    p = problem()
+    feasible, rejected = planner.candidates(p, threads=(None, 256), blocks=(None, 8))
+    policies = {c.policy for c in feasible}
+    assert {"sequential", "concurrent", "priority", "shaping", "shaping+priority", "partition"} <= policies
+    for c in feasible:
+        if c.shaped:  # the residency cap holds by the calculator, and the footprint fits beside it
+            fp = p.footprint(c.comm_threads)
+            occ = occupancy.occupancy(H200, block_size=256, registers=18, dynamic_smem=c.dynamic_smem)
+            assert occ.blocks == c.resident_blocks
+            assert planner.occupancy._fits(H200, occ, c.resident_blocks, 256, 18, fp) is None
+        if c.partition_sms:
+            per_sm = p.comm_per_sm(c.comm_threads)
+            assert c.partition_sms * per_sm >= (c.comm_blocks or 16) and c.partition_sms <= H200.num_sms // 2
+    assert len(set(feasible)) == len(feasible)
+    assert rejected and all(r.why for r in rejected)
+    # 256-thread NCCL blocks: two fit per SM, so 8 SMs hold 16 channels.
+    assert planner.Choice("partition", partition_sms=8, comm_priority="high", comm_threads=256) in feasible
+
+
+def test_heavier_compute_shapes_to_fewer_blocks_on_every_target():
+    for name in ("A100", "A40", "H100", "H200"):
+        t = targets.get(name)
+        fp = NCCL_2_28_SM90.with_threads(256)
+        p = planner.Problem(t, {"registers": 32, "static_smem": 8192}, 128, fp, 8)
+        try:
+            c = planner.plan("shaping+priority", p)
+        except shimrt.ShimrtError as exc:
+            assert "cannot leave room" in str(exc)
+            continue
+        occ = occupancy.occupancy(t, block_size=128, registers=32, static_smem=8192, dynamic_smem=c.dynamic_smem)
+        assert occ.blocks == c.resident_blocks
+
+
+def test_mi250x_plan_uses_the_hip_rules():
+    t = targets.get("MI250X")
+    rccl = occupancy.Footprint("RCCL-like", 1, 256, 128, 0, 16384)
+    p = planner.Problem(t, {"registers": 64, "static_smem": 0}, 256, rccl, 16)
+    c = planner.plan("shaping+priority", p)
+    occ = occupancy.occupancy(t, block_size=256, registers=64, dynamic_smem=c.dynamic_smem)
+    assert occ.blocks == c.resident_blocks >= 1
+    assert t.smem_per_sm - c.resident_blocks * occ.smem_per_block >= 16384
+
+
+def test_choice_and_problem_validation():
+    with pytest.raises(shimrt.UsageError):
+        planner.Choice("fastest")
+    with pytest.raises(shimrt.UsageError):
+        planner.Choice("shaping", resident_blocks=0)
+    with pytest.raises(shimrt.UsageError):
+        planner.Choice("priority", comm_priority="max")
+    with pytest.raises(shimrt.UsageError):
+        planner.Choice("shaping", dynamic_smem=1024)  # padding without a cap
+    with pytest.raises(shimrt.UsageError):
+        planner.Problem(H200, {"registers": 18}, 256, NCCL_2_28_SM90, 16)
+    with pytest.raises(shimrt.UsageError):
+        planner.Problem(H200, FMA, 256, NCCL_2_28_SM90, 0)
+    c = planner.Choice("partition", partition_sms=16, comm_priority="high", comm_threads=256)
+    assert planner.Choice.from_dict(json.loads(json.dumps(c.as_dict()))) == c
+    assert c.describe() == "partition 16 SMs high 256 thr"
+
+
+def test_choice_cache_round_trip_and_isolation(tmp_path):
+    cache = planner.ChoiceCache(tmp_path, "NVIDIA H200|sm_90")
+    assert cache.get("w") is None
+    c = planner.Choice("shaping+priority", resident_blocks=1, dynamic_smem=115840, comm_priority="high")
+    cache.put("w", c)
+    cache.put("v", planner.Choice("partition", partition_sms=8, comm_priority="high"))
+    assert planner.ChoiceCache(tmp_path, "NVIDIA H200|sm_90").get("w") == c
+    assert planner.ChoiceCache(tmp_path, "NVIDIA A100|sm_80").get("w") is None  # another device
+    cache.path.write_text("{not json")
+    assert cache.get("w") is None  # a damaged file means: measure again
+
+
+def test_pick_takes_the_fastest_and_refuses_nothing_to_pick():
+    a, b = planner.Choice("sequential"), planner.Choice("priority", comm_priority="high")
+    best, times = planner.pick([a, b], {a: 2.0, b: 1.5}.get)
+    assert best == b and times == {a: 2.0, b: 1.5}
+    with pytest.raises(shimrt.ShimrtError):
+        planner.pick([], lambda c: 0)
+
+
+def test_metrics_formulas():
+    # compute 4 ms, comm 1 ms, sequential 5 ms; overlapped in 4.2 ms.
+    m = metrics.compute(4.0, 1.0, 5.0, 4.2, comp_span=4.1, comm_start_delay=0.05)
+    assert m.efficiency == pytest.approx(0.8)       # (5 - 4.2) / min(4, 1)
+    assert m.ratio == pytest.approx(1.05)           # 4.2 / max(4, 1)
+    assert m.compute_slowdown == pytest.approx(1.025)
+    assert m.reduction == pytest.approx(0.16)       # 1 - 4.2 / 5
+    perfect = metrics.compute(2.0, 2.0, 4.0, 2.0, 2.0, 0.0)
+    assert (perfect.efficiency, perfect.ratio, perfect.reduction) == (1.0, 1.0, 0.5)
+    with pytest.raises(shimrt.UsageError):
+        metrics.compute(0.0, 1.0, 1.0, 1.0, 1.0, 0.0)
+
+
+def test_block_rows_from_raw_stamps():
+    hz = 1e9  # CUDA's %globaltimer counts nanoseconds
+    raw = np.array([1_000_000, 1_500_000, 3, 1_200_000, 2_000_000, 7], dtype=np.uint64)
+    rows = metrics.blocks(raw, hz, origin=1_000_000)
+    assert np.allclose(rows, [[0.0, 0.5, 3.0], [0.2, 1.0, 7.0]], rtol=0, atol=1e-12)
+    s = metrics.span(rows)
+    assert (s.start, s.end, s.length) == (0.0, 1.0, 1.0)
+    # HIP's wall clock at 100 MHz: 100 ticks are 1 us.
+    assert metrics.blocks(np.array([100, 200, 0], np.uint64), 1e8, 100).tolist() == [[0.0, 0.001, 0.0]]
+    with pytest.raises(shimrt.UsageError, match="left no timestamps"):
+        metrics.blocks(np.array([0, 0, 0, 5, 9, 1], np.uint64), hz, 0)
+    assert metrics.median_run([3.0, 1.0, 2.0, 5.0]) == 2  # the lower median, 2.0
+
+
+def test_standin_spec():
+    s = StandInSpec(nbytes=64 << 20)
+    assert s.steps == 14 and s.label == "all_reduce-64MiB"
+    assert s.chunk() == (64 << 20) // 8 // 16 // 16
+    assert StandInSpec(nbytes=1 << 20, collective="all_gather", ranks=4).steps == 3
+    for bad in ({"nbytes": 8}, {"nbytes": 1 << 20, "threads": 700}, {"nbytes": 1 << 20, "collective": "x"},
+                {"nbytes": 1 << 20, "ranks": 1}, {"nbytes": 1 << 20, "timeout_s": 0}):
+        with pytest.raises(shimrt.UsageError):
+            StandInSpec(**bad)
+
+
+def test_standin_has_nccls_footprint_on_every_nvidia_target(cache_dir):
+    src = kernels.source("comm_standin")
+    for arch in ("sm_80", "sm_86", "sm_90"):
+        res = shimrt.compile(src, arch, options=["--maxrregcount=96"], name="comm_standin.cu").resources["comm_ring"]
+        assert res.registers == NCCL_2_28_SM90.registers and res.spill_bytes == 0
+        assert res.static_smem == NCCL_2_28_SM90.static_smem
+        assert res.max_threads_per_block == 640
+
+
+class _Work:
+    def __init__(self, label):
+        self.label = label
+
+
+def test_schedule_validation_and_labels():
+    c, a = _Work("sgemm-4096"), _Work("all_reduce-64MiB")
+    assert Schedule.pair(c, a).label == "sgemm-4096 + all_reduce-64MiB"
+    b = Schedule.backward([c, c], [a, a])
+    assert [(o.kind, o.after) for o in b.ops] == [("compute", None), ("comm", 0), ("compute", None), ("comm", 2)]
+    assert b.label.endswith("x2 layers")
+    with pytest.raises(shimrt.UsageError):
+        Schedule([Op("comm", a, after=0), Op("compute", c)])  # waits for a later op
+    with pytest.raises(shimrt.UsageError):
+        Schedule([Op("compute", c)])  # nothing to overlap
+    with pytest.raises(shimrt.UsageError):
+        Op("io", c)
