@@ -250,10 +250,11 @@ class ComputeWorkload:
         """A zeroed uint64 buffer of 3 words per block, for ``launch(stamps=...)``."""
         return self.device.empty(3 * self.blocks, np.uint64).memset(0)
 
-    def launch(self, stream=None, *, smem: int = 0, stamps: Buffer | None = None) -> None:
+    def launch(self, stream=None, *, smem: int = 0, stamps: Buffer | None = None, kernel=None) -> None:
         """One launch on ``stream`` (None: the legacy default stream) with ``smem`` bytes of
         dynamic shared memory (padding only: the kernels use none). ``stamps``: a uint64 Buffer
-        of at least 3 * blocks words that receives each block's start, end and SM id, or None."""
+        of at least 3 * blocks words that receives each block's start, end and SM id, or None.
+        ``kernel``: the same kernel loaded elsewhere (an SM partition) to launch instead."""
         if stamps is None:
             pointer = 0  # the kernels skip the timestamps for a null pointer
         else:
@@ -263,7 +264,7 @@ class ComputeWorkload:
                 raise UsageError(f"stamps must hold at least {3 * self.blocks} uint64 (3 per block), "
                                  f"not {stamps.size} {stamps.dtype}")
             pointer = stamps
-        self.kernel.launch(self.grid, self.block, *self._args, pointer, stream=stream, smem=smem)
+        (kernel or self.kernel).launch(self.grid, self.block, *self._args, pointer, stream=stream, smem=smem)
 
     def result(self) -> np.ndarray:
         """The output, copied to the host (after all work on the device)."""
