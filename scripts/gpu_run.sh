@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
 # Usage (device tool): bash scripts/gpu_run.sh        results land in $OUT (default ./out):
-#   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON.
+#   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
+#   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
@@ -19,7 +20,9 @@ grep -q " failed" "$OUT/pytest.log" && status=1
 for step in "shimrt.selftest --quiet" \
             "shimrt.bench launch --json $OUT/bench_launch.json" \
             "shimrt.overlap.footprint --json $OUT/footprint.json" \
-            "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives.json"; do
+            "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives.json" \
+            "shimrt.bench gemm --json $OUT/gemm.json" \
+            "shimrt.bench overlap --quiet --json $OUT/overlap.json"; do
   echo "== python -m $step" | tee -a "$summary"
   python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || status=1
 done

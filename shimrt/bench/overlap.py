@@ -114,8 +114,10 @@ def measure_workload(dev, engine: Engine, policies, args, progress: Progress) ->
         progress.step(f"{engine.schedule.label}: {policy}")
         if policy == "auto":
             cache = None if args.fresh else planner.ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
-            choice, times, rejected = engine.auto(cache, threads=[None] + _ints(args.auto_threads),
-                                                  blocks=[None] + _ints(args.auto_blocks))
+            # None is the collective's own setting; list only other values beside it.
+            threads = [None] + [t for t in _ints(args.auto_threads) if t != args.comm_threads]
+            blocks = [None] + [b for b in _ints(args.auto_blocks) if b != args.comm_blocks]
+            choice, times, rejected = engine.auto(cache, threads=threads, blocks=blocks)
             auto = {"choice": choice.describe(), "cached": not times,
                     "measured": {c.describe(): round(t, 4) for c, t in sorted(times.items(), key=lambda x: x[1])},
                     "rejected": [f"{r.what}: {r.why}" for r in rejected]}

@@ -141,6 +141,7 @@ class _Setup:
         self.comm_stream = self.compute_stream if choice.policy == "sequential" else \
             self.places["comm"].stream(choice.comm_priority)
         self.smem: dict[int, int] = {}
+        self.carveout: dict[int, int | None] = {}
         for i, op in enumerate(engine.schedule.ops):
             if op.kind == "compute":
                 k = self.kernels.get(i, op.work.kernel)
@@ -148,9 +149,10 @@ class _Setup:
                     threads = _threads(op.work)
                     natural = k.max_active_blocks(threads, 0)
                     self.smem[i] = k.shape(threads, resident_blocks=min(choice.resident_blocks, natural)).dynamic_smem
+                    self.carveout[i] = 100  # all shared memory, so the room left is real
                 else:
-                    k.set_carveout(None)
                     self.smem[i] = 0
+                    self.carveout[i] = None  # the driver's default split, as without shimrt
         # Recorded on the compute stream, so made where it lives; waiting on it works across contexts.
         self.events = {i: self.places["compute"].event(timing=False)
                        for i, op in enumerate(engine.schedule.ops) if op.kind == "compute"}
@@ -222,6 +224,10 @@ class Engine:
             self._stamps[i].memset(0)
         for op in self.schedule.of("comm"):
             getattr(op.work, "prepare_run", lambda: None)()
+        for i, op in ops:  # kernels are shared between choices: set the carveout of this one
+            if op.kind == "compute":
+                s.places["compute"].activate()
+                s.kernels.get(i, op.work.kernel).set_carveout(s.carveout[i])
         for i, op in ops:
             place = s.places[op.kind]
             place.activate()  # a green context must be current to launch into it
