@@ -133,8 +133,8 @@ class _Setup:
             self.places = {"compute": compute_part, "comm": comm_part}
             for i, op in enumerate(engine.schedule.ops):
                 k = op.work.kernel
-                place = self.places[op.kind]
-                self.kernels[i] = place.load(k.module.program)[k.name]
+                if k is not None:  # NCCL brings its own kernels
+                    self.kernels[i] = self.places[op.kind].load(k.module.program)[k.name]
         else:
             self.places = {"compute": dev, "comm": dev}
         self.compute_stream = self.places["compute"].stream("low")
@@ -218,16 +218,24 @@ class Engine:
         """One run of the schedule (or of its ``only`` = "compute"/"comm" ops, alone)."""
         s = self._setup(choice)
         ops = [(i, op) for i, op in enumerate(self.schedule.ops) if only in (None, op.kind)]
-        dev = self.device
-        dev.synchronize(self.timeout_s)
+        self.device.synchronize(self.timeout_s)
         for i, _ in ops:
             self._stamps[i].memset(0)
-        for op in self.schedule.of("comm"):
-            getattr(op.work, "prepare_run", lambda: None)()
         for i, op in ops:  # kernels are shared between choices: set the carveout of this one
             if op.kind == "compute":
                 s.places["compute"].activate()
                 s.kernels.get(i, op.work.kernel).set_carveout(s.carveout[i])
+        if self.comm_kind == "nccl":  # NCCL's kernels carry no stamps: CUPTI times every kernel
+            from ..cuda.cupti import KernelRecorder
+            with KernelRecorder() as recorder:
+                self._launch(s, ops, choice, only)
+            return self._timing_from_records(ops, recorder.kernels)
+        self._launch(s, ops, choice, only)
+        for op in self.schedule.of("comm"):
+            op.work.raise_if_stalled()
+        return self._timing(ops, choice)
+
+    def _launch(self, s: _Setup, ops, choice: Choice, only) -> None:
         for i, op in ops:
             place = s.places[op.kind]
             place.activate()  # a green context must be current to launch into it
@@ -240,12 +248,33 @@ class Engine:
                     s.comm_stream.wait(s.events[op.after])
                 op.work.launch(s.comm_stream, stamps=self._stamps[i], kernel=k, blocks=choice.comm_blocks,
                                threads=choice.comm_threads)
-        dev.activate()
+        self.device.activate()
         s.compute_stream.synchronize(self.timeout_s)
         s.comm_stream.synchronize(self.timeout_s)
-        for op in self.schedule.of("comm"):
-            op.work.raise_if_stalled()
-        return self._timing(ops, choice)
+
+    def _timing_from_records(self, ops, records: list[dict]) -> Timing:
+        """Rows ``[start_ms, end_ms, -1]`` per kernel from CUPTI (no SM is known per kernel)."""
+        names = {op.work.kernel.name for _, op in ops if op.kind == "compute"}
+        kinds = {"compute": [], "comm": []}
+        for r in records:
+            if r["name"] in names:
+                kinds["compute"].append(r)
+            elif r["name"].startswith("nccl"):
+                kinds["comm"].append(r)
+                for _, op in ops:
+                    if op.kind == "comm":
+                        op.work.channels = r["grid_x"] * r["grid_y"] * r["grid_z"]
+        wanted = {op.kind for _, op in ops}
+        missing = [k for k in wanted if not kinds[k]]
+        if missing:
+            raise ShimrtError(f"CUPTI recorded no {' or '.join(missing)} kernel (NCCL may have used a copy: "
+                              "with one rank only send_recv launches a kernel)")
+        origin = min(r["start"] for k in wanted for r in kinds[k])
+        rows = {k: np.array([[(r["start"] - origin) / 1e6, (r["end"] - origin) / 1e6, -1] for r in kinds[k]])
+                for k in wanted}
+        spans = {k: metrics.span(v) for k, v in rows.items()}
+        end, start = max(sp.end for sp in spans.values()), min(sp.start for sp in spans.values())
+        return Timing(rows, end - start, spans.get("compute"), spans.get("comm"))
 
     def _timing(self, ops, choice: Choice) -> Timing:
         raw = {}

@@ -71,6 +71,10 @@ class ComputeSpec:
                 raise UsageError(f"grid must be a positive int, not {self.grid!r}")
         elif self.kind == "bias_gelu" and -(-self.size * self.size // self.block) > _MAX_INT32:
             raise UsageError(f"bias_gelu-{self.size} needs more than 2**31 - 1 blocks of {self.block}: give a grid")
+        for name in ("size", "block", "grid"):  # numpy integers become ints: equal specs hash alike
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, int(value))
 
     @property
     def label(self) -> str:
@@ -260,6 +264,8 @@ class ComputeWorkload:
         else:
             if not isinstance(stamps, Buffer):
                 raise UsageError(f"stamps must be a shimrt Buffer of uint64, not {type(stamps).__name__}")
+            if stamps.device is not self.device:
+                raise UsageError("stamps must be on the workload's device")
             if stamps.dtype != np.uint64 or stamps.size < 3 * self.blocks:
                 raise UsageError(f"stamps must hold at least {3 * self.blocks} uint64 (3 per block), "
                                  f"not {stamps.size} {stamps.dtype}")

@@ -1,0 +1,106 @@
+"""Real NCCL/RCCL collectives as the engine's communication side.
+
+:class:`NcclCollective` runs one collective through a shimrt :class:`~shimrt.nccl.Communicator`
+on the stream the engine gives it. NCCL launches its own kernels, so their times come from
+CUPTI's kernel records (CUDA only; RCCL would need roctracer, which shimrt does not bind yet),
+and their channel count and threads are fixed when the communicator is made (``CommOptions``
+``min_ctas``/``max_ctas``, ``NCCL_NTHREADS``), not per launch.
+
+With two or more ranks every collective is real traffic. With one rank NCCL does an all-reduce
+with a copy and no kernel; ``send_recv`` (a grouped send and receive to the rank itself, or
+to the ring neighbours with more ranks) makes it launch its SendRecv kernel, NCCL's own
+footprint on one GPU, though its blocks then wait for no peer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShimrtError, UsageError
+from ..occupancy import NCCL_2_28_SM90, Footprint
+from .standin import _size_label
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+
+class NcclCollective:
+    """``collective`` of ``nbytes`` (per rank, float32) on ``communicator``. ``footprint``:
+    NCCL's kernel per SM (default: NCCL 2.28 on sm_90, 512 threads for the ring collectives and
+    640 for send/recv); ``channels``: its blocks, as NCCL picks them (corrected from CUPTI's
+    records after the first timed run)."""
+
+    kind = "nccl"
+    kernel = None  # NCCL loads its own kernels
+
+    def __init__(self, communicator, collective: str = "all_reduce", nbytes: int = 64 << 20, *,
+                 footprint: Footprint | None = None, channels: int = 16):
+        if collective not in COLLECTIVES:
+            raise UsageError(f"collective must be one of {', '.join(COLLECTIVES)}, not {collective!r}")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4 * communicator.size:
+            raise UsageError(f"nbytes must be an int of at least {4 * communicator.size}, not {nbytes!r}")
+        self.comm, self.collective, self.nbytes = communicator, collective, nbytes
+        self.device = communicator.device
+        n, count = communicator.size, nbytes // 4
+        count -= count % n
+        threads = 640 if collective == "send_recv" else 512
+        self._footprint = footprint or NCCL_2_28_SM90.with_threads(threads)
+        self.channels = channels
+        self.max_blocks = 64  # NCCL's MAXCHANNELS
+        rank = communicator.rank
+        self.host = np.full(count, rank + 1, np.float32)
+        self.send = self.device.to_device(self.host)
+        self.recv = self.device.empty(count * n if collective == "all_gather" else
+                                      count // n if collective == "reduce_scatter" else count, np.float32)
+
+    def __repr__(self):
+        return f"<NcclCollective {self.label} on rank {self.comm.rank}/{self.comm.size}>"
+
+    @property
+    def label(self) -> str:
+        return f"nccl {self.collective}-{_size_label(self.nbytes)}"
+
+    def footprint(self, threads: int | None = None) -> Footprint:
+        return self._footprint if threads is None else self._footprint.with_threads(threads)
+
+    def blocks(self, blocks: int | None = None) -> int:
+        return blocks or self.channels
+
+    def launch(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
+               threads: int | None = None) -> None:
+        """Enqueue the collective on ``stream``. NCCL's channels and threads are set when the
+        communicator is made, so ``blocks``/``threads`` must be None here."""
+        if blocks is not None or threads is not None:
+            raise UsageError("NCCL's channels and threads are fixed per communicator (CommOptions, NCCL_NTHREADS)")
+        c, n = self.comm, self.comm.size
+        if self.collective == "all_reduce":
+            c.all_reduce(self.send, self.recv, stream=stream)
+        elif self.collective == "all_gather":
+            c.all_gather(self.send, self.recv, stream=stream)
+        elif self.collective == "reduce_scatter":
+            c.reduce_scatter(self.send, self.recv, stream=stream)
+        else:
+            with c.group():
+                c.send(self.send, (c.rank + 1) % n, stream=stream)
+                c.recv(self.recv, (c.rank - 1) % n, stream=stream)
+
+    def raise_if_stalled(self) -> None:
+        """NCCL reports its own failures through the communicator's calls."""
+
+    def reset(self) -> None:
+        self.recv.memset(0)
+
+    def check(self, blocks: int | None = None) -> None:
+        """Every received element is what the collective must give for inputs rank + 1."""
+        n, rank, got = self.comm.size, self.comm.rank, self.recv.numpy()
+        if self.collective == "all_reduce":
+            want = np.full_like(got, n * (n + 1) / 2)
+        elif self.collective == "reduce_scatter":
+            want = np.full_like(got, n * (n + 1) / 2)
+        elif self.collective == "all_gather":
+            want = np.repeat(np.arange(1, n + 1, dtype=np.float32), got.size // n)
+        else:
+            want = np.full_like(got, (rank - 1) % n + 1)
+        bad = np.flatnonzero(got != want)
+        if bad.size:
+            raise ShimrtError(f"{self.label}: {bad.size} of {got.size} elements wrong (first {bad[0]}: "
+                              f"{got[bad[0]]} != {want[bad[0]]})")
