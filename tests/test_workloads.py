@@ -60,7 +60,8 @@ def test_spec_defaults_and_labels():
     assert ComputeSpec("softmax", 1000).kernel_name == "softmax_rows"
     assert ComputeSpec("layernorm", 7, block=32).label == "layernorm-7-block32"
     assert ComputeSpec("bias_gelu", 8192, block=512, grid=264).label == "bias_gelu-8192-block512-grid264"
-    assert ComputeSpec("bias_gelu", 100, grid=np.int64(3)).grid == 3
+    spec = ComputeSpec("bias_gelu", np.int32(100), grid=np.int64(3))
+    assert type(spec.size) is int and type(spec.grid) is int and spec == ComputeSpec("bias_gelu", 100, grid=3)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -239,6 +239,10 @@ class ComputeWorkload:
         self._expected = None
         self.reset()
 
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
     def __repr__(self):
         return f"<ComputeWorkload {self.spec.label} on {self.device.name}: grid {self.grid}, block {self.block}>"
 
