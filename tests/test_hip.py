@@ -124,12 +124,24 @@ def test_hip_runtime_calls_take_their_arguments(hiprtc, cache_dir):
         "occupancy": lambda: driver.occupancy(None, 128, 0),
         "function_set_max_dynamic_smem": lambda: driver.function_set_max_dynamic_smem(None, 1024),
         "synchronize": driver.synchronize,
+        "partition_stream_create": lambda: driver.partition_stream_create((0xFFFF, 0, 0, 0), 0),
         "launch": lambda: driver.launch_error(driver.launcher()(None, 1, 1, 1, 64, 1, 1, 0, None, 0, None)[0]),
     }
     for name, call in calls.items():
         with pytest.raises(DriverError) as info:
             call()
         assert info.value.name.startswith("hipError"), (name, info.value)
+
+
+def test_cu_masks_split_an_mi250x_gcd():
+    from shimrt.hip.driver import cu_masks
+    split, rest = cu_masks(110, 16)  # one MI250X GCD has 110 CUs
+    assert split == (0xFFFF, 0, 0, 0)
+    assert rest == (0xFFFF0000, 0xFFFFFFFF, 0xFFFFFFFF, (1 << 14) - 1)
+    assert sum(bin(w).count("1") for w in split + rest) == 110
+    assert all(a & b == 0 for a, b in zip(split, rest, strict=True))
+    with pytest.raises(NoDeviceError):
+        cu_masks(110, 110)
 
 
 @pytest.mark.parametrize("part", sorted(backends.INTERFACE))

@@ -329,15 +329,24 @@ def sm_partition(dev, sm_count: int):
     ``[(mask, None, cus), (mask, None, cus)]`` (the split first): HIP partitions by masking a
     stream's CUs, in the same context (None: nothing to load per partition)."""
     total = device_properties(dev)["num_sms"]
-    if not 0 < sm_count < total:
-        raise NoDeviceError(f"cannot set {sm_count} of {total} CUs apart")
+    split, rest = cu_masks(total, sm_count)
+    return [(split, None, sm_count), (rest, None, total - sm_count)]
+
+
+def cu_masks(total: int, count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(first ``count`` CUs, the other ``total - count``) as hipExtStreamCreateWithCUMask's
+    32-bit words, CU 0 in bit 0 of word 0."""
+    if not 0 < count < total:
+        raise NoDeviceError(f"cannot set {count} of {total} CUs apart")
     words = -(-total // 32)
-    split = [0] * words
-    for cu in range(sm_count):
-        split[cu // 32] |= 1 << (cu % 32)
-    rest = [~w & 0xFFFFFFFF for w in split]
-    rest[-1] &= (1 << (total - 32 * (words - 1))) - 1
-    return [(tuple(split), None, sm_count), (tuple(rest), None, total - sm_count)]
+    every = (1 << total) - 1
+    first = (1 << count) - 1
+    rest = every & ~first
+
+    def split(value: int) -> tuple[int, ...]:
+        return tuple((value >> (32 * i)) & 0xFFFFFFFF for i in range(words))
+
+    return split(first), split(rest)
 
 
 def partition_stream_create(handle, priority: int):
