@@ -22,7 +22,8 @@ for step in "shimrt.selftest --quiet" \
             "shimrt.overlap.footprint --json $OUT/footprint.json" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives.json" \
             "shimrt.bench gemm --json $OUT/gemm.json" \
-            "shimrt.bench overlap --quiet --json $OUT/overlap.json"; do
+            "shimrt.bench overlap --quiet --json $OUT/overlap.json" \
+            "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json"; do
   echo "== python -m $step" | tee -a "$summary"
   python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || status=1
 done

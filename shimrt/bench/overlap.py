@@ -46,16 +46,17 @@ def _size(text: str) -> int:
 def _computes(text: str) -> list[ComputeSpec]:
     specs = []
     for item in text.split(","):
-        kind, _, size = item.strip().partition(":")
-        if not size:
-            raise UsageError(f"--compute takes kind:size items (e.g. sgemm:4096), not {item!r}")
-        specs.append(ComputeSpec(kind, int(size)))
+        parts = item.strip().split(":")
+        if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
+            raise UsageError(f"--compute takes kind:size[:block] items (e.g. sgemm:4096, softmax:8192:1024), "
+                             f"not {item!r}")
+        specs.append(ComputeSpec(parts[0], int(parts[1]), *(int(b) for b in parts[2:])))
     return specs
 
 
 def add_arguments(p) -> None:
     p.add_argument("--compute", default="sgemm:4096,bias_gelu:8192,softmax:8192",
-                   help="compute kernels as kind:size, comma-separated (default %(default)s)")
+                   help="compute kernels as kind:size[:block], comma-separated (default %(default)s)")
     p.add_argument("--collective", default="all_reduce", help="all_reduce, all_gather or reduce_scatter")
     p.add_argument("--comm-ratios", default="0.25,1,4",
                    help="size the collective so T_comm = ratio x T_comp (default %(default)s)")
