@@ -46,6 +46,7 @@ SHIMRT_KERNEL_BOUNDS(SGEMM_BOUNDS) void sgemm(float* C, const float* A, const fl
     if (row0 < M && col0 < N) {
         const float* a_src = A + (shimrt_i64)(row0 + a_row) * K + a_k;
         const float* b_src = B + (shimrt_i64)b_k * N + col0 + b_col;
+        const shimrt_i64 b_step = (shimrt_i64)SGEMM_BK * N;
         float acc[8][8];
 #pragma unroll
         for (int i = 0; i < 8; ++i)
@@ -65,8 +66,10 @@ SHIMRT_KERNEL_BOUNDS(SGEMM_BOUNDS) void sgemm(float* C, const float* A, const fl
         for (int k0 = 0; k0 < K; k0 += SGEMM_BK) {
             const bool more = k0 + SGEMM_BK < K;
             if (more) {  // in flight while this slice is multiplied
-                a_next = *(const float4*)(a_src + k0 + SGEMM_BK);
-                b_next = *(const float4*)(b_src + (shimrt_i64)(k0 + SGEMM_BK) * N);
+                a_src += SGEMM_BK;
+                b_src += b_step;
+                a_next = *(const float4*)a_src;
+                b_next = *(const float4*)b_src;
             }
 #pragma unroll
             for (int kk = 0; kk < SGEMM_BK; ++kk) {
