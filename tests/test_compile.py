@@ -21,14 +21,14 @@ def declared(name):
 
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("name", kernels.names())
-def test_every_kernel_compiles_with_plausible_resources(name, arch, cache_dir):
+def test_every_kernel_compiles_with_plausible_resources(name, arch, cache_dir, spill_allowance):
     program = shimrt.compile(open(kernels.path(name)).read(), arch)  # no options: kernels_src is included
     assert binary_arch(program.binary) == arch
     assert program.target.arch == arch
     assert set(program.resources) == set(declared(name))
     for kernel, res in program.resources.items():
         assert 1 <= res.registers <= 255, (kernel, res)
-        assert res.spill_bytes == 0 and res.local_bytes >= 0
+        assert res.spill_bytes <= spill_allowance.get(kernel, 0) and res.local_bytes >= 0, (kernel, res)
         assert 0 <= res.static_smem <= program.target.smem_per_block_optin
         assert 1 <= res.max_threads_per_block <= 1024
 

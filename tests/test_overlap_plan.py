@@ -167,11 +167,11 @@ def test_standin_spec():
             StandInSpec(**bad)
 
 
-def test_standin_has_nccls_footprint_on_every_nvidia_target(cache_dir):
+def test_standin_has_nccls_footprint_on_every_nvidia_target(cache_dir, spill_allowance):
     src = kernels.source("comm_standin")
     for arch in ("sm_80", "sm_86", "sm_90"):
         res = shimrt.compile(src, arch, options=["--maxrregcount=96"], name="comm_standin.cu").resources["comm_ring"]
-        assert res.registers == NCCL_2_28_SM90.registers and res.spill_bytes == 0
+        assert res.registers == NCCL_2_28_SM90.registers and res.spill_bytes <= spill_allowance["comm_ring"]
         assert res.static_smem == NCCL_2_28_SM90.static_smem
         assert res.max_threads_per_block == 640
 

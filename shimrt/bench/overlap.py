@@ -65,8 +65,9 @@ def add_arguments(p) -> None:
     p.add_argument("--ranks", type=int, default=8, help="ring size the stand-in plays (default 8)")
     p.add_argument("--comm-blocks", type=int, default=16, help="stand-in blocks (NCCL channels, default 16)")
     p.add_argument("--comm-threads", type=int, default=512, help="stand-in threads per block (default 512)")
-    p.add_argument("--auto-threads", default="512,256", help="thread counts auto may give the collective")
-    p.add_argument("--auto-blocks", default="16,8", help="block (CTA) counts auto may give the collective")
+    p.add_argument("--auto-threads", default="256,128",
+                   help="lower thread counts auto may give the collective (default %(default)s)")
+    p.add_argument("--auto-blocks", default="8", help="lower block (CTA) counts auto may give the collective")
     p.add_argument("--repeats", type=int, default=5, help="runs per policy; medians are reported (default 5)")
     p.add_argument("--fresh", action="store_true", help="ignore auto's cached choices")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -115,9 +116,11 @@ def measure_workload(dev, engine: Engine, policies, args, progress: Progress) ->
         progress.step(f"{engine.schedule.label}: {policy}")
         if policy == "auto":
             cache = None if args.fresh else planner.ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
-            # None is the collective's own setting; list only other values beside it.
-            threads = [None] + [t for t in _ints(args.auto_threads) if t != args.comm_threads]
-            blocks = [None] + [b for b in _ints(args.auto_blocks) if b != args.comm_blocks]
+            # None is the collective's own setting. Auto may only lower its threads and blocks, to
+            # make room beside compute: more of them would make the collective itself faster and
+            # measure a different collective than the one T_comm was taken for.
+            threads = [None] + [t for t in _ints(args.auto_threads) if t < args.comm_threads]
+            blocks = [None] + [b for b in _ints(args.auto_blocks) if b < args.comm_blocks]
             choice, times, rejected = engine.auto(cache, threads=threads, blocks=blocks)
             auto = {"choice": choice.describe(), "cached": not times,
                     "measured": {c.describe(): round(t, 4) for c, t in sorted(times.items(), key=lambda x: x[1])},

@@ -268,7 +268,7 @@ class Engine:
         for r in records:
             if r["name"] in names:
                 kinds["compute"].append(r)
-            elif r["name"].startswith("nccl"):
+            else:  # the engine launched nothing else: NCCL's kernels (C++-mangled names)
                 kinds["comm"].append(r)
                 for _, op in ops:
                     if op.kind == "comm":
