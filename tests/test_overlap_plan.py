@@ -106,7 +106,7 @@ def test_choice_and_problem_validation():
         planner.Problem(H200, FMA, 256, NCCL_2_28_SM90, 0)
     c = planner.Choice("partition", partition_sms=16, comm_priority="high", comm_threads=256)
     assert planner.Choice.from_dict(json.loads(json.dumps(c.as_dict()))) == c
-    assert c.describe() == "partition 16 SMs high 256 thr"
+    assert c.describe() == "partition: comm on 16 SMs, high priority, 256 threads"
 
 
 def test_choice_cache_round_trip_and_isolation(tmp_path):

@@ -145,14 +145,14 @@ def measure_workload(dev, engine: Engine, policies, args, progress: Progress) ->
 
 
 def table(label: str, comm_kind: str, nbytes: int, results, infeasible) -> str:
-    head = (f"{'policy':17s} {'choice':34s} {'makespan':>9s} {'E':>6s} {'R':>6s} {'slowdown':>8s} "
+    head = (f"{'policy':17s} {'choice':44s} {'makespan':>9s} {'E':>6s} {'R':>6s} {'slowdown':>8s} "
             f"{'comm start':>10s} {'vs seq':>7s}")
     m0 = results[0].metrics if results else None
     times = f": T_comp {m0.t_comp_ms:.3f} ms, T_comm {m0.t_comm_ms:.3f} ms, T_seq {m0.t_seq_ms:.3f} ms" if m0 else ""
     lines = [f"== {label} ({comm_kind}, {nbytes / (1 << 20):.0f} MiB){times}", head]
     for r in results:
         m = r.metrics
-        lines.append(f"{r.policy:17s} {r.choice.describe()[:34]:34s} {m.makespan_ms:8.3f}ms {m.efficiency:6.2f} "
+        lines.append(f"{r.policy:17s} {r.choice.describe()[:44]:44s} {m.makespan_ms:8.3f}ms {m.efficiency:6.2f} "
                      f"{m.ratio:6.3f} {m.compute_slowdown:8.3f} {m.comm_start_delay_ms:8.3f}ms {-m.reduction:+7.1%}"
                      + ("  RESULT DIFFERS" if r.note == "differs" else ""))
     for policy, why in infeasible:

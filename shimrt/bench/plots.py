@@ -262,17 +262,20 @@ def _blocks(run: dict, kind: str):
 
 
 def _choice(run: dict) -> str:
+    """The run's settings in words (the benchmark's own description when it wrote one)."""
+    if run.get("describe"):
+        return run["describe"]
     c = run.get("choice") or {}
     parts = []
     if c.get("resident_blocks") is not None:
         parts.append(f"{c['resident_blocks']} compute block(s)/SM")
     if c.get("partition_sms") is not None:
-        parts.append(f"{c['partition_sms']} SMs for compute")
-    if c.get("priority"):
-        parts.append(f"comm priority {c['priority']}")
-    if c.get("comm_blocks") is not None:
-        parts.append(f"comm {c['comm_blocks']} x {c.get('comm_threads', '?')} threads")
-    return ", ".join(parts) or "no choice recorded"
+        parts.append(f"{c['partition_sms']} SMs for communication")
+    if c.get("comm_priority"):
+        parts.append(f"comm priority {c['comm_priority']}")
+    if c.get("comm_blocks") is not None or c.get("comm_threads") is not None:
+        parts.append(f"comm {c.get('comm_blocks') or 'default'} blocks x {c.get('comm_threads') or 'default'} threads")
+    return ", ".join(parts) or "no settings recorded"
 
 
 def _reduction(run: dict) -> str:

@@ -75,18 +75,19 @@ class Choice:
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     def describe(self) -> str:
-        parts = [self.policy]
+        """The choice in a few words, e.g. "partition: comm on 16 SMs, high priority"."""
+        parts = []
         if self.shaped:
             parts.append(f"N={self.resident_blocks}")
         if self.partition_sms:
-            parts.append(f"{self.partition_sms} SMs")
+            parts.append(f"comm on {self.partition_sms} SMs")
         if self.comm_priority == "high":
-            parts.append("high")
+            parts.append("high priority")
         if self.comm_blocks:
             parts.append(f"{self.comm_blocks} CTAs")
         if self.comm_threads:
-            parts.append(f"{self.comm_threads} thr")
-        return " ".join(parts)
+            parts.append(f"{self.comm_threads} threads")
+        return self.policy + (": " + ", ".join(parts) if parts else "")
 
 
 @dataclass(frozen=True)
