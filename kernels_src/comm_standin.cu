@@ -17,9 +17,12 @@
 // holds one counter per block, kept across launches:
 // a launch passes ``base`` = the counters' value when it began (launch k: k * steps), so no
 // reset is needed between launches. If a block waits longer than ``timeout_ns`` for its
-// neighbour, it sets ``*error`` and the whole grid stops instead of hanging.
+// neighbour, it sets ``*error`` and the whole grid stops instead of hanging. ``step_ns`` paces
+// the ring like a link of fixed bandwidth: a block's step lasts at least that long, its warps
+// asleep at the barrier for the rest (0: as fast as the block can copy).
 SHIMRT_KERNEL_BOUNDS(640) void comm_ring(const float4* src, float4* dst, int chunk, shimrt_u32* flags,
-                        shimrt_u32 base, int steps, shimrt_u64 timeout_ns, shimrt_u32* error, shimrt_u64* stamps) {
+                        shimrt_u32 base, int steps, shimrt_u64 step_ns, shimrt_u64 timeout_ns,
+                        shimrt_u32* error, shimrt_u64* stamps) {
     shimrt_u64 t0 = shimrt_block_begin(stamps);
     __shared__ float staging[STANDIN_STATIC_SMEM / 4 - 4];  // + abort_ring, padded: 21568 B in all
     SHIMRT_DYNAMIC_SMEM(float, dynamic_smem);
@@ -38,10 +41,13 @@ SHIMRT_KERNEL_BOUNDS(640) void comm_ring(const float4* src, float4* dst, int chu
                     abort_ring = 1;
                     break;
                 }
+                if (step_ns) shimrt_sleep(200);  // paced: waiting need not be eager
             }
         }
         __syncthreads();
         if (abort_ring) break;
+        // The step's data is here (the neighbour is done): the link's time starts now.
+        const shimrt_u64 step_start = step_ns && tid == 0 ? shimrt_timestamp() : 0;
         // Every (step, block) has its own slice, so the result is the same whatever the order.
         long long offset = ((long long)s * g + b) * chunk;
         const float4* in = src + offset;
@@ -67,6 +73,8 @@ SHIMRT_KERNEL_BOUNDS(640) void comm_ring(const float4* src, float4* dst, int chu
             st[(s * 32 + tid) % n] = (float)s;
             dynamic_smem[tid] = st[(s * 32 + tid + 1) % n];
         }
+        if (step_ns && tid == 0)  // the link's pace: the other warps sleep at the barrier below
+            while (shimrt_timestamp() - step_start < step_ns) shimrt_sleep(1000);
         __threadfence();
         __syncthreads();
         if (tid == 0) atomicExch(&flags[b], base + (shimrt_u32)s + 1);

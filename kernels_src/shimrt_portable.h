@@ -35,6 +35,12 @@ static __device__ __forceinline__ shimrt_u32 shimrt_sm_id() {
     asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
     return id;
 }
+// Let the warp sleep for about ``ns`` nanoseconds (sm_70+), leaving its issue slots to others.
+static __device__ __forceinline__ void shimrt_sleep(shimrt_u32 ns) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+    __nanosleep(ns);
+#endif
+}
 
 #else  // HIP
 
@@ -47,6 +53,12 @@ static __device__ __forceinline__ shimrt_u32 shimrt_sm_id() {
 static __device__ __forceinline__ shimrt_u64 shimrt_timestamp() { return wall_clock64(); }
 // Index of the compute unit this thread runs on (HIP packs XCC, SE and CU ids).
 static __device__ __forceinline__ shimrt_u32 shimrt_sm_id() { return __smid(); }
+// Let the wave sleep a while (s_sleep 127: the longest, about 8000 cycles), leaving its issue
+// slots to others; callers loop on the clock, so the exact length does not matter.
+static __device__ __forceinline__ void shimrt_sleep(shimrt_u32 ns) {
+    (void)ns;
+    __builtin_amdgcn_s_sleep(127);
+}
 
 #endif
 

@@ -161,8 +161,13 @@ def test_standin_spec():
     assert s.steps == 14 and s.label == "all_reduce-64MiB"
     assert s.chunk() == (64 << 20) // 8 // 16 // 16
     assert StandInSpec(nbytes=1 << 20, collective="all_gather", ranks=4).steps == 3
+    assert s.step_ns() == 0  # unpaced
+    paced = StandInSpec(nbytes=64 << 20, link_gbps=25.0)
+    assert paced.step_ns() == int(paced.chunk() * 16 / 25.0)  # 512 KiB at 25 GB/s: 20972 ns
+    assert paced.step_ns(8) == 2 * paced.step_ns()
     for bad in ({"nbytes": 8}, {"nbytes": 1 << 20, "threads": 700}, {"nbytes": 1 << 20, "collective": "x"},
-                {"nbytes": 1 << 20, "ranks": 1}, {"nbytes": 1 << 20, "timeout_s": 0}):
+                {"nbytes": 1 << 20, "ranks": 1}, {"nbytes": 1 << 20, "timeout_s": 0},
+                {"nbytes": 1 << 20, "link_gbps": 0}):
         with pytest.raises(shimrt.UsageError):
             StandInSpec(**bad)
 

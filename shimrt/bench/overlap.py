@@ -65,6 +65,9 @@ def add_arguments(p) -> None:
     p.add_argument("--ranks", type=int, default=8, help="ring size the stand-in plays (default 8)")
     p.add_argument("--comm-blocks", type=int, default=16, help="stand-in blocks (NCCL channels, default 16)")
     p.add_argument("--comm-threads", type=int, default=512, help="stand-in threads per block (default 512)")
+    p.add_argument("--link-gbps", type=float, default=25.0,
+                   help="stand-in bandwidth per channel in GB/s, as NVLink sets NCCL's (16 x 25 = 400 GB/s, "
+                        "about an H200 node's all-reduce bus bandwidth); 0: unpaced, as fast as local memory allows")
     p.add_argument("--auto-threads", default="256,128",
                    help="lower thread counts auto may give the collective (default %(default)s)")
     p.add_argument("--auto-blocks", default="8", help="lower block (CTA) counts auto may give the collective")
@@ -78,7 +81,7 @@ def add_arguments(p) -> None:
 
 def _standin(dev, args, nbytes: int) -> CommStandIn:
     spec = StandInSpec(nbytes=max(nbytes // (1 << 20), 1) << 20, collective=args.collective, ranks=args.ranks,
-                       blocks=args.comm_blocks, threads=args.comm_threads)
+                       blocks=args.comm_blocks, threads=args.comm_threads, link_gbps=args.link_gbps or None)
     return CommStandIn(dev, spec)
 
 
@@ -192,10 +195,12 @@ def run(args) -> int:
     progress = Progress(steps, enabled=not args.quiet)
     out = {"schema": SCHEMA, "device": {"name": dev.name, "arch": dev.target.arch, "num_sms": dev.target.num_sms,
                                         "backend": dev.backend},
-           "comm": comm_kind, "runs": [], "infeasible": [], "summary": [], "auto": {}}
+           "comm": comm_kind, "link_gbps": args.link_gbps or None,
+           "runs": [], "infeasible": [], "summary": [], "auto": {}}
+    pace = f"{args.link_gbps:g} GB/s per channel" if args.link_gbps else "unpaced"
     print(f"shimrt overlap on {dev.name} ({dev.target.arch}, {dev.target.num_sms} SMs): communication = "
           f"{comm_kind} (NCCL's footprint, {args.comm_blocks} blocks x {args.comm_threads} threads, ring of "
-          f"{args.ranks}); {args.repeats} repeats, medians; device timestamps")
+          f"{args.ranks}, {pace}); {args.repeats} repeats, medians; device timestamps")
     tables = []
     for spec, ratio, nbytes in workloads:
         compute = ComputeWorkload(dev, spec)

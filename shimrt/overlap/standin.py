@@ -35,8 +35,11 @@ def _size_label(nbytes: int) -> str:
 class StandInSpec:
     """The collective a stand-in plays: ``collective`` of ``nbytes`` over a ring of ``ranks``,
     on ``blocks`` channels of ``threads`` threads, each block launched with ``dynamic_smem``
-    bytes (None: NCCL's 82240 B). ``timeout_s``: how long a block waits for its neighbour
-    before the ring gives up (an error, never a hang)."""
+    bytes (None: NCCL's 82240 B). ``link_gbps``: each channel's bandwidth in GB/s, as a link
+    between GPUs would set it (a step then lasts its slice over that rate, the block asleep once
+    its copy is done); None: as fast as the block copies through local memory. ``timeout_s``:
+    how long a block waits for its neighbour before the ring gives up (an error, never a hang).
+    """
 
     nbytes: int
     collective: str = "all_reduce"
@@ -44,6 +47,7 @@ class StandInSpec:
     blocks: int = 16
     threads: int = 512
     dynamic_smem: int | None = None
+    link_gbps: float | None = None
     timeout_s: float = 10.0
 
     def __post_init__(self):
@@ -57,6 +61,8 @@ class StandInSpec:
             raise UsageError(f"threads must be a multiple of 32 up to {_MAX_THREADS}, not {self.threads}")
         if self.dynamic_smem is not None and (not isinstance(self.dynamic_smem, int) or self.dynamic_smem < 0):
             raise UsageError(f"dynamic_smem must be a non-negative int or None, not {self.dynamic_smem!r}")
+        if self.link_gbps is not None and not (isinstance(self.link_gbps, (int, float)) and self.link_gbps > 0):
+            raise UsageError(f"link_gbps must be a positive number of GB/s or None, not {self.link_gbps!r}")
         if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
             raise UsageError(f"timeout_s must be a positive number, not {self.timeout_s!r}")
 
@@ -71,6 +77,10 @@ class StandInSpec:
     def chunk(self, blocks: int | None = None) -> int:
         """float4 elements each block reduces per step."""
         return max(1, self.nbytes // self.ranks // (blocks or self.blocks) // 16)
+
+    def step_ns(self, blocks: int | None = None) -> int:
+        """The shortest time a block's step may take: its slice over the link (0: unpaced)."""
+        return 0 if self.link_gbps is None else int(self.chunk(blocks) * 16 / self.link_gbps)
 
 
 class CommStandIn:
@@ -148,7 +158,8 @@ class CommStandIn:
         timeout_ns = np.uint64(int(self.spec.timeout_s * 1e9))
         stamps = 0 if stamps is None else stamps  # a null pointer: the kernel skips its timeline
         (kernel or self.kernel).launch(g, nt, self.src, self.dst, np.int32(self.spec.chunk(g)), self.flags,
-                                       np.uint32(base), np.int32(self.spec.steps), timeout_ns, self.error, stamps,
+                                       np.uint32(base), np.int32(self.spec.steps), np.uint64(self.spec.step_ns(g)),
+                                       timeout_ns, self.error, stamps,
                                        stream=stream, smem=self.dynamic_smem)
 
     def raise_if_stalled(self) -> None:

@@ -34,6 +34,22 @@ def test_standin_ring_is_exact_and_all_blocks_are_resident_together(device, stan
     assert (fp.registers, fp.static_smem, fp.dynamic_smem, fp.threads) == (96, 21568, 82240, 512)
 
 
+def test_paced_standin_keeps_the_links_rate_and_stays_exact(device):
+    paced = CommStandIn(device, StandInSpec(nbytes=32 << 20, blocks=16, threads=512, link_gbps=25.0))
+    stamps = device.empty(3 * 16, np.uint64).memset(0)
+    with device.stream("high") as s:
+        paced.reset()
+        paced.launch(s, stamps=stamps)
+        s.synchronize(timeout=30)
+    paced.raise_if_stalled()
+    paced.check()
+    rows = stamps.numpy().reshape(-1, 3).astype(np.int64)
+    took_ns = rows[:, 1].max() - rows[:, 0].min()
+    floor = paced.spec.steps * paced.spec.step_ns()  # every step lasts at least its slice / rate
+    print(f"\npaced stand-in: {took_ns / 1e6:.3f} ms for {paced.spec.steps} steps of >= {paced.spec.step_ns()} ns")
+    assert floor <= took_ns < 1.5 * floor + 200_000
+
+
 def test_standin_refuses_a_grid_that_cannot_be_resident(device, standin):
     import shimrt
     per_sm = standin.kernel.max_active_blocks(640, standin.dynamic_smem)
