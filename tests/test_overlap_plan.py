@@ -164,7 +164,7 @@ def test_standin_spec():
     assert s.step_ns() == 0  # unpaced
     paced = StandInSpec(nbytes=64 << 20, link_gbps=25.0)
     assert paced.step_ns() == int(paced.chunk() * 16 / 25.0)  # 512 KiB at 25 GB/s: 20972 ns
-    assert paced.step_ns(8) == 2 * paced.step_ns()
+    assert abs(paced.step_ns(8) - 2 * paced.step_ns()) <= 1  # half the channels, twice the time
     for bad in ({"nbytes": 8}, {"nbytes": 1 << 20, "threads": 700}, {"nbytes": 1 << 20, "collective": "x"},
                 {"nbytes": 1 << 20, "ranks": 1}, {"nbytes": 1 << 20, "timeout_s": 0},
                 {"nbytes": 1 << 20, "link_gbps": 0}):
