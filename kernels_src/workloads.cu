@@ -141,35 +141,27 @@ SHIMRT_KERNEL void bias_gelu(float* out, const float* x, const float* bias, int 
 // Every thread gets the result; ``lane`` is free again on return.
 #define ROW_MAX_BLOCK 1024
 
-static __device__ __forceinline__ float row_sum(float v, float* lane) {
+struct RowSum { __device__ float operator()(float a, float b) const { return a + b; } };
+struct RowMax { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+
+template <typename Op>
+static __device__ __forceinline__ float row_reduce(float v, float* lane, Op op) {
     const int t = threadIdx.x, n = blockDim.x;
     lane[t] = v;
     __syncthreads();
     int width = 1;
     while (width < n) width <<= 1;
     for (int step = width / 2; step > 0; step >>= 1) {
-        if (t < step && t + step < n) lane[t] += lane[t + step];
+        if (t < step && t + step < n) lane[t] = op(lane[t], lane[t + step]);
         __syncthreads();
     }
-    const float total = lane[0];
+    const float result = lane[0];
     __syncthreads();
-    return total;
+    return result;
 }
 
-static __device__ __forceinline__ float row_max(float v, float* lane) {
-    const int t = threadIdx.x, n = blockDim.x;
-    lane[t] = v;
-    __syncthreads();
-    int width = 1;
-    while (width < n) width <<= 1;
-    for (int step = width / 2; step > 0; step >>= 1) {
-        if (t < step && t + step < n) lane[t] = fmaxf(lane[t], lane[t + step]);
-        __syncthreads();
-    }
-    const float top = lane[0];
-    __syncthreads();
-    return top;
-}
+static __device__ __forceinline__ float row_sum(float v, float* lane) { return row_reduce(v, lane, RowSum()); }
+static __device__ __forceinline__ float row_max(float v, float* lane) { return row_reduce(v, lane, RowMax()); }
 
 // out[r, :] = softmax(x[r, :]), numerically stable (the row's maximum is subtracted first).
 // One block per row (blocks beyond ``rows`` do nothing); any cols, any block size up to 1024.

@@ -17,15 +17,20 @@ def standin(device):
     return CommStandIn(device, StandInSpec(nbytes=8 << 20, blocks=16, threads=512))
 
 
-def test_standin_ring_is_exact_and_all_blocks_are_resident_together(device, standin):
-    stamps = device.empty(3 * 16, np.uint64).memset(0)
+def run_alone(device, standin) -> np.ndarray:
+    """One launch from a zeroed output, checked exact; its per-block stamps rows."""
+    stamps = device.empty(3 * standin.spec.blocks, np.uint64).memset(0)
     with device.stream("high") as s:
         standin.reset()
         standin.launch(s, stamps=stamps)
         s.synchronize(timeout=30)
     standin.raise_if_stalled()
     standin.check()
-    rows = stamps.numpy().reshape(-1, 3)
+    return stamps.numpy().reshape(-1, 3).astype(np.int64)
+
+
+def test_standin_ring_is_exact_and_all_blocks_are_resident_together(device, standin):
+    rows = run_alone(device, standin)
     assert (rows[:, 0] > 0).all() and (rows[:, 1] >= rows[:, 0]).all()
     assert (rows[:, 2] < device.target.num_sms).all()
     # A ring cannot finish unless every block ran at some common moment.
@@ -36,14 +41,7 @@ def test_standin_ring_is_exact_and_all_blocks_are_resident_together(device, stan
 
 def test_paced_standin_keeps_the_links_rate_and_stays_exact(device):
     paced = CommStandIn(device, StandInSpec(nbytes=32 << 20, blocks=16, threads=512, link_gbps=25.0))
-    stamps = device.empty(3 * 16, np.uint64).memset(0)
-    with device.stream("high") as s:
-        paced.reset()
-        paced.launch(s, stamps=stamps)
-        s.synchronize(timeout=30)
-    paced.raise_if_stalled()
-    paced.check()
-    rows = stamps.numpy().reshape(-1, 3).astype(np.int64)
+    rows = run_alone(device, paced)
     took_ns = rows[:, 1].max() - rows[:, 0].min()
     floor = paced.spec.steps * paced.spec.step_ns()  # every step lasts at least its slice / rate
     print(f"\npaced stand-in: {took_ns / 1e6:.3f} ms for {paced.spec.steps} steps of >= {paced.spec.step_ns()} ns")
