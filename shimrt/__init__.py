@@ -6,7 +6,7 @@ Public names: :class:`Device` (and its Module, Kernel, Stream, Event, Buffer), :
 
 from . import kernels, occupancy, targets
 from .compiler import compile
-from .device import Buffer, Device, Event, Kernel, Module, Stream
+from .device import Buffer, Device, Event, Kernel, Module, Partition, Stream
 from .errors import CollectiveError, CompileError, DriverError, NoDeviceError, ShimrtError, UsageError
 from .program import KernelResources, Program
 from .targets import Target
@@ -15,6 +15,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Buffer", "CollectiveError", "CompileError", "Device", "DriverError", "Event", "Kernel",
-    "KernelResources", "Module", "NoDeviceError", "Program", "ShimrtError", "Stream", "Target",
+    "KernelResources", "Module", "NoDeviceError", "Partition", "Program", "ShimrtError", "Stream", "Target",
     "UsageError", "compile", "kernels", "occupancy", "targets", "__version__",
 ]
