@@ -192,11 +192,12 @@ def _device(results, progress):
     _run(sec, "stream priorities", priorities, results, progress)
     _run(sec, "shaping confirmed by the driver", lambda: _shaping_check(dev), results, progress)
     _run(sec, "overlap: prioritized comm beside shaped compute", lambda: _overlap_check(dev), results, progress)
+    _run(sec, "SM partition", lambda: _partition_check(dev), results, progress)
     return dev
 
 
 DEVICE_CHECKS = ["open device", "launch correctness", "large dynamic shared memory", "stream priorities",
-                 "shaping confirmed by the driver", "overlap: prioritized comm beside shaped compute"]
+                 "shaping confirmed by the driver", "overlap: prioritized comm beside shaped compute", "SM partition"]
 COMMUNICATION_CHECKS = ["library", "single-rank collective", "N-rank collective"]
 
 
@@ -216,6 +217,28 @@ def _shaping_check(dev) -> str:
     s = probe.shape(256, reserve=_comm_standin(dev))
     return (f"sm_probe at 256 threads: the driver confirms every cap 1..{natural}; beside an NCCL-sized block "
             f"{s.resident_blocks} fit(s) with {s.dynamic_smem} B of dynamic smem")
+
+
+def _partition_check(dev) -> str:
+    """Kernels launched into a partition of 16 SMs (green contexts, CU masks) stay on 16 SMs."""
+    split, rest = dev.partition(16)
+    try:
+        probe = split.load(dev.compile(kernels.source("probe"), name="probe.cu"))["sm_probe"]
+        blocks = 4 * dev.target.num_sms
+        sm, start, stop = dev.empty(blocks, np.uint32), dev.empty(blocks, np.uint64), dev.empty(blocks, np.uint64)
+        with split.stream("high") as s:
+            split.activate()
+            probe.launch(blocks, 256, sm, start, stop, dev.timestamp_hz // 100000, stream=s)
+            s.synchronize(timeout=30)
+        used = len(set(sm.numpy().tolist()))
+        if used > split.target.num_sms:
+            raise ShimrtError(f"{blocks} blocks in a partition of {split.target.num_sms} SMs ran on {used} SMs")
+        return (f"{blocks} blocks ran on {used} SMs of a {split.target.num_sms}-SM partition "
+                f"({rest.target.num_sms} SMs left for the rest)")
+    finally:
+        dev.activate()
+        split.close()
+        rest.close()
 
 
 def _overlap_check(dev) -> str:
