@@ -63,6 +63,7 @@ def test_candidates_are_feasible_by_the_model_and_rejections_give_reasons():
             assert c.partition_sms * per_sm >= (c.comm_blocks or 16) and c.partition_sms <= H200.num_sms // 2
     assert len(set(feasible)) == len(feasible)
     assert rejected and all(r.why for r in rejected)
+    assert planner.Choice("priority", comm_priority="high", comm_blocks=8) in feasible
     # 256-thread NCCL blocks: two fit per SM, so 8 SMs hold 16 channels.
     assert planner.Choice("partition", partition_sms=8, comm_priority="high", comm_threads=256) in feasible
 

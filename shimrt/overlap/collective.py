@@ -83,6 +83,13 @@ class NcclCollective:
                 c.send(self.send, (c.rank + 1) % n, stream=stream)
                 c.recv(self.recv, (c.rank - 1) % n, stream=stream)
 
+    def prepare(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
+                threads: int | None = None):
+        """A function that enqueues the collective (NCCL packs its arguments at the call)."""
+        if blocks is not None or threads is not None:
+            raise UsageError("NCCL's channels and threads are fixed per communicator (CommOptions, NCCL_NTHREADS)")
+        return lambda: self.launch(stream)
+
     def raise_if_stalled(self) -> None:
         """NCCL reports its own failures through the communicator's calls."""
 

@@ -245,18 +245,27 @@ class Engine:
         return self._timing(ops, choice)
 
     def _launch(self, s: _Setup, ops, choice: Choice, only) -> None:
+        # Everything is checked and packed first, so the launches follow each other with no
+        # host work between: a collective's start delay is then the device's doing.
+        steps = []
         for i, op in ops:
-            place = s.places[op.kind]
-            place.activate()  # a green context must be current to launch into it
-            k = s.kernels.get(i)
+            place, k = s.places[op.kind], s.kernels.get(i)
+            place.activate()
             if op.kind == "compute":
-                op.work.launch(s.compute_stream, smem=s.smem[i], stamps=self._stamps[i], kernel=k)
-                s.events[i].record(s.compute_stream)
+                run = op.work.prepare(s.compute_stream, smem=s.smem[i], stamps=self._stamps[i], kernel=k)
+                steps.append((place, run, s.events[i].record, s.compute_stream, None))
             else:
-                if op.after is not None and only is None:
-                    s.comm_stream.wait(s.events[op.after])
-                op.work.launch(s.comm_stream, stamps=self._stamps[i], kernel=k, blocks=choice.comm_blocks,
-                               threads=choice.comm_threads)
+                run = op.work.prepare(s.comm_stream, stamps=self._stamps[i], kernel=k, blocks=choice.comm_blocks,
+                                      threads=choice.comm_threads)
+                wait = s.events[op.after] if op.after is not None and only is None else None
+                steps.append((place, run, None, None, wait))
+        for place, run, record, stream, wait in steps:
+            place.activate()  # a green context must be current to launch into it
+            if wait is not None:
+                s.comm_stream.wait(wait)
+            run()
+            if record is not None:
+                record(stream)
         self.device.activate()
         s.compute_stream.synchronize(self.timeout_s)
         s.comm_stream.synchronize(self.timeout_s)

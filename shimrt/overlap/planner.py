@@ -176,8 +176,9 @@ def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_s
                partition_granularity: int = 8) -> tuple[list[Choice], list[Rejected]]:
     """What ``auto`` measures: every fixed policy's own choice, every residency cap N that leaves
     room for a communication block, partitions from the fewest SMs that hold every
-    communication block upward, each for every communication thread count in ``threads`` and
-    block count in ``blocks`` (None: the default). Returns (feasible choices, rejected ones)."""
+    communication block upward, and priority alone, each for every communication thread count
+    in ``threads`` and block count in ``blocks`` (None: the default). Returns (feasible
+    choices, rejected ones)."""
     t = problem.target
     feasible: list[Choice] = []
     rejected: list[Rejected] = []
@@ -202,6 +203,8 @@ def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_s
                 rejected.append(Rejected(label, f"only {per_sm * t.num_sms} such blocks fit on the device at once; "
                                                 "they must all be resident"))
                 continue
+            if th is not None or nb is not None:  # priority alone, with the collective made smaller
+                add(Choice("priority", comm_priority="high", comm_blocks=nb, comm_threads=th))
             for n in range(natural, 0, -1):
                 try:
                     s = shaped(problem, th, n)

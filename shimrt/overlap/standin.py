@@ -142,6 +142,12 @@ class CommStandIn:
                threads: int | None = None) -> None:
         """Enqueue one collective. ``kernel``: the same kernel loaded elsewhere (an SM
         partition); ``blocks``/``threads``: other channel and thread counts than the spec's."""
+        self.prepare(stream, stamps=stamps, kernel=kernel, blocks=blocks, threads=threads)()
+
+    def prepare(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
+                threads: int | None = None):
+        """:meth:`launch` with every check and the argument packing done now; returns the
+        function that enqueues it (call it once: it takes this launch's ring counters)."""
         g, nt = blocks or self.spec.blocks, threads or self.spec.threads
         if not 1 <= g <= self.max_blocks:
             raise UsageError(f"blocks must be 1..{self.max_blocks}, not {g}")
@@ -157,10 +163,10 @@ class CommStandIn:
         self._counter += self.spec.steps
         timeout_ns = np.uint64(int(self.spec.timeout_s * 1e9))
         stamps = 0 if stamps is None else stamps  # a null pointer: the kernel skips its timeline
-        (kernel or self.kernel).launch(g, nt, self.src, self.dst, np.int32(self.spec.chunk(g)), self.flags,
-                                       np.uint32(base), np.int32(self.spec.steps), np.uint64(self.spec.step_ns(g)),
-                                       timeout_ns, self.error, stamps,
-                                       stream=stream, smem=self.dynamic_smem)
+        return (kernel or self.kernel).prepare(g, nt, self.src, self.dst, np.int32(self.spec.chunk(g)), self.flags,
+                                               np.uint32(base), np.int32(self.spec.steps),
+                                               np.uint64(self.spec.step_ns(g)), timeout_ns, self.error, stamps,
+                                               stream=stream, smem=self.dynamic_smem)
 
     def raise_if_stalled(self) -> None:
         """After the work finished: ShimrtError if the ring gave up waiting (and clear the flag)."""

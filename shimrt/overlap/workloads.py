@@ -263,18 +263,26 @@ class ComputeWorkload:
         dynamic shared memory (padding only: the kernels use none). ``stamps``: a uint64 Buffer
         of at least 3 * blocks words that receives each block's start, end and SM id, or None.
         ``kernel``: the same kernel loaded elsewhere (an SM partition) to launch instead."""
+        (kernel or self.kernel).launch(self.grid, self.block, *self._args, self._stamps_arg(stamps), stream=stream,
+                                       smem=smem)
+
+    def prepare(self, stream=None, *, smem: int = 0, stamps: Buffer | None = None, kernel=None):
+        """:meth:`launch`'s checks and argument packing done now; returns a function that
+        launches (for launches that must follow each other with no host work between)."""
+        return (kernel or self.kernel).prepare(self.grid, self.block, *self._args, self._stamps_arg(stamps),
+                                               stream=stream, smem=smem)
+
+    def _stamps_arg(self, stamps):
         if stamps is None:
-            pointer = 0  # the kernels skip the timestamps for a null pointer
-        else:
-            if not isinstance(stamps, Buffer):
-                raise UsageError(f"stamps must be a shimrt Buffer of uint64, not {type(stamps).__name__}")
-            if stamps.device is not self.device:
-                raise UsageError("stamps must be on the workload's device")
-            if stamps.dtype != np.uint64 or stamps.size < 3 * self.blocks:
-                raise UsageError(f"stamps must hold at least {3 * self.blocks} uint64 (3 per block), "
-                                 f"not {stamps.size} {stamps.dtype}")
-            pointer = stamps
-        (kernel or self.kernel).launch(self.grid, self.block, *self._args, pointer, stream=stream, smem=smem)
+            return 0  # the kernels skip the timestamps for a null pointer
+        if not isinstance(stamps, Buffer):
+            raise UsageError(f"stamps must be a shimrt Buffer of uint64, not {type(stamps).__name__}")
+        if stamps.device is not self.device:
+            raise UsageError("stamps must be on the workload's device")
+        if stamps.dtype != np.uint64 or stamps.size < 3 * self.blocks:
+            raise UsageError(f"stamps must hold at least {3 * self.blocks} uint64 (3 per block), "
+                             f"not {stamps.size} {stamps.dtype}")
+        return stamps
 
     def result(self) -> np.ndarray:
         """The output, copied to the host (after all work on the device)."""

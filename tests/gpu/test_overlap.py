@@ -143,7 +143,8 @@ def test_device_partition_sizes(device):
 
 def test_real_nccl_kernel_beside_compute_on_one_gpu(device):
     """NCCL's own SendRecv kernel (a grouped send/recv to the one rank), timed by CUPTI beside
-    the SGEMM: outputs unchanged, and priority starts it before concurrent does."""
+    the SGEMM: outputs unchanged, and priority starts it well before sequential does. (NCCL's
+    host side takes about a millisecond to enqueue its kernel, so the SGEMM must be longer.)"""
     from shimrt import CollectiveError, ShimrtError
     from shimrt.nccl import Communicator, unique_id
     from shimrt.overlap.collective import NcclCollective
@@ -159,7 +160,7 @@ def test_real_nccl_kernel_beside_compute_on_one_gpu(device):
         pytest.skip(f"CUPTI is not available: {exc}")
     try:
         nccl = NcclCollective(comm, "send_recv", 64 << 20)
-        compute = ComputeWorkload(device, ComputeSpec("sgemm", 2048))
+        compute = ComputeWorkload(device, ComputeSpec("sgemm", 4096))
         engine = Engine(device, Schedule.pair(compute, nccl), repeats=3)
         try:
             results = {}
@@ -174,9 +175,9 @@ def test_real_nccl_kernel_beside_compute_on_one_gpu(device):
     finally:
         comm.close()
     seq, conc, prio = (results[p].metrics for p in ("sequential", "concurrent", "priority"))
-    print(f"\nNCCL SendRecv ({nccl.channels} channels) beside sgemm-2048: start delay sequential "
+    print(f"\nNCCL SendRecv ({nccl.channels} channels) beside sgemm-4096: start delay sequential "
           f"{seq.comm_start_delay_ms:.3f} ms, concurrent {conc.comm_start_delay_ms:.3f}, priority "
           f"{prio.comm_start_delay_ms:.3f}; makespans {seq.makespan_ms:.3f} / {conc.makespan_ms:.3f} / "
           f"{prio.makespan_ms:.3f} ms")
     assert seq.comm_start_delay_ms >= 0.9 * seq.t_comp_ms  # sequential really is one after the other
-    assert prio.comm_start_delay_ms < seq.comm_start_delay_ms
+    assert prio.comm_start_delay_ms < 0.8 * seq.comm_start_delay_ms
