@@ -5,8 +5,11 @@ For each workload (a compute kernel and size x a collective and message size) th
 priority, shaping, shaping+priority, partition and auto, ``--repeats`` times each; times come
 from the kernels' per-block device timestamps. On one GPU the collective is the stand-in with
 NCCL's footprint (shimrt.overlap.standin); every report says which communication was used.
-``--comm-ratios`` sizes the stand-in so that T_comm is that multiple of T_comp (1 is the
-balanced point); ``--bytes`` gives message sizes instead. Prints a table per workload, a
+Under ``python -m shimrt.launch --nproc N -m shimrt.bench overlap`` (or torchrun/MPI) with 2+
+ranks the collectives are real NCCL/RCCL ones (``--comm auto``), timed through CUPTI, and rank
+0 reports. ``--comm-ratios`` sizes the collective so that T_comm is that multiple of T_comp (1
+is the balanced point; with NCCL every rank takes the slowest rank's times, so all agree on the
+sizes); ``--bytes`` gives message sizes instead. Prints a table per workload, a
 summary (auto against the best fixed policy, the reduction against sequential), and writes JSON
 (``--json``) and PNG plots (``--plots DIR``: timelines per policy, makespan per policy).
 """
@@ -18,7 +21,7 @@ import sys
 
 import numpy as np
 
-from ..config import settings
+from ..config import launch_env, settings
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..overlap import planner
@@ -57,7 +60,12 @@ def _computes(text: str) -> list[ComputeSpec]:
 def add_arguments(p) -> None:
     p.add_argument("--compute", default="sgemm:4096,bias_gelu:8192,softmax:8192",
                    help="compute kernels as kind:size[:block], comma-separated (default %(default)s)")
-    p.add_argument("--collective", default="all_reduce", help="all_reduce, all_gather or reduce_scatter")
+    p.add_argument("--comm", choices=("auto", "stand-in", "nccl"), default="auto",
+                   help="the communication: the stand-in, real NCCL collectives, or auto (NCCL when launched "
+                        "with 2+ ranks, else the stand-in)")
+    p.add_argument("--collective", default="all_reduce",
+                   help="all_reduce, all_gather or reduce_scatter (NCCL also send_recv: on one rank the only "
+                        "operation NCCL runs as a kernel)")
     p.add_argument("--comm-ratios", default="0.25,1,4",
                    help="size the collective so T_comm = ratio x T_comp (default %(default)s)")
     p.add_argument("--bytes", help="message sizes instead of ratios, e.g. 16MiB,256MiB")
@@ -85,16 +93,61 @@ def _standin(dev, args, nbytes: int) -> CommStandIn:
     return CommStandIn(dev, spec)
 
 
-def _sized(dev, args, compute: ComputeWorkload, ratio: float) -> CommStandIn:
-    """A stand-in whose time alone is about ``ratio`` x the compute's (two measured steps)."""
-    comm = _standin(dev, args, _PROBE_BYTES)
-    for _ in range(2):
-        engine = Engine(dev, Schedule.pair(compute, comm), repeats=3)
-        t_comp, t_comm = engine.alone()
-        engine.close()
-        nbytes = int(comm.spec.nbytes * ratio * t_comp / t_comm)
-        comm = _standin(dev, args, nbytes)
-    return comm
+class _Communication:
+    """Makes the collectives of the matrix: stand-ins, or NCCL collectives on one communicator."""
+
+    def __init__(self, dev, args):
+        self.dev, self.args = dev, args
+        env = launch_env()
+        self.kind = args.comm if args.comm != "auto" else \
+            ("nccl" if env.source is not None and env.world_size >= 2 else "stand-in")
+        self.comm = None
+        if self.kind == "nccl":
+            from ..launch import init
+            from ..nccl import Communicator, unique_id
+            self.comm = init(dev) if env.source is not None else Communicator(dev, unique_id(), 0, 1)
+
+    @property
+    def root(self) -> bool:
+        return self.comm is None or self.comm.rank == 0
+
+    def make(self, nbytes: int):
+        nbytes = max(nbytes // (1 << 20), 1) << 20
+        if self.comm is None:
+            return _standin(self.dev, self.args, nbytes)
+        from ..overlap.collective import NcclCollective
+        return NcclCollective(self.comm, self.args.collective, nbytes)
+
+    def agree(self, values: list[float]) -> list[float]:
+        """The largest of every rank's ``values`` (so that all ranks size alike)."""
+        if self.comm is None or self.comm.size == 1:
+            return values
+        buf = self.dev.to_device(np.array(values, np.float32))
+        self.comm.all_reduce(buf, op="max")
+        self.comm.wait()
+        return [float(v) for v in buf.numpy()]
+
+    def sized(self, compute: ComputeWorkload, ratio: float):
+        """A collective whose time alone is about ``ratio`` x the compute's (two measured steps)."""
+        comm = self.make(_PROBE_BYTES)
+        for _ in range(2):
+            engine = Engine(self.dev, Schedule.pair(compute, comm), repeats=3)
+            t_comp, t_comm = self.agree(list(engine.alone()))
+            engine.close()
+            comm = self.make(int(comm.nbytes * ratio * t_comp / t_comm))
+        return comm
+
+    def describe(self) -> str:
+        a = self.args
+        if self.comm is None:
+            pace = f"{a.link_gbps:g} GB/s per channel" if a.link_gbps else "unpaced"
+            return (f"stand-in (NCCL's footprint, {a.comm_blocks} blocks x {a.comm_threads} threads, ring of "
+                    f"{a.ranks}, {pace})")
+        return f"NCCL {a.collective} on {self.comm.size} rank(s) ({self.comm.lib.version_text}), timed by CUPTI"
+
+    def close(self) -> None:
+        if self.comm is not None:
+            self.comm.close()
 
 
 def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
@@ -103,7 +156,8 @@ def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
             "metrics": result.metrics.as_dict(), "timeline": result.timeline(), "identical": result.note != "differs"}
 
 
-def measure_workload(dev, engine: Engine, policies, args, progress: Progress) -> tuple[list, list, dict]:
+def measure_workload(dev, engine: Engine, policies, args, progress: Progress, *, nccl: bool = False
+                     ) -> tuple[list, list, dict]:
     """Every policy on one workload: (results, infeasible [(policy, why)], auto's details)."""
     compute = engine.schedule.of("compute")[0].work
     problem = engine.problem()
@@ -117,8 +171,14 @@ def measure_workload(dev, engine: Engine, policies, args, progress: Progress) ->
         if policy == "sequential":
             continue
         progress.step(f"{engine.schedule.label}: {policy}")
+        if policy == "partition" and nccl:
+            infeasible.append((policy, "not with NCCL yet: its kernels would have to launch into a green context's "
+                                       "stream, which has not been tried"))
+            continue
         if policy == "auto":
-            cache = None if args.fresh else planner.ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
+            # With NCCL every rank must measure the same candidates in the same order: no cache.
+            cache = None if args.fresh or nccl else \
+                planner.ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
             # None is the collective's own setting. Auto may only lower its threads and blocks, to
             # make room beside compute: more of them would make the collective itself faster and
             # measure a different collective than the one T_comm was taken for.
@@ -188,35 +248,41 @@ def run(args) -> int:
     computes = _computes(args.compute)
     ratios = [float(r) for r in args.comm_ratios.split(",")] if not args.bytes else []
     sizes = _ints(args.bytes) if args.bytes else []
-    dev = Device()
-    comm_kind = "stand-in"
+    env = launch_env()
+    dev = Device(env.local_rank if env.source is not None else 0)
+    communication = _Communication(dev, args)
+    comm_kind, root = communication.kind, communication.root
     workloads = [(c, r, s) for c in computes for r, s in ([(r, None) for r in ratios] + [(None, s) for s in sizes])]
     steps = len(workloads) * (len(policies) + 1)
-    progress = Progress(steps, enabled=not args.quiet)
+    progress = Progress(steps, enabled=root and not args.quiet)
     out = {"schema": SCHEMA, "device": {"name": dev.name, "arch": dev.target.arch, "num_sms": dev.target.num_sms,
                                         "backend": dev.backend},
-           "comm": comm_kind, "link_gbps": args.link_gbps or None,
+           "comm": comm_kind, "communication": communication.describe(),
+           "link_gbps": (args.link_gbps or None) if comm_kind == "stand-in" else None,
            "runs": [], "infeasible": [], "summary": [], "auto": {}}
-    pace = f"{args.link_gbps:g} GB/s per channel" if args.link_gbps else "unpaced"
-    print(f"shimrt overlap on {dev.name} ({dev.target.arch}, {dev.target.num_sms} SMs): communication = "
-          f"{comm_kind} (NCCL's footprint, {args.comm_blocks} blocks x {args.comm_threads} threads, ring of "
-          f"{args.ranks}, {pace}); {args.repeats} repeats, medians; device timestamps")
+    if root:
+        print(f"shimrt overlap on {dev.name} ({dev.target.arch}, {dev.target.num_sms} SMs): communication = "
+              f"{communication.describe()}; {args.repeats} repeats, medians; device timestamps")
     tables = []
     for spec, ratio, nbytes in workloads:
         compute = ComputeWorkload(dev, spec)
-        comm = _sized(dev, args, compute, ratio) if ratio is not None else _standin(dev, args, nbytes)
+        comm = communication.sized(compute, ratio) if ratio is not None else communication.make(nbytes)
         engine = Engine(dev, Schedule.pair(compute, comm), repeats=args.repeats)
         label = engine.schedule.label
         try:
-            results, infeasible, auto = measure_workload(dev, engine, policies, args, progress)
+            results, infeasible, auto = measure_workload(dev, engine, policies, args, progress,
+                                                         nccl=comm_kind == "nccl")
         finally:
             engine.close()
-        tables.append(table(label, comm_kind, comm.spec.nbytes, results, infeasible))
-        out["runs"] += [_row(label, r, comm_kind, comm.spec.nbytes) for r in results]
+        tables.append(table(label, comm_kind, comm.nbytes, results, infeasible))
+        out["runs"] += [_row(label, r, comm_kind, comm.nbytes) for r in results]
         out["infeasible"] += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]
         out["summary"].append(summary(label, results))
         out["auto"][label] = auto
     progress.close()
+    communication.close()
+    if not root:  # rank 0 reports for all
+        return 0
     print("\n\n".join(tables))
     print("\nsummary (auto vs the best fixed policy; reduction = time saved against sequential):")
     for s in out["summary"]:

@@ -350,8 +350,14 @@ class Engine:
             if cached is not None:
                 return cached, {}, []
         feasible, rejected = planner.candidates(self.problem(), threads=threads, blocks=blocks)
-        if self.comm_kind != "stand-in":  # NCCL's CTAs and threads are fixed when it is set up
-            feasible = [c for c in feasible if c.comm_blocks is None and c.comm_threads is None]
+        if self.comm_kind != "stand-in":
+            # NCCL's CTAs and threads are fixed when its communicator is made, and its kernels
+            # have not been tried in a green context: only the rest is measured.
+            for c in feasible:
+                if c.comm_blocks or c.comm_threads or c.policy == "partition":
+                    rejected.append(planner.Rejected(c.describe(), "not with NCCL (fixed per communicator, or "
+                                                                   "untried in a green context)"))
+            feasible = [c for c in feasible if not (c.comm_blocks or c.comm_threads or c.policy == "partition")]
         quick = max(3, self.repeats // 2)
 
         def makespan(c: Choice) -> float:

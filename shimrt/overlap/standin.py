@@ -121,6 +121,10 @@ class CommStandIn:
     def label(self) -> str:
         return self.spec.label
 
+    @property
+    def nbytes(self) -> int:
+        return self.spec.nbytes
+
     def footprint(self, threads: int | None = None) -> Footprint:
         """What one block needs per SM, from the compiled kernel's own attributes."""
         a = self.kernel.attributes
