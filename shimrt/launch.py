@@ -1,4 +1,4 @@
-"""python -m shimrt.launch --nproc N script.py [args]: one process per local GPU, and the
+"""python -m shimrt.launch --nproc N script.py [args] (or -m module [args]): one process per local GPU, and the
 rendezvous each process uses to join one communicator.
 
 The launcher makes the ncclUniqueId itself (no GPU needed for that) and hands every process
@@ -155,14 +155,21 @@ def _stop(procs, grace: float = 5.0) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shimrt.launch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m shimrt.launch", description=__doc__.splitlines()[0],
+                                     usage="python -m shimrt.launch --nproc N [--timeout S] (script | -m module) ...")
     parser.add_argument("--nproc", type=int, required=True, help="processes to start (one per local GPU)")
     parser.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
-    parser.add_argument("script", help="the Python script to run in every process")
+    parser.add_argument("-m", dest="module", help="run a module as a script (python -m module), e.g. shimrt.bench")
+    parser.add_argument("script", nargs="?", help="the Python script to run in every process")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
+    if args.module is None and args.script is None:
+        parser.error("give a script or -m module")
+    # With -m, what argparse took for the script is the module's first argument.
+    target = ["-m", args.module, *([args.script] if args.script else []), *args.args] if args.module else \
+        [args.script, *args.args]
     try:
-        return run(args.nproc, [args.script, *args.args], args.timeout)
+        return run(args.nproc, target, args.timeout)
     except ShimrtError as exc:
         print(f"shimrt.launch: {exc}", file=sys.stderr)
         return 2

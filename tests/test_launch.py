@@ -67,3 +67,15 @@ def test_launch_environments_are_read():
     assert launch_env({}).source is None
     with pytest.raises(ShimrtError, match="SHIMRT_RANK must be an integer"):
         launch_env({"SHIMRT_RANK": "x", "SHIMRT_WORLD_SIZE": "2", "SHIMRT_LOCAL_RANK": "0"})
+
+
+def test_a_module_runs_in_every_rank(nccl, tmp_path):
+    # -m module, as python takes it: here a module that prints its rank and its arguments.
+    (tmp_path / "rank_echo.py").write_text("import os, sys\nprint('RANK', os.environ['SHIMRT_RANK'], sys.argv[1:])\n")
+    run = subprocess.run([sys.executable, "-m", "shimrt.launch", "--nproc", "2", "-m", "rank_echo", "x", "--y", "1"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in (0, 1):
+        assert f"RANK {rank} ['x', '--y', '1']" in run.stdout, run.stdout
+    nothing = subprocess.run([sys.executable, "-m", "shimrt.launch", "--nproc", "2"], capture_output=True, text=True)
+    assert nothing.returncode == 2 and "give a script or -m module" in nothing.stderr
