@@ -199,3 +199,17 @@ def test_schedule_validation_and_labels():
         Schedule([Op("compute", c)])  # nothing to overlap
     with pytest.raises(shimrt.UsageError):
         Op("io", c)
+
+
+def test_bench_overlap_arguments():
+    from shimrt.bench import overlap
+    assert overlap._ints("16MiB,256MiB,1G,4096") == [16 << 20, 256 << 20, 1 << 30, 4096]
+    specs = overlap._computes("sgemm:4096,softmax:8192:1024")
+    assert [(s.kind, s.size, s.block) for s in specs] == [("sgemm", 4096, 256), ("softmax", 8192, 1024)]
+    for bad in ("sgemm", "sgemm:x", "softmax:1:2:3"):
+        with pytest.raises(shimrt.UsageError):
+            overlap._computes(bad)
+    with pytest.raises(shimrt.UsageError):
+        overlap._computes("sgemm:100")  # not a multiple of 128
+    from shimrt.bench.__main__ import main
+    assert main(["overlap", "--policies", "sequential,fastest"]) == 2  # refused before any GPU work
