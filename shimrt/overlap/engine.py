@@ -18,7 +18,7 @@ CUPTI's kernel records for kernels shimrt does not compile (NCCL's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -110,7 +110,6 @@ class Result:
     timings: list[Timing]
     metrics: metrics.Metrics | None = None
     note: str = ""
-    candidates: dict = field(default_factory=dict)
 
     @property
     def makespan(self) -> float:

@@ -59,7 +59,7 @@ class Choice:
                 raise UsageError(f"{name} must be a positive int or None, not {value!r}")
         if isinstance(self.dynamic_smem, bool) or not isinstance(self.dynamic_smem, int) or self.dynamic_smem < 0:
             raise UsageError(f"dynamic_smem must be a non-negative int, not {self.dynamic_smem!r}")
-        if (self.resident_blocks is None) != (self.dynamic_smem == 0) and self.resident_blocks is None:
+        if self.resident_blocks is None and self.dynamic_smem:
             raise UsageError("dynamic_smem is set only with resident_blocks")
 
     @property
