@@ -213,3 +213,19 @@ def test_bench_overlap_arguments():
         overlap._computes("sgemm:100")  # not a multiple of 128
     from shimrt.bench.__main__ import main
     assert main(["overlap", "--policies", "sequential,fastest"]) == 2  # refused before any GPU work
+
+
+def test_result_timeline_samples_large_grids_and_counts_all_blocks():
+    from shimrt.overlap.engine import Result, Timing
+    rng = np.random.default_rng(0)
+    start = rng.uniform(0, 1, 10000)
+    rows = {"compute": np.c_[start, start + 0.01, rng.integers(0, 132, 10000)], "comm": np.array([[0.0, 2.0, 5]])}
+    timings = [Timing(rows, m, metrics.span(rows["compute"]), metrics.span(rows["comm"])) for m in (3.0, 1.0, 2.0)]
+    result = Result("priority", planner.Choice("priority", comm_priority="high"), timings)
+    assert result.makespan == 2.0 and result.blocks() == {"compute": 10000, "comm": 1}
+    kept = np.array(result.timeline(max_blocks=500)["compute"])
+    assert 500 <= len(kept) <= 502
+    # The sample keeps the first start and the last end, so the span drawn is the real one.
+    assert kept[:, 0].min() == pytest.approx(start.min(), abs=1e-4)
+    assert kept[:, 1].max() == pytest.approx(start.max() + 0.01, abs=1e-4)
+    assert result.timeline()["comm"] == [[0.0, 2.0, 5.0]]

@@ -149,3 +149,12 @@ def test_without_matplotlib_the_error_says_what_to_install(tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # makes the import fail
     with pytest.raises(ShimrtError, match=r"pip install 'shimrt\[plot\]'"):
         plots.makespan_png(synthetic(), tmp_path / "m.png")
+
+
+def test_a_sampled_timeline_says_so():
+    run = {"timeline": {"compute": [[0.0, 1.0, 0]] * 3, "comm": [[0.0, 1.0, 1]] * 2},
+           "timeline_blocks": {"compute": 65536, "comm": 2}}
+    assert plots._sampled(run) == "   [shown: 3 of 65536 compute blocks]"
+    run["timeline_blocks"]["compute"] = 3
+    assert plots._sampled(run) == ""
+    assert plots._sampled({"timeline": {}}) == ""  # results from before the count was written

@@ -153,7 +153,8 @@ class _Communication:
 def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
     return {"workload": workload, "policy": result.policy, "choice": result.choice.as_dict(),
             "describe": result.choice.describe(), "bytes": nbytes, "comm": comm_kind,
-            "metrics": result.metrics.as_dict(), "timeline": result.timeline(), "identical": result.note != "differs"}
+            "metrics": result.metrics.as_dict(), "timeline": result.timeline(), "timeline_blocks": result.blocks(),
+            "identical": result.note != "differs"}
 
 
 def measure_workload(dev, engine: Engine, policies, args, progress: Progress, *, nccl: bool = False

@@ -99,8 +99,8 @@ def timeline_png(results, workload: str, path) -> Path:
         ax.set_xlim(0, end * 1.01 or 1)
         ax.set_ylim(-0.5, rows - 0.5)
         ax.set_ylabel("SM")
-        ax.set_title(f"{run['policy']}: makespan {run['metrics']['makespan_ms']:.3f} ms   ({_choice(run)})",
-                     loc="left", fontsize=10)
+        ax.set_title(f"{run['policy']}: makespan {run['metrics']['makespan_ms']:.3f} ms   ({_choice(run)})"
+                     f"{_sampled(run)}", loc="left", fontsize=10)
     axes[-1].set_xlabel("time since the first block started (ms)")
     handles = [Line2D([], [], color=COMPUTE_COLOR, lw=6, label="compute block"),
                Line2D([], [], color=COMM_COLOR, lw=6, label="communication block")]
@@ -259,6 +259,13 @@ def _blocks(run: dict, kind: str):
         raise ShimrtError(f"run ({run['workload']}, {run['policy']}): timeline.{kind} is not a list of "
                           "[start_ms, end_ms, sm]")
     return rows
+
+
+def _sampled(run: dict) -> str:
+    """A note when the timeline holds an even sample of the blocks rather than all of them."""
+    total, shown = run.get("timeline_blocks") or {}, run.get("timeline") or {}
+    parts = [f"{len(shown.get(k, []))} of {n} {k} blocks" for k, n in total.items() if n > len(shown.get(k, []))]
+    return f"   [shown: {', '.join(parts)}]" if parts else ""
 
 
 def _choice(run: dict) -> str:

@@ -115,6 +115,11 @@ class Result:
     def makespan(self) -> float:
         return float(np.median([t.makespan for t in self.timings]))
 
+    def blocks(self) -> dict:
+        """Blocks per kind in the median run (all of them, whatever a timeline keeps)."""
+        t = self.timings[metrics.median_run([x.makespan for x in self.timings])]
+        return {kind: len(rows) for kind, rows in t.rows.items()}
+
     def timeline(self, max_blocks: int = 3000) -> dict:
         """The median run's rows per kind, in ms to 0.1 us; a kind with more than ``max_blocks``
         blocks keeps an even sample of them, always with its first start and last end."""
