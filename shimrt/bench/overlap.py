@@ -87,12 +87,6 @@ def add_arguments(p) -> None:
     p.set_defaults(run=run)
 
 
-def _standin(dev, args, nbytes: int) -> CommStandIn:
-    spec = StandInSpec(nbytes=max(nbytes // (1 << 20), 1) << 20, collective=args.collective, ranks=args.ranks,
-                       blocks=args.comm_blocks, threads=args.comm_threads, link_gbps=args.link_gbps or None)
-    return CommStandIn(dev, spec)
-
-
 class _Communication:
     """Makes the collectives of the matrix: stand-ins, or NCCL collectives on one communicator."""
 
@@ -113,10 +107,13 @@ class _Communication:
 
     def make(self, nbytes: int):
         nbytes = max(nbytes // (1 << 20), 1) << 20
+        a = self.args
         if self.comm is None:
-            return _standin(self.dev, self.args, nbytes)
+            return CommStandIn(self.dev, StandInSpec(nbytes=nbytes, collective=a.collective, ranks=a.ranks,
+                                                     blocks=a.comm_blocks, threads=a.comm_threads,
+                                                     link_gbps=a.link_gbps or None))
         from ..overlap.collective import NcclCollective
-        return NcclCollective(self.comm, self.args.collective, nbytes)
+        return NcclCollective(self.comm, a.collective, nbytes)
 
     def agree(self, values: list[float]) -> list[float]:
         """The largest of every rank's ``values`` (so that all ranks size alike)."""
@@ -157,11 +154,11 @@ def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
             "identical": result.note != "differs"}
 
 
-def measure_workload(dev, engine: Engine, policies, args, progress: Progress, *, nccl: bool = False
-                     ) -> tuple[list, list, dict]:
+def measure_workload(dev, engine: Engine, policies, args, progress: Progress) -> tuple[list, list, dict]:
     """Every policy on one workload: (results, infeasible [(policy, why)], auto's details)."""
     compute = engine.schedule.of("compute")[0].work
     problem = engine.problem()
+    nccl = engine.comm_kind == "nccl"
     progress.step(f"{engine.schedule.label}: alone")
     engine.alone()
     progress.step(f"{engine.schedule.label}: sequential")
@@ -271,8 +268,7 @@ def run(args) -> int:
         engine = Engine(dev, Schedule.pair(compute, comm), repeats=args.repeats)
         label = engine.schedule.label
         try:
-            results, infeasible, auto = measure_workload(dev, engine, policies, args, progress,
-                                                         nccl=comm_kind == "nccl")
+            results, infeasible, auto = measure_workload(dev, engine, policies, args, progress)
         finally:
             engine.close()
         tables.append(table(label, comm_kind, comm.nbytes, results, infeasible))

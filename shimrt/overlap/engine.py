@@ -101,6 +101,13 @@ class Timing:
     comm: metrics.Span | None
 
 
+def _timing_of(rows: dict) -> Timing:
+    """A run's Timing from its rows per kind: each side's span, and first start to last end."""
+    spans = {k: metrics.span(v) for k, v in rows.items()}
+    makespan = max(sp.end for sp in spans.values()) - min(sp.start for sp in spans.values())
+    return Timing(rows, makespan, spans.get("compute"), spans.get("comm"))
+
+
 @dataclass
 class Result:
     """A measured policy: the choice, medians, the metrics and the median run's timeline."""
@@ -115,17 +122,19 @@ class Result:
     def makespan(self) -> float:
         return float(np.median([t.makespan for t in self.timings]))
 
+    def median_timing(self) -> Timing:
+        """The repeat whose makespan is the median: the one reports show."""
+        return self.timings[metrics.median_run([x.makespan for x in self.timings])]
+
     def blocks(self) -> dict:
         """Blocks per kind in the median run (all of them, whatever a timeline keeps)."""
-        t = self.timings[metrics.median_run([x.makespan for x in self.timings])]
-        return {kind: len(rows) for kind, rows in t.rows.items()}
+        return {kind: len(rows) for kind, rows in self.median_timing().rows.items()}
 
     def timeline(self, max_blocks: int = 3000) -> dict:
         """The median run's rows per kind, in ms to 0.1 us; a kind with more than ``max_blocks``
         blocks keeps an even sample of them, always with its first start and last end."""
-        t = self.timings[metrics.median_run([x.makespan for x in self.timings])]
         out = {}
-        for kind, rows in t.rows.items():
+        for kind, rows in self.median_timing().rows.items():
             if len(rows) > max_blocks:
                 keep = set(np.linspace(0, len(rows) - 1, max_blocks).astype(int).tolist())
                 keep |= {int(rows[:, 0].argmin()), int(rows[:, 1].argmax())}
@@ -236,7 +245,6 @@ class Engine:
             self._stamps[i].memset(0)
         for i, op in ops:  # kernels are shared between choices: set the carveout of this one
             if op.kind == "compute":
-                s.places["compute"].activate()
                 s.kernels.get(i, op.work.kernel).set_carveout(s.carveout[i])
         if self.comm_kind == "nccl":  # NCCL's kernels carry no stamps: CUPTI times every kernel
             from ..cuda.cupti import KernelRecorder
@@ -257,19 +265,19 @@ class Engine:
             place.activate()
             if op.kind == "compute":
                 run = op.work.prepare(s.compute_stream, smem=s.smem[i], stamps=self._stamps[i], kernel=k)
-                steps.append((place, run, s.events[i].record, s.compute_stream, None))
+                steps.append((place, run, s.events[i], None))
             else:
                 run = op.work.prepare(s.comm_stream, stamps=self._stamps[i], kernel=k, blocks=choice.comm_blocks,
                                       threads=choice.comm_threads)
                 wait = s.events[op.after] if op.after is not None and only is None else None
-                steps.append((place, run, None, None, wait))
-        for place, run, record, stream, wait in steps:
+                steps.append((place, run, None, wait))
+        for place, run, done, wait in steps:
             place.activate()  # a green context must be current to launch into it
             if wait is not None:
                 s.comm_stream.wait(wait)
             run()
-            if record is not None:
-                record(stream)
+            if done is not None:
+                done.record(s.compute_stream)
         self.device.activate()
         s.compute_stream.synchronize(self.timeout_s)
         s.comm_stream.synchronize(self.timeout_s)
@@ -283,26 +291,25 @@ class Engine:
                 kinds["compute"].append(r)
             else:  # the engine launched nothing else: NCCL's kernels (C++-mangled names)
                 kinds["comm"].append(r)
-                for _, op in ops:
-                    if op.kind == "comm":
-                        op.work.channels = r["grid_x"] * r["grid_y"] * r["grid_z"]
+        if kinds["comm"]:  # NCCL picks its channels: one block each
+            last = kinds["comm"][-1]
+            for _, op in ops:
+                if op.kind == "comm":
+                    op.work.channels = last["grid_x"] * last["grid_y"] * last["grid_z"]
         wanted = {op.kind for _, op in ops}
         missing = [k for k in wanted if not kinds[k]]
         if missing:
             raise ShimrtError(f"CUPTI recorded no {' or '.join(missing)} kernel (NCCL may have used a copy: "
                               "with one rank only send_recv launches a kernel)")
         origin = min(r["start"] for k in wanted for r in kinds[k])
-        rows = {k: np.array([[(r["start"] - origin) / 1e6, (r["end"] - origin) / 1e6, -1] for r in kinds[k]])
-                for k in wanted}
-        spans = {k: metrics.span(v) for k, v in rows.items()}
-        end, start = max(sp.end for sp in spans.values()), min(sp.start for sp in spans.values())
-        return Timing(rows, end - start, spans.get("compute"), spans.get("comm"))
+        return _timing_of({k: np.array([[(r["start"] - origin) / 1e6, (r["end"] - origin) / 1e6, -1]
+                                         for r in kinds[k]]) for k in wanted})
 
     def _timing(self, ops, choice: Choice) -> Timing:
         raw = {}
         for i, op in ops:
             n = op.work.blocks(choice.comm_blocks) if op.kind == "comm" else op.work.blocks
-            raw[i] = self._stamps[i].numpy()[: 3 * n]
+            raw[i] = self._stamps[i][: 3 * n].numpy()  # only the words this launch wrote
         origin = min(int(r.reshape(-1, 3)[:, 0].min()) for r in raw.values())
         rows = {k: [] for k in KINDS}
         for i, op in ops:
@@ -310,11 +317,7 @@ class Engine:
                 rows[op.kind].append(metrics.blocks(raw[i], self.hz, origin))
             except UsageError as exc:
                 raise ShimrtError(f"op {i} ({op.work.label}): {exc}") from None
-        rows = {k: np.concatenate(v) for k, v in rows.items() if v}
-        spans = {k: metrics.span(v) for k, v in rows.items()}
-        end = max(sp.end for sp in spans.values())
-        start = min(sp.start for sp in spans.values())
-        return Timing(rows, end - start, spans.get("compute"), spans.get("comm"))
+        return _timing_of({k: np.concatenate(v) for k, v in rows.items() if v})
 
     def run(self, choice: Choice, repeats: int | None = None, only: str | None = None,
             warmup: int = 1) -> list[Timing]:
@@ -357,11 +360,10 @@ class Engine:
         if self.comm_kind != "stand-in":
             # NCCL's CTAs and threads are fixed when its communicator is made, and its kernels
             # have not been tried in a green context: only the rest is measured.
-            for c in feasible:
-                if c.comm_blocks or c.comm_threads or c.policy == "partition":
-                    rejected.append(planner.Rejected(c.describe(), "not with NCCL (fixed per communicator, or "
-                                                                   "untried in a green context)"))
-            feasible = [c for c in feasible if not (c.comm_blocks or c.comm_threads or c.policy == "partition")]
+            unfit = [c for c in feasible if c.comm_blocks or c.comm_threads or c.policy == "partition"]
+            rejected += [planner.Rejected(c.describe(), "not with NCCL (fixed per communicator, or untried in a "
+                                                        "green context)") for c in unfit]
+            feasible = [c for c in feasible if c not in unfit]
         quick = max(3, self.repeats // 2)
 
         def makespan(c: Choice) -> float:
