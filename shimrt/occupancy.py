@@ -322,3 +322,18 @@ def shape(target: "Target | str", resources, block_size: int, *, resident_blocks
     resource, message = failure
     raise ShimrtError(f"cannot leave room for {reserve.name if reserve else 'the request'} on {t.name} "
                       f"({resource}): {message}")
+
+
+def coresident(target: "Target | str", resources, block_size: int, reserve: Footprint) -> int:
+    """Unshaped compute blocks that fit on one SM beside ``reserve`` (0: none, the footprint
+    takes the SM for itself). How much compute an SM that hosts communication keeps."""
+    t = _get_target(target)
+    registers, static_smem, sgprs = _resources(resources)
+    block_size = _count("block_size", block_size, 1)
+    if not isinstance(reserve, Footprint):
+        raise UsageError(f"reserve must be a Footprint, not {type(reserve).__name__}")
+    natural = occupancy(t, block_size=block_size, registers=registers, static_smem=static_smem, sgprs=sgprs)
+    for n in range(natural.blocks, -1, -1):
+        if _fits(t, natural, n, block_size, registers, reserve) is None:
+            return n
+    raise ShimrtError(f"{reserve.name} does not fit on one SM of {t.name} by itself")

@@ -3,6 +3,7 @@ checked against the arithmetic by hand, and the metric formulas on known numbers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -130,6 +131,41 @@ def test_pick_takes_the_fastest_and_refuses_nothing_to_pick():
         planner.pick([], lambda c: 0)
 
 
+def test_occupancy_bound_for_the_real_sgemm_beside_nccls_footprint(cache_dir):
+    res = shimrt.compile(kernels.source("workloads"), "sm_90", name="workloads.cu").resources["sgemm"]
+    sgemm = {"registers": res.registers, "static_smem": res.static_smem}
+    assert 96 < res.registers <= 128  # launch bounds (256, 2)
+    # 512 threads x 96 registers leave 4096 registers per sub-partition: not one SGEMM block
+    # (2 warps there x 32 x 128): the 16 SMs that host the collective do no compute at all.
+    b = planner.bound(problem(512, sgemm), 3.0, 3.0)
+    assert (b.natural, b.kept, b.comm_sms, b.lost, b.slots) == (2, 0, 16, 32, 264)
+    assert b.makespan_ms == pytest.approx(3.0 * (1 + 32 / 264)) and b.ratio == pytest.approx(1 + 16 / 132)
+    assert "0 of 2 compute blocks still fit" in b.why
+    # 256 threads leave 10240 per sub-partition: one SGEMM block stays on each of those SMs.
+    half = planner.bound(problem(256, sgemm), 3.0, 3.0)
+    assert (half.kept, half.lost) == (1, 16) and half.ratio == pytest.approx(1 + 16 / 264)
+    # Where the collective is 4x longer, compute fits in what it leaves: R reaches 1.
+    assert planner.bound(problem(512, sgemm), 1.0, 4.0).ratio == 1.0
+    # Compute 4x longer: only T_comm x 32/264 is added.
+    assert planner.bound(problem(512, sgemm), 4.0, 1.0).makespan_ms == pytest.approx(4.0 + 32 / 264)
+    with pytest.raises(shimrt.UsageError):
+        planner.bound(problem(), 0.0, 1.0)
+
+
+def test_occupancy_bound_packs_small_collective_blocks_where_that_loses_least():
+    # 128-thread blocks with 32 registers and no shared memory; FMA blocks are limited by
+    # threads (8 x 256 per SM). One or two such blocks per SM cost one compute block (7 x 8 + 4
+    # or 8 warps <= 64); three or four cost two: two per SM loses least, 8 slots for 16 blocks.
+    small = occupancy.Footprint("small", 1, 128, 32, 0, 0)
+    b = planner.bound(planner.Problem(H200, FMA, 256, small, 16), 1.0, 1.0)
+    assert (b.natural, b.kept, b.comm_sms, b.lost) == (8, 7, 8, 8)
+    assert occupancy.coresident(H200, FMA, 256, small) == 7
+    assert occupancy.coresident(H200, FMA, 256, dataclasses.replace(small, blocks=3)) == 6
+    assert occupancy.coresident(H200, FMA, 256, dataclasses.replace(small, blocks=16)) == 0
+    with pytest.raises(shimrt.ShimrtError, match="does not fit"):
+        occupancy.coresident(H200, FMA, 256, dataclasses.replace(small, blocks=17))
+
+
 def test_metrics_formulas():
     # compute 4 ms, comm 1 ms, sequential 5 ms; overlapped in 4.2 ms.
     m = metrics.compute(4.0, 1.0, 5.0, 4.2, comp_span=4.1, comm_start_delay=0.05)
@@ -229,3 +265,39 @@ def test_result_timeline_samples_large_grids_and_counts_all_blocks():
     assert kept[:, 0].min() == pytest.approx(start.min(), abs=1e-4)
     assert kept[:, 1].max() == pytest.approx(start.max() + 0.01, abs=1e-4)
     assert result.timeline()["comm"] == [[0.0, 2.0, 5.0]]
+
+
+class _Kernel:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Timed:
+    """What the CUPTI path reads of a workload: its label and its kernel's name."""
+
+    def __init__(self, label, kernel=None):
+        self.label, self.kernel, self.channels = label, _Kernel(kernel) if kernel else None, None
+
+
+def test_cupti_records_become_spans_per_op_of_a_backward_schedule():
+    from shimrt.overlap.engine import Engine
+    sched = Schedule.backward([_Timed("sgemm", "sgemm"), _Timed("sgemm", "sgemm")],
+                              [_Timed("all_reduce"), _Timed("all_reduce")])
+    ops = list(enumerate(sched.ops))
+
+    def rec(name, start, end, grid=24):
+        return {"name": name, "start": start, "end": end, "grid_x": grid, "grid_y": 1, "grid_z": 1}
+
+    # ns; the records come in no particular order. Layer 0's collective waits for layer 0's
+    # compute (ends 2 ms) and runs beside layer 1's.
+    records = [rec("_Z22ncclDevKernel_AllReduce", 6_000_000, 9_000_000), rec("sgemm", 1_000_000, 3_000_000),
+               rec("_Z22ncclDevKernel_AllReduce", 3_000_000, 5_500_000), rec("sgemm", 3_000_000, 5_000_000)]
+    t = Engine._timing_from_records(ops, records)
+    spans = {i: (s.start, s.end) for i, s in t.ops.items()}
+    assert spans == {0: (0.0, 2.0), 1: (2.0, 4.5), 2: (2.0, 4.0), 3: (5.0, 8.0)}
+    assert t.makespan == 8.0 and (t.compute.start, t.compute.end, t.comm.end) == (0.0, 4.0, 8.0)
+    assert sched.ops[1].work.channels == 24  # NCCL's CTAs, read from its grid
+    # Two kernels for one collective: the side's kernels all go to its first op.
+    records.append(rec("_Z22ncclDevKernel_AllReduce", 9_000_000, 9_500_000))
+    t = Engine._timing_from_records(ops, records)
+    assert set(t.ops) == {0, 1, 2} and t.ops[1].end == 8.5 and len(t.rows["comm"]) == 3

@@ -158,3 +158,14 @@ def test_a_sampled_timeline_says_so():
     run["timeline_blocks"]["compute"] = 3
     assert plots._sampled(run) == ""
     assert plots._sampled({"timeline": {}}) == ""  # results from before the count was written
+
+
+def test_makespan_plot_draws_the_occupancy_bound_when_reported(tmp_path):
+    plain = synthetic()
+    bounded = copy.deepcopy(plain)
+    bounded["summary"] = [{"workload": WORKLOADS[0], "bound_ms": 1.1}, {"workload": WORKLOADS[1], "bound_ms": None}]
+    assert plots._bound_ms(bounded, WORKLOADS[0]) == 1.1
+    assert plots._bound_ms(bounded, WORKLOADS[1]) is None and plots._bound_ms(plain, WORKLOADS[0]) is None
+    a = plots.makespan_png(plain, tmp_path / "plain.png").read_bytes()
+    b = plots.makespan_png(bounded, tmp_path / "bounded.png").read_bytes()
+    assert a != b  # the line (and its legend entry) were drawn

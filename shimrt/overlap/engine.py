@@ -18,7 +18,7 @@ CUPTI's kernel records for kernels shimrt does not compile (NCCL's).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -93,19 +93,27 @@ class Schedule:
 
 @dataclass
 class Timing:
-    """One run: per-block rows ``[start_ms, end_ms, sm]`` per kind, relative to the first start."""
+    """One run: per-block rows ``[start_ms, end_ms, sm]`` per kind, relative to the first start;
+    ``ops``: each op's span by its index in the schedule."""
 
     rows: dict
     makespan: float
     compute: metrics.Span | None
     comm: metrics.Span | None
+    ops: dict = field(default_factory=dict)
 
 
-def _timing_of(rows: dict) -> Timing:
-    """A run's Timing from its rows per kind: each side's span, and first start to last end."""
+def _timing_of(per_op: dict, kinds: dict) -> Timing:
+    """A run's Timing from rows per op (``kinds``: op index -> kind): each op's and each side's
+    span, and first start to last end."""
+    rows = {}
+    for i, r in per_op.items():
+        rows.setdefault(kinds[i], []).append(r)
+    rows = {k: np.concatenate(v) for k, v in rows.items()}
     spans = {k: metrics.span(v) for k, v in rows.items()}
     makespan = max(sp.end for sp in spans.values()) - min(sp.start for sp in spans.values())
-    return Timing(rows, makespan, spans.get("compute"), spans.get("comm"))
+    return Timing(rows, makespan, spans.get("compute"), spans.get("comm"),
+                  {i: metrics.span(r) for i, r in per_op.items()})
 
 
 @dataclass
@@ -282,7 +290,8 @@ class Engine:
         s.compute_stream.synchronize(self.timeout_s)
         s.comm_stream.synchronize(self.timeout_s)
 
-    def _timing_from_records(self, ops, records: list[dict]) -> Timing:
+    @staticmethod
+    def _timing_from_records(ops, records: list[dict]) -> Timing:
         """Rows ``[start_ms, end_ms, -1]`` per kernel from CUPTI (no SM is known per kernel)."""
         names = {op.work.kernel.name for _, op in ops if op.kind == "compute"}
         kinds = {"compute": [], "comm": []}
@@ -302,8 +311,18 @@ class Engine:
             raise ShimrtError(f"CUPTI recorded no {' or '.join(missing)} kernel (NCCL may have used a copy: "
                               "with one rank only send_recv launches a kernel)")
         origin = min(r["start"] for k in wanted for r in kinds[k])
-        return _timing_of({k: np.array([[(r["start"] - origin) / 1e6, (r["end"] - origin) / 1e6, -1]
-                                         for r in kinds[k]]) for k in wanted})
+        # Each side's ops run one after another on its stream: the k-th kernel of a kind, by start,
+        # is its k-th op (NCCL launches one kernel per collective here).
+        per_op, of = {}, {}
+        for kind in wanted:
+            idx = [i for i, op in ops if op.kind == kind]
+            recs = sorted(kinds[kind], key=lambda r: r["start"])
+            # Not one kernel per op: every kernel of the side goes to its first op.
+            groups = [[r] for r in recs] if len(recs) == len(idx) else [recs]
+            for i, group in zip(idx, groups, strict=False):
+                per_op[i] = np.array([[(r["start"] - origin) / 1e6, (r["end"] - origin) / 1e6, -1] for r in group])
+                of[i] = kind
+        return _timing_of(per_op, of)
 
     def _timing(self, ops, choice: Choice) -> Timing:
         raw = {}
@@ -311,13 +330,13 @@ class Engine:
             n = op.work.blocks(choice.comm_blocks) if op.kind == "comm" else op.work.blocks
             raw[i] = self._stamps[i][: 3 * n].numpy()  # only the words this launch wrote
         origin = min(int(r.reshape(-1, 3)[:, 0].min()) for r in raw.values())
-        rows = {k: [] for k in KINDS}
+        per_op = {}
         for i, op in ops:
             try:
-                rows[op.kind].append(metrics.blocks(raw[i], self.hz, origin))
+                per_op[i] = metrics.blocks(raw[i], self.hz, origin)
             except UsageError as exc:
                 raise ShimrtError(f"op {i} ({op.work.label}): {exc}") from None
-        return _timing_of({k: np.concatenate(v) for k, v in rows.items() if v})
+        return _timing_of(per_op, {i: op.kind for i, op in ops})
 
     def run(self, choice: Choice, repeats: int | None = None, only: str | None = None,
             warmup: int = 1) -> list[Timing]:

@@ -165,6 +165,57 @@ def plan(policy: str, problem: Problem) -> Choice:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """What the occupancy model allows at best, for a collective of ``comm_blocks`` blocks with
+    its own footprint beside the compute kernel: ``lost`` compute block slots of ``slots`` while
+    it runs (on ``comm_sms`` SMs that keep ``kept`` compute blocks each, of ``natural``),
+    ``makespan_ms`` and ``ratio`` the best overlap that leaves, ``why`` in words.
+
+    The model: compute's rate is proportional to its resident blocks (exact where the collective
+    leaves an SM no compute block, optimistic for memory-bound kernels, which lose bandwidth
+    rather than slots) and the collective runs at its own speed from the first moment, on the
+    SMs that cost compute least. The compute work T_comp x slots then finishes at
+    max(T_comm, T_comp + T_comm x lost / slots)."""
+
+    lost: int
+    slots: int
+    comm_sms: int
+    kept: int
+    natural: int
+    makespan_ms: float
+    ratio: float
+    why: str
+
+
+def bound(problem: Problem, t_comp: float, t_comm: float) -> Bound:
+    """The best makespan and R the occupancy model allows for ``problem`` (see :class:`Bound`)."""
+    if not (t_comp > 0 and t_comm > 0):
+        raise UsageError(f"t_comp and t_comm must be positive times in ms, not {t_comp!r}, {t_comm!r}")
+    t = problem.target
+    res, block = problem.compute, problem.compute_block
+    natural = occupancy.occupancy(t, block_size=block, registers=int(res["registers"]),
+                                  static_smem=int(res["static_smem"]), sgprs=int(res.get("sgprs", 0))).blocks
+    per_sm = problem.comm_per_sm()
+    if per_sm == 0:
+        raise ShimrtError(f"{problem.comm.name} does not fit on one SM of {t.name}")
+    best = None
+    for j in range(1, per_sm + 1):  # j collective blocks per SM it uses
+        full, rest = divmod(problem.comm_blocks, j)
+        kept = occupancy.coresident(t, res, block, dataclasses.replace(problem.comm, blocks=j))
+        lost = full * (natural - kept)
+        if rest:
+            lost += natural - occupancy.coresident(t, res, block, dataclasses.replace(problem.comm, blocks=rest))
+        if best is None or lost < best[0]:
+            best = (lost, full + (rest > 0), kept, j)
+    lost, sms, kept, j = best
+    slots = t.num_sms * natural
+    makespan = max(t_comm, t_comp + t_comm * lost / slots)
+    why = (f"{problem.comm_blocks} blocks of {problem.comm.name} take {sms} SMs ({j} each), where "
+           f"{kept} of {natural} compute blocks still fit: {lost} of {slots} compute slots lost while it runs")
+    return Bound(lost, slots, sms, kept, natural, makespan, makespan / max(t_comp, t_comm), why)
+
+
+@dataclass(frozen=True)
 class Rejected:
     """A choice the occupancy model rules out, and why."""
 
