@@ -6,9 +6,13 @@
 // resident: beside a compute kernel that fills the SMs it meets NCCL's scheduling problem.
 #include "shimrt_portable.h"
 
-// float4 values each thread holds in registers per round trip: 16 x 4 = 64 data registers,
-// which with addresses and counters lands on NCCL's 96 under -maxrregcount=96 (checked in tests).
-#define STANDIN_UNROLL 16
+// float4 pairs each thread holds in registers per round trip: 10 x (input, output) x 4 = 80
+// data registers, which with addresses and counters land on NCCL's 96 under -maxrregcount=96,
+// a few bytes spilled (checked in tests; 8 pairs compile to 88-92). Every load of a round trip
+// is issued before the first add, so a warp keeps 10 KiB in flight and the block copies at
+// memory speed, not at one load latency per element: its rate comes from the link's pace, as
+// NCCL's does, not from its thread count.
+#define STANDIN_UNROLL 10
 // NCCL's ncclShmemData on sm_90 is 21568 B; the stand-in keeps the same static size and uses it.
 #define STANDIN_STATIC_SMEM 21568
 
@@ -53,16 +57,19 @@ SHIMRT_KERNEL_BOUNDS(640) void comm_ring(const float4* src, float4* dst, int chu
         const float4* in = src + offset;
         float4* out = dst + offset;
         for (int i = tid; i < chunk; i += nt * STANDIN_UNROLL) {
-            float4 v[STANDIN_UNROLL];
+            float4 v[STANDIN_UNROLL], d[STANDIN_UNROLL];
+            const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-            for (int u = 0; u < STANDIN_UNROLL; ++u)
-                v[u] = i + u * nt < chunk ? in[i + u * nt] : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int u = 0; u < STANDIN_UNROLL; ++u) {
+                const bool live = i + u * nt < chunk;
+                v[u] = live ? in[i + u * nt] : zero;
+                d[u] = live ? out[i + u * nt] : zero;
+            }
 #pragma unroll
             for (int u = 0; u < STANDIN_UNROLL; ++u) {
                 if (i + u * nt < chunk) {
-                    float4 d = out[i + u * nt];
-                    d.x += v[u].x; d.y += v[u].y; d.z += v[u].z; d.w += v[u].w;
-                    out[i + u * nt] = d;
+                    d[u].x += v[u].x; d[u].y += v[u].y; d[u].z += v[u].z; d[u].w += v[u].w;
+                    out[i + u * nt] = d[u];
                 }
             }
         }
