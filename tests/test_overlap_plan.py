@@ -38,6 +38,10 @@ def test_fixed_policies():
     assert planner.plan("shaping", p).comm_priority == "low"
     part = planner.plan("partition", p)
     assert part.partition_sms == 16  # one 512-thread NCCL block per SM, 16 channels
+    # Two 256-thread blocks fit per SM, yet each channel keeps an SM of its own (8 would hold
+    # them all); with 80 channels, one each would be most of the device: the fewest, 40.
+    assert planner.partition_sms(problem(256)) == 8 and planner.plan("partition", problem(256)).partition_sms == 16
+    assert planner.plan("partition", problem(256, blocks=80)).partition_sms == 40
     with pytest.raises(shimrt.UsageError):
         planner.plan("auto", p)
 
@@ -131,33 +135,33 @@ def test_pick_takes_the_fastest_and_refuses_nothing_to_pick():
         planner.pick([], lambda c: 0)
 
 
-def test_occupancy_bound_for_the_real_sgemm_beside_nccls_footprint(cache_dir):
+def test_occupancy_model_for_the_real_sgemm_beside_nccls_footprint(cache_dir):
     res = shimrt.compile(kernels.source("workloads"), "sm_90", name="workloads.cu").resources["sgemm"]
     sgemm = {"registers": res.registers, "static_smem": res.static_smem}
     assert 96 < res.registers <= 128  # launch bounds (256, 2)
     # 512 threads x 96 registers leave 4096 registers per sub-partition: not one SGEMM block
     # (2 warps there x 32 x 128): the 16 SMs that host the collective do no compute at all.
-    b = planner.bound(problem(512, sgemm), 3.0, 3.0)
+    b = planner.estimate(problem(512, sgemm), 3.0, 3.0)
     assert (b.natural, b.kept, b.comm_sms, b.lost, b.slots) == (2, 0, 16, 32, 264)
     assert b.makespan_ms == pytest.approx(3.0 * (1 + 32 / 264)) and b.ratio == pytest.approx(1 + 16 / 132)
     assert "0 of 2 compute blocks still fit" in b.why
     # 256 threads leave 10240 per sub-partition: one SGEMM block stays on each of those SMs.
-    half = planner.bound(problem(256, sgemm), 3.0, 3.0)
+    half = planner.estimate(problem(256, sgemm), 3.0, 3.0)
     assert (half.kept, half.lost) == (1, 16) and half.ratio == pytest.approx(1 + 16 / 264)
     # Where the collective is 4x longer, compute fits in what it leaves: R reaches 1.
-    assert planner.bound(problem(512, sgemm), 1.0, 4.0).ratio == 1.0
+    assert planner.estimate(problem(512, sgemm), 1.0, 4.0).ratio == 1.0
     # Compute 4x longer: only T_comm x 32/264 is added.
-    assert planner.bound(problem(512, sgemm), 4.0, 1.0).makespan_ms == pytest.approx(4.0 + 32 / 264)
+    assert planner.estimate(problem(512, sgemm), 4.0, 1.0).makespan_ms == pytest.approx(4.0 + 32 / 264)
     with pytest.raises(shimrt.UsageError):
-        planner.bound(problem(), 0.0, 1.0)
+        planner.estimate(problem(), 0.0, 1.0)
 
 
-def test_occupancy_bound_packs_small_collective_blocks_where_that_loses_least():
+def test_occupancy_model_packs_small_collective_blocks_where_that_loses_least():
     # 128-thread blocks with 32 registers and no shared memory; FMA blocks are limited by
     # threads (8 x 256 per SM). One or two such blocks per SM cost one compute block (7 x 8 + 4
     # or 8 warps <= 64); three or four cost two: two per SM loses least, 8 slots for 16 blocks.
     small = occupancy.Footprint("small", 1, 128, 32, 0, 0)
-    b = planner.bound(planner.Problem(H200, FMA, 256, small, 16), 1.0, 1.0)
+    b = planner.estimate(planner.Problem(H200, FMA, 256, small, 16), 1.0, 1.0)
     assert (b.natural, b.kept, b.comm_sms, b.lost) == (8, 7, 8, 8)
     assert occupancy.coresident(H200, FMA, 256, small) == 7
     assert occupancy.coresident(H200, FMA, 256, dataclasses.replace(small, blocks=3)) == 6

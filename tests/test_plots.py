@@ -160,12 +160,12 @@ def test_a_sampled_timeline_says_so():
     assert plots._sampled({"timeline": {}}) == ""  # results from before the count was written
 
 
-def test_makespan_plot_draws_the_occupancy_bound_when_reported(tmp_path):
+def test_makespan_plot_draws_the_occupancy_model_when_reported(tmp_path):
     plain = synthetic()
-    bounded = copy.deepcopy(plain)
-    bounded["summary"] = [{"workload": WORKLOADS[0], "bound_ms": 1.1}, {"workload": WORKLOADS[1], "bound_ms": None}]
-    assert plots._bound_ms(bounded, WORKLOADS[0]) == 1.1
-    assert plots._bound_ms(bounded, WORKLOADS[1]) is None and plots._bound_ms(plain, WORKLOADS[0]) is None
+    modelled = copy.deepcopy(plain)
+    modelled["summary"] = [{"workload": WORKLOADS[0], "model_ms": 1.1}, {"workload": WORKLOADS[1], "model_ms": None}]
+    assert plots._model_ms(modelled, WORKLOADS[0]) == 1.1
+    assert plots._model_ms(modelled, WORKLOADS[1]) is None and plots._model_ms(plain, WORKLOADS[0]) is None
     a = plots.makespan_png(plain, tmp_path / "plain.png").read_bytes()
-    b = plots.makespan_png(bounded, tmp_path / "bounded.png").read_bytes()
+    b = plots.makespan_png(modelled, tmp_path / "modelled.png").read_bytes()
     assert a != b  # the line (and its legend entry) were drawn

@@ -156,12 +156,12 @@ def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
 
 def measure_workload(dev, engine: Engine, policies, args, progress: Progress) -> tuple[list, list, dict, object]:
     """Every policy on one workload: (results, infeasible [(policy, why)], auto's details, the
-    occupancy model's bound for the collective as given)."""
+    occupancy model's estimate for the collective as given)."""
     compute = engine.schedule.of("compute")[0].work
     problem = engine.problem()
     nccl = engine.comm_kind == "nccl"
     progress.step(f"{engine.schedule.label}: alone")
-    bound = planner.bound(problem, *engine.alone())
+    model = planner.estimate(problem, *engine.alone())
     progress.step(f"{engine.schedule.label}: sequential")
     seq = engine.measure(planner.Choice("sequential"))
     reference = compute.result()
@@ -203,10 +203,10 @@ def measure_workload(dev, engine: Engine, policies, args, progress: Progress) ->
         if not np.array_equal(compute.result(), reference, equal_nan=True):
             result.note = "differs"
         results.append(result)
-    return results, infeasible, auto, bound
+    return results, infeasible, auto, model
 
 
-def table(label: str, comm_kind: str, nbytes: int, results, infeasible, bound) -> str:
+def table(label: str, comm_kind: str, nbytes: int, results, infeasible, model) -> str:
     head = (f"{'policy':17s} {'choice':44s} {'makespan':>9s} {'E':>6s} {'R':>6s} {'slowdown':>8s} "
             f"{'comm start':>10s} {'vs seq':>7s}")
     m0 = results[0].metrics if results else None
@@ -219,19 +219,19 @@ def table(label: str, comm_kind: str, nbytes: int, results, infeasible, bound) -
                      + ("  RESULT DIFFERS" if r.note == "differs" else ""))
     for policy, why in infeasible:
         lines.append(f"{policy:17s} cannot run: {why}")
-    lines.append(f"occupancy bound: R >= {bound.ratio:.3f}, {bound.makespan_ms:.3f} ms ({bound.why})")
+    lines.append(f"occupancy model: R {model.ratio:.3f}, {model.makespan_ms:.3f} ms at best ({model.why})")
     return "\n".join(lines)
 
 
-def summary(label: str, results, bound) -> dict:
+def summary(label: str, results, model) -> dict:
     """Auto against the best fixed policy, the reduction against sequential, and the occupancy
-    model's bound on R (:func:`shimrt.overlap.planner.bound`)."""
+    model's estimate of R (:func:`shimrt.overlap.planner.estimate`)."""
     by = {r.policy: r for r in results}
     fixed = [r for r in results if r.policy != "auto"]
     best = min(fixed, key=lambda r: r.makespan) if fixed else None
     out = {"workload": label, "best_fixed": best.policy if best else None,
-           "best_fixed_ms": best.makespan if best else None, "bound_ratio": bound.ratio,
-           "bound_ms": bound.makespan_ms, "bound_why": bound.why}
+           "best_fixed_ms": best.makespan if best else None, "model_ratio": model.ratio,
+           "model_ms": model.makespan_ms, "model_why": model.why}
     if "auto" in by and best is not None:
         a = by["auto"].metrics
         out.update(auto_ms=a.makespan_ms, auto_vs_best=a.makespan_ms / best.makespan, auto_ratio=a.ratio,
@@ -272,13 +272,13 @@ def run(args) -> int:
         engine = Engine(dev, Schedule.pair(compute, comm), repeats=args.repeats)
         label = engine.schedule.label
         try:
-            results, infeasible, auto, bound = measure_workload(dev, engine, policies, args, progress)
+            results, infeasible, auto, model = measure_workload(dev, engine, policies, args, progress)
         finally:
             engine.close()
-        tables.append(table(label, comm_kind, comm.nbytes, results, infeasible, bound))
+        tables.append(table(label, comm_kind, comm.nbytes, results, infeasible, model))
         out["runs"] += [_row(label, r, comm_kind, comm.nbytes) for r in results]
         out["infeasible"] += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]
-        out["summary"].append(summary(label, results, bound))
+        out["summary"].append(summary(label, results, model))
         out["auto"][label] = auto
     progress.close()
     communication.close()
@@ -291,7 +291,7 @@ def run(args) -> int:
         if "auto_ms" in s:
             line += (f"; auto {s['auto_ms']:.3f} ms = {s['auto_vs_best']:.3f}x best, R {s['auto_ratio']:.3f}, "
                      f"{s['auto_reduction']:.1%} less than sequential (T_comm/T_comp {s['balance']:.2f}; "
-                     f"occupancy bound R >= {s['bound_ratio']:.3f})")
+                     f"occupancy model R {s['model_ratio']:.3f})")
         if "seed_efficiency" in s:
             line += f"; shaping+priority E {s['seed_efficiency']:.2f}"
         print(line)

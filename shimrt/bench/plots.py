@@ -133,9 +133,9 @@ def makespan_png(results, path) -> Path:
         limit = [max(run["metrics"]["t_comp_ms"], run["metrics"]["t_comm_ms"]) for run in runs]
         ax.hlines(summed, [i - 0.42 for i in x], [i + 0.42 for i in x], colors="black", linestyles="--", lw=1.3)
         ax.hlines(limit, [i - 0.42 for i in x], [i + 0.42 for i in x], colors="black", linestyles=":", lw=1.6)
-        bound = _bound_ms(results, name)
-        if bound is not None:  # the occupancy model's best: a line across the panel
-            ax.axhline(bound, color="tab:red", ls="-.", lw=1.1)
+        model = _model_ms(results, name)
+        if model is not None:  # the occupancy model's estimate: a line across the panel
+            ax.axhline(model, color="tab:red", ls="-.", lw=1.1)
         top = max(makespans + summed)
         for i, run in enumerate(runs):
             ax.annotate(_reduction(run), (i, max(makespans[i], summed[i])), xytext=(0, 3),
@@ -152,8 +152,8 @@ def makespan_png(results, path) -> Path:
     handles = [Line2D([], [], color="black", ls="--", lw=1.3, label="T_comp + T_comm (sequential sum)"),
                Line2D([], [], color="black", ls=":", lw=1.6, label="max(T_comp, T_comm) (limit)"),
                Line2D([], [], ls="none", label="over bars: makespan change vs sequential")]
-    if any(_bound_ms(results, name) is not None for name in names):
-        handles.insert(2, Line2D([], [], color="tab:red", ls="-.", lw=1.1, label="occupancy model's best"))
+    if any(_model_ms(results, name) is not None for name in names):
+        handles.insert(2, Line2D([], [], color="tab:red", ls="-.", lw=1.1, label="occupancy model's estimate"))
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles) if figure.get_figwidth() >= 9 else 1,
                   frameon=False, fontsize=9)
     figure.suptitle(f"Makespan per policy{_where(results)}", x=0.01, ha="left")
@@ -223,11 +223,11 @@ def _save(figure, path) -> Path:
     return path
 
 
-def _bound_ms(results, workload: str) -> float | None:
-    """The occupancy model's best makespan for a workload (results before it was reported: None)."""
+def _model_ms(results, workload: str) -> float | None:
+    """The occupancy model's makespan for a workload (results from before it was reported: None)."""
     for s in results.get("summary", []):
-        if s.get("workload") == workload and isinstance(s.get("bound_ms"), (int, float)):
-            return float(s["bound_ms"])
+        if s.get("workload") == workload and isinstance(s.get("model_ms"), (int, float)):
+            return float(s["model_ms"])
     return None
 
 

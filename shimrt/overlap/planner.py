@@ -147,6 +147,14 @@ def partition_sms(problem: Problem, threads: int | None = None, blocks: int | No
     return need
 
 
+def spread_sms(problem: Problem) -> int:
+    """The partition's SMs: one per communication block, as NCCL's channels spread (blocks
+    that share an SM share its load/store bandwidth), or the fewest that hold them all where one
+    each would take half the device or more."""
+    need = partition_sms(problem)
+    return problem.comm_blocks if need < problem.comm_blocks < problem.target.num_sms // 2 else need
+
+
 def plan(policy: str, problem: Problem) -> Choice:
     """The choice a fixed policy makes for ``problem``; ShimrtError if it cannot work (why)."""
     if policy in ("sequential", "concurrent"):
@@ -158,24 +166,24 @@ def plan(policy: str, problem: Problem) -> Choice:
         return Choice(policy, resident_blocks=s.resident_blocks, dynamic_smem=s.dynamic_smem,
                       comm_priority="high" if policy == "shaping+priority" else "low")
     if policy == "partition":
-        return Choice(policy, partition_sms=partition_sms(problem), comm_priority="high")
+        return Choice(policy, partition_sms=spread_sms(problem), comm_priority="high")
     if policy == "auto":
         raise UsageError("auto is not a fixed policy: use candidates() and measure them")
     raise UsageError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
 
 
 @dataclass(frozen=True)
-class Bound:
-    """What the occupancy model allows at best, for a collective of ``comm_blocks`` blocks with
-    its own footprint beside the compute kernel: ``lost`` compute block slots of ``slots`` while
-    it runs (on ``comm_sms`` SMs that keep ``kept`` compute blocks each, of ``natural``),
-    ``makespan_ms`` and ``ratio`` the best overlap that leaves, ``why`` in words.
+class Estimate:
+    """The occupancy model's estimate of the best overlap, for a collective of ``comm_blocks``
+    blocks with its own footprint beside the compute kernel: ``lost`` compute block slots of
+    ``slots`` while it runs (on ``comm_sms`` SMs that keep ``kept`` compute blocks each, of
+    ``natural``), ``makespan_ms`` and ``ratio`` the overlap that leaves, ``why`` in words.
 
-    The model: compute's rate is proportional to its resident blocks (exact where the collective
-    leaves an SM no compute block, optimistic for memory-bound kernels, which lose bandwidth
-    rather than slots) and the collective runs at its own speed from the first moment, on the
-    SMs that cost compute least. The compute work T_comp x slots then finishes at
-    max(T_comm, T_comp + T_comm x lost / slots)."""
+    The model: compute's rate is proportional to its resident blocks and the collective runs at
+    its own speed from the first moment, on the SMs that cost compute least; the compute work
+    T_comp x slots then finishes at max(T_comm, T_comp + T_comm x lost / slots). An estimate,
+    not a guarantee either way: a short collective can hide in the SMs compute's last wave
+    leaves idle (then R beats it), and memory-bound kernels lose bandwidth rather than slots."""
 
     lost: int
     slots: int
@@ -187,8 +195,8 @@ class Bound:
     why: str
 
 
-def bound(problem: Problem, t_comp: float, t_comm: float) -> Bound:
-    """The best makespan and R the occupancy model allows for ``problem`` (see :class:`Bound`)."""
+def estimate(problem: Problem, t_comp: float, t_comm: float) -> Estimate:
+    """The makespan and R the occupancy model expects at best for ``problem`` (see :class:`Estimate`)."""
     if not (t_comp > 0 and t_comm > 0):
         raise UsageError(f"t_comp and t_comm must be positive times in ms, not {t_comp!r}, {t_comm!r}")
     t = problem.target
@@ -212,7 +220,7 @@ def bound(problem: Problem, t_comp: float, t_comm: float) -> Bound:
     makespan = max(t_comm, t_comp + t_comm * lost / slots)
     why = (f"{problem.comm_blocks} blocks of {problem.comm.name} take {sms} SMs ({j} each), where "
            f"{kept} of {natural} compute blocks still fit: {lost} of {slots} compute slots lost while it runs")
-    return Bound(lost, slots, sms, kept, natural, makespan, makespan / max(t_comp, t_comm), why)
+    return Estimate(lost, slots, sms, kept, natural, makespan, makespan / max(t_comp, t_comm), why)
 
 
 @dataclass(frozen=True)
