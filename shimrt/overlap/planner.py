@@ -121,6 +121,12 @@ class Problem:
     def footprint(self, threads: int | None = None) -> Footprint:
         return self.comm if threads is None else self.comm.with_threads(threads)
 
+    def compute_per_sm(self) -> int:
+        """Compute blocks one otherwise idle SM holds (unshaped)."""
+        c = self.compute
+        return occupancy.max_active_blocks(self.target, block_size=self.compute_block, registers=int(c["registers"]),
+                                           static_smem=int(c["static_smem"]), sgprs=int(c.get("sgprs", 0)))
+
     def comm_per_sm(self, threads: int | None = None) -> int:
         """Communication blocks one otherwise idle SM holds."""
         fp = self.footprint(threads)
@@ -201,8 +207,7 @@ def estimate(problem: Problem, t_comp: float, t_comm: float) -> Estimate:
         raise UsageError(f"t_comp and t_comm must be positive times in ms, not {t_comp!r}, {t_comm!r}")
     t = problem.target
     res, block = problem.compute, problem.compute_block
-    natural = occupancy.occupancy(t, block_size=block, registers=int(res["registers"]),
-                                  static_smem=int(res["static_smem"]), sgprs=int(res.get("sgprs", 0))).blocks
+    natural = problem.compute_per_sm()
     per_sm = problem.comm_per_sm()
     if per_sm == 0:
         raise ShimrtError(f"{problem.comm.name} does not fit on one SM of {t.name}")
@@ -251,9 +256,7 @@ def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_s
             add(plan(policy, problem))
         except ShimrtError as exc:
             rejected.append(Rejected(policy, str(exc)))
-    natural = occupancy.occupancy(t, block_size=problem.compute_block, registers=int(problem.compute["registers"]),
-                                  static_smem=int(problem.compute["static_smem"]),
-                                  sgprs=int(problem.compute.get("sgprs", 0))).blocks
+    natural = problem.compute_per_sm()
     for th in threads:
         for nb in blocks:
             label = f"{nb or problem.comm_blocks} blocks x {th or problem.comm.threads} threads"
