@@ -6,9 +6,12 @@ Public names: :class:`Device` (and its Module, Kernel, Stream, Event, Buffer), :
 
 from . import kernels, occupancy, targets
 from .compiler import compile
-from .device import Buffer, Device, Event, Kernel, Module, Partition, Stream
+from .device import Device, Partition
 from .errors import CollectiveError, CompileError, DriverError, NoDeviceError, ShimrtError, UsageError
+from .kernel import Kernel, Module
+from .memory import Buffer
 from .program import KernelResources, Program
+from .stream import Event, Stream
 from .targets import Target
 
 __version__ = "0.1.0"

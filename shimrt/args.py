@@ -15,7 +15,10 @@ The rule, checked before every launch:
 from __future__ import annotations
 
 import ctypes
+import operator
 import struct
+import sys
+from typing import Callable
 
 import numpy as np
 
@@ -25,14 +28,52 @@ from .errors import UsageError
 _INT = {1: "b", 2: "h", 4: "i", 8: "q"}
 _UINT = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _FLOAT = {4: "f", 8: "d"}
-_pack_u64 = struct.Struct("<Q").pack_into
+
+
+# type -> f(obj) giving its device address (None when it is not in device memory): the launch
+# fast path reads a pointer with one dict lookup and one call. Filled as types are first seen.
+_POINTERS: dict[type, Callable[[object], int | None]] = {}
+
+
+def _torch_pointer(tensor) -> int | None:
+    # torch's __cuda_array_interface__ builds a dict in Python on every call (~10 us a launch);
+    # data_ptr() is the same address. is_cuda is also true for ROCm builds' GPU tensors.
+    return tensor.data_ptr() if tensor.is_cuda else None
+
+
+def _cupy_pointer(array) -> int:
+    return array.data.ptr  # CuPy arrays always live on a device
+
+
+def pointer_getters() -> dict[type, Callable[[object], int | None]]:
+    """The registry of per-type pointer getters (shared: entries added later are seen)."""
+    if not _POINTERS:
+        from .memory import Buffer
+        _POINTERS[Buffer] = operator.attrgetter("device_pointer")
+    return _POINTERS
+
+
+def _learn(obj) -> Callable[[object], int | None] | None:
+    """A fast getter for ``obj``'s type when it is a torch tensor or CuPy array (registered)."""
+    torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
+    getter = None
+    if torch is not None and isinstance(obj, getattr(torch, "Tensor", ())):
+        getter = _torch_pointer
+    elif cupy is not None and isinstance(obj, getattr(cupy, "ndarray", ())):
+        getter = _cupy_pointer
+    if getter is not None:
+        pointer_getters()[type(obj)] = getter
+    return getter
 
 
 def pointer_of(obj) -> int | None:
     """The device address behind ``obj``, or None if it is not a device array."""
-    ptr = getattr(obj, "device_pointer", None)  # shimrt Buffer (fast path)
-    if ptr is not None:
-        return ptr
+    getter = pointer_getters().get(type(obj)) or _learn(obj)
+    if getter is not None:
+        ptr = getter(obj)
+        if ptr is not None:
+            return ptr
+        # None: a freed Buffer or a host tensor; the general path below says which.
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         return int(cai["data"][0] or 0)
@@ -114,16 +155,17 @@ class Packer:
             raise UsageError(f"kernel {self.name} takes {self._count} arguments "
                              f"(parameter sizes {sizes} bytes), got {len(args)}")
         view = self._view
-        i = 0
-        for value in args:
+        for i, value in enumerate(args):
             offset, size = self._slots[i]
-            ptr = getattr(value, "device_pointer", None)  # a shimrt Buffer: the commonest argument
-            if ptr is not None and size == 8:
-                _pack_u64(view, offset, ptr)
-            else:
-                view[offset:offset + size] = encode(i, value, size)
-            i += 1
+            view[offset:offset + size] = encode(i, value, size)
         return self.address
+
+    def block(self) -> tuple[memoryview, int]:
+        """(the parameter block as bytes, the address of its pointer array) for code that writes
+        arguments itself (the launch fast path)."""
+        if self.layout is None:
+            raise UsageError(f"kernel {self.name}: its parameter layout is unknown")
+        return self._view, self.address
 
     def _infer(self, args) -> list[tuple[int, int]]:
         """Natural-alignment layout from the arguments alone (drivers without cuFuncGetParamInfo)."""

@@ -211,7 +211,7 @@ class Shaping:
 def _resources(resources) -> tuple[int, int, int]:
     """(registers, static smem, sgprs) from KernelResources or a Kernel-like mapping."""
     if isinstance(resources, KernelResources):
-        return resources.registers, resources.static_smem, int(resources.extra.get("sgprs", 0))
+        return resources.registers, resources.static_smem, resources.sgprs
     if isinstance(resources, dict):
         return int(resources["registers"]), int(resources.get("static_smem", 0)), int(resources.get("sgprs", 0))
     raise UsageError(f"resources must be KernelResources or a dict, not {type(resources).__name__}")

@@ -25,6 +25,11 @@ class KernelResources:
     max_threads_per_block: int
     extra: dict = field(default_factory=dict, compare=False)
 
+    @property
+    def sgprs(self) -> int:
+        """Scalar registers per wave (AMD code objects; 0 where the compiler reports none)."""
+        return int(self.extra.get("sgprs", 0))
+
     def to_dict(self) -> dict:
         return {"registers": self.registers, "static_smem": self.static_smem,
                 "local_bytes": self.local_bytes, "spill_bytes": self.spill_bytes,

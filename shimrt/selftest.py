@@ -135,7 +135,7 @@ def _compile(results, progress):
                 for k, r in sorted(program.resources.items()):
                     bs = min(256, r.max_threads_per_block)
                     occ = occupancy.occupancy(target, block_size=bs, registers=r.registers,
-                                              static_smem=r.static_smem, sgprs=int(r.extra.get("sgprs", 0)))
+                                              static_smem=r.static_smem, sgprs=r.sgprs)
                     parts.append(f"{k}: {r.registers} regs, {r.static_smem} B smem, {r.spill_bytes} B spill, "
                                  f"{occ.blocks} blocks/SM at {bs} threads ({'/'.join(occ.limited_by)})")
                 return "; ".join(parts) + (" (cached)" if program.from_cache else "")
@@ -177,7 +177,7 @@ def _device(results, progress):
         tile, blocks = smem // 4, 2 * dev.target.num_sms
         x = rng.standard_normal(tile * blocks, dtype=np.float32)
         dx, dy = dev.to_device(x), dev.empty(x.shape, np.float32)
-        kernel.launch(blocks, 512, dy, dx, tile, smem=smem)
+        kernel.launch(blocks, 512, dy, dx, tile, dynamic_smem=smem)
         if not np.array_equal(dy.numpy(), x.reshape(blocks, tile)[:, ::-1].ravel()):
             raise ShimrtError("reverse_tiles with large dynamic shared memory gave wrong results")
         return f"{smem} B of dynamic shared memory per block"
@@ -254,8 +254,8 @@ def _overlap_check(dev) -> str:
         cb = [dev.empty(c_blocks, np.uint32), dev.empty(c_blocks, np.uint64), dev.empty(c_blocks, np.uint64)]
         mb = [dev.empty(m_blocks, np.uint32), dev.empty(m_blocks, np.uint64), dev.empty(m_blocks, np.uint64)]
         with dev.stream("low") as lo, dev.stream("high") as hi:
-            probe.launch(c_blocks, 256, *cb, 3 * hz // 1000, stream=lo, smem=compute_smem)     # 3 ms per block
-            probe.launch(m_blocks, standin.threads, *mb, hz // 10000, stream=hi, smem=standin.dynamic_smem)
+            probe.launch(c_blocks, 256, *cb, 3 * hz // 1000, stream=lo, dynamic_smem=compute_smem)     # 3 ms per block
+            probe.launch(m_blocks, standin.threads, *mb, hz // 10000, stream=hi, dynamic_smem=standin.dynamic_smem)
             lo.synchronize(timeout=30)
             hi.synchronize(timeout=30)
         c_start, c_stop, m_start = cb[1].numpy(), cb[2].numpy(), mb[1].numpy()
@@ -298,7 +298,7 @@ def _communication(dev, results, progress):
 
     def many():
         from .device import Device
-        count = dev._drv.device_count()
+        count = dev.device_count()
         if count < 2:
             raise _Skip(f"needs 2 or more GPUs; this machine has {count}", "run on a machine with several GPUs")
         devices = [dev] + [Device(i, backend=dev.backend) for i in range(1, count)]

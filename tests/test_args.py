@@ -75,14 +75,15 @@ def test_specialised_launch_packs_like_the_general_rule():
     """The generated fast path writes the same bytes as shimrt.args.encode for every kind of value."""
     import threading
 
-    from shimrt import fastlaunch
-    from shimrt.device import Kernel, Stream
+    from shimrt.kernel import Kernel, build_launch
 
     layout = [(0, 8), (8, 8), (16, 4), (20, 4), (24, 8), (32, 2)]
     seen = []
 
     class Dev:
-        _null = 0
+        @staticmethod
+        def _stream_ref(stream):
+            return 0
 
     kernel = object.__new__(Kernel)
     kernel.name, kernel.device, kernel.param_layout = "k", Dev(), layout
@@ -96,7 +97,7 @@ def test_specialised_launch_packs_like_the_general_rule():
 
     kernel._launch = raw
     kernel._launch_checked = lambda *a: seen.append("checked")
-    launch = fastlaunch.build(kernel, Stream)
+    launch = build_launch(kernel)
     cases = [
         (CudaArrayLike(0x1000), CudaArrayLike(0x2000), 1.5, -3, 2**40, 7),
         (CudaArrayLike(0x3000), CudaArrayLike(0x4000), np.float32(2.5), 2**32 - 1, -1.25, np.int16(-2)),

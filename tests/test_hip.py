@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import re
+import typing
 
 import pytest
 
@@ -144,12 +145,21 @@ def test_cu_masks_split_an_mi250x_gcd():
         cu_masks(110, 110)
 
 
-@pytest.mark.parametrize("part", sorted(backends.INTERFACE))
-def test_backends_mirror_each_other(part):
-    cuda, hip = backends.load("cuda", part), backends.load("hip", part)
-    for name in backends.INTERFACE[part]:
-        a, b = getattr(cuda, name), getattr(hip, name)
-        if callable(a):
-            assert list(inspect.signature(a).parameters) == list(inspect.signature(b).parameters), name
-        else:
-            assert type(a) is type(b), name
+@pytest.mark.parametrize("part", sorted(backends.PARTS))
+def test_backends_satisfy_the_protocol_name_for_name(part):
+    """Both backends provide every member of the part's Protocol, with the Protocol's parameter
+    names (methods) or type (attributes)."""
+    protocol = backends.PARTS[part]
+    names = backends.members(protocol)
+    assert names, part
+    hints = typing.get_type_hints(protocol)
+    for backend in backends.NAMES:
+        module = backends.load(backend, part)
+        for name in names:
+            assert hasattr(module, name), f"shimrt.{backend}.{part} lacks {name}"
+            ours = getattr(module, name)
+            if name in hints:
+                assert isinstance(ours, hints[name]), f"shimrt.{backend}.{part}.{name} is not {hints[name]}"
+            else:
+                want = list(inspect.signature(getattr(protocol, name)).parameters)[1:]  # less self
+                assert list(inspect.signature(ours).parameters) == want, f"shimrt.{backend}.{part}.{name}"

@@ -12,7 +12,7 @@ import pytest
 import shimrt
 from shimrt import kernels, occupancy, targets
 from shimrt.occupancy import NCCL_2_28_SM90
-from shimrt.overlap import metrics, planner
+from shimrt.overlap import auto, metrics, planner
 from shimrt.overlap.engine import Op, Schedule
 from shimrt.overlap.standin import StandInSpec
 
@@ -116,23 +116,23 @@ def test_choice_and_problem_validation():
 
 
 def test_choice_cache_round_trip_and_isolation(tmp_path):
-    cache = planner.ChoiceCache(tmp_path, "NVIDIA H200|sm_90")
+    cache = auto.ChoiceCache(tmp_path, "NVIDIA H200|sm_90")
     assert cache.get("w") is None
     c = planner.Choice("shaping+priority", resident_blocks=1, dynamic_smem=115840, comm_priority="high")
     cache.put("w", c)
     cache.put("v", planner.Choice("partition", partition_sms=8, comm_priority="high"))
-    assert planner.ChoiceCache(tmp_path, "NVIDIA H200|sm_90").get("w") == c
-    assert planner.ChoiceCache(tmp_path, "NVIDIA A100|sm_80").get("w") is None  # another device
+    assert auto.ChoiceCache(tmp_path, "NVIDIA H200|sm_90").get("w") == c
+    assert auto.ChoiceCache(tmp_path, "NVIDIA A100|sm_80").get("w") is None  # another device
     cache.path.write_text("{not json")
     assert cache.get("w") is None  # a damaged file means: measure again
 
 
 def test_pick_takes_the_fastest_and_refuses_nothing_to_pick():
     a, b = planner.Choice("sequential"), planner.Choice("priority", comm_priority="high")
-    best, times = planner.pick([a, b], {a: 2.0, b: 1.5}.get)
+    best, times = auto.pick([a, b], {a: 2.0, b: 1.5}.get)
     assert best == b and times == {a: 2.0, b: 1.5}
     with pytest.raises(shimrt.ShimrtError):
-        planner.pick([], lambda c: 0)
+        auto.pick([], lambda c: 0)
 
 
 def test_occupancy_model_for_the_real_sgemm_beside_nccls_footprint(cache_dir):

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..config import launch_env
 from ..device import Device
+from ..nccl import buffer_counts
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 
@@ -42,33 +43,14 @@ def _communicators():
     if launch_env().source is not None:
         return [init()]
     probe = Device()
-    count = probe._drv.device_count()
-    return Communicator.local([probe] + [Device(i) for i in range(1, count)])
-
-
-def _call(comm, op, send, recv):
-    if op == "all_reduce":
-        comm.all_reduce(send, recv)
-    elif op == "all_gather":
-        comm.all_gather(send, recv)
-    elif op == "reduce_scatter":
-        comm.reduce_scatter(send, recv)
-    elif op == "broadcast":
-        comm.broadcast(send, recv, root=0)
-    else:
-        comm.reduce(send, recv, root=0)
+    return Communicator.local([probe] + [Device(i, backend=probe.backend) for i in range(1, probe.device_count())])
 
 
 def _buffers(comm, op, nbytes):
-    """(send, recv) float32 buffers for ``nbytes`` as nccl-tests counts it (the largest buffer)."""
+    """(send, recv) float32 buffers for ``nbytes`` as nccl-tests counts it (the larger buffer)."""
     n = comm.size
-    count = max(nbytes // 4 // n * n, n)
-    dev = comm.device
-    if op == "all_gather":
-        return dev.empty(count // n, np.float32).memset(0), dev.empty(count, np.float32)
-    if op == "reduce_scatter":
-        return dev.empty(count, np.float32).memset(0), dev.empty(count // n, np.float32)
-    return dev.empty(count, np.float32).memset(0), dev.empty(count, np.float32)
+    send, recv = buffer_counts(op, max(nbytes // 4 // n * n, n), n, given="largest")
+    return comm.device.empty(send, np.float32).memset(0), comm.device.empty(recv, np.float32)
 
 
 def measure(comms, ops, sizes, iters=20, warmup=5, progress=True) -> list[dict]:
@@ -83,14 +65,14 @@ def measure(comms, ops, sizes, iters=20, warmup=5, progress=True) -> list[dict]:
             row = {"op": op, "bytes": nbytes, "type": "float32", "redop": "sum" if "reduce" in op else "none",
                    "root": 0 if op in ("broadcast", "reduce") else -1, "ranks": comms[0].size}
             bufs = [_buffers(c, op, nbytes) for c in comms]
-            row["count"] = bufs[0][0].size if op != "all_gather" else bufs[0][1].size
+            row["count"] = max(bufs[0][0].size, bufs[0][1].size)
             for place in ("out", "in"):
-                pairs = bufs if place == "out" else [_in_place(c, op, p) for c, p in zip(comms, bufs, strict=True)]
+                pairs = bufs if place == "out" else [_in_place(c, p) for c, p in zip(comms, bufs, strict=True)]
                 times = []
                 for i in range(warmup + iters):
                     starts = [c.stream.record() for c in comms]
                     for c, (s, r) in zip(comms, pairs, strict=True):
-                        _call(c, op, s, r)
+                        c.collective(op, s, r)  # reductions sum, broadcast and reduce from root 0
                     ends = [c.stream.record() for c in comms]
                     for c in comms:
                         c.wait()
@@ -105,15 +87,15 @@ def measure(comms, ops, sizes, iters=20, warmup=5, progress=True) -> list[dict]:
     return rows
 
 
-def _in_place(comm, op, pair):
+def _in_place(comm, pair):
     """In-place layouts as nccl-tests uses them: one buffer, the rank's slice of it on the small side."""
     send, recv = pair
-    if op == "all_gather":
-        k = send.size
-        return recv[comm.rank * k:(comm.rank + 1) * k], recv
-    if op == "reduce_scatter":
-        k = recv.size
-        return send, send[comm.rank * k:(comm.rank + 1) * k]
+    k = min(send.size, recv.size)
+    mine = slice(comm.rank * k, (comm.rank + 1) * k)
+    if send.size < recv.size:  # all_gather: each rank's block is already in place
+        return recv[mine], recv
+    if recv.size < send.size:  # reduce_scatter: the rank's block of the send buffer
+        return send, send[mine]
     return send, send
 
 

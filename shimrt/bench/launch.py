@@ -55,7 +55,7 @@ def _methods(dev: Device, stream):
     methods["shimrt Kernel.prepare, then call"] = shimrt_prepared
 
     from cuda.bindings import driver
-    fn, handle = kernel._fn, stream._handle
+    fn, handle = kernel.handle, stream.handle
     value = ctypes.c_uint64(arg.ptr)
     params = (ctypes.c_void_p * 1)(ctypes.addressof(value))
     address = ctypes.addressof(params)

@@ -25,6 +25,7 @@ from ..config import launch_env, settings
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..overlap import planner
+from ..overlap.auto import ChoiceCache
 from ..overlap.engine import Engine, Schedule
 from ..overlap.standin import CommStandIn, StandInSpec
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
@@ -177,7 +178,7 @@ def measure_workload(dev, engine: Engine, policies, args, progress: Progress) ->
         if policy == "auto":
             # With NCCL every rank must measure the same candidates in the same order: no cache.
             cache = None if args.fresh or nccl else \
-                planner.ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
+                ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
             # None is the collective's own setting. Auto may only lower its threads and blocks, to
             # make room beside compute: more of them would make the collective itself faster and
             # measure a different collective than the one T_comm was taken for.

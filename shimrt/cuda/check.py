@@ -1,13 +1,17 @@
 """The one place CUDA results become exceptions.
 
 cuda-python returns ``(err, *values)``; :func:`check` raises :class:`DriverError` named after
-the CUDA or NVRTC error, with the vendor's description, and returns the values.
+the CUDA, NVRTC or CUPTI error, with the vendor's description, and returns the values. CUPTI's
+ctypes calls return a bare int: wrapped in :class:`CuptiResult` it takes the same path.
 """
 
 from __future__ import annotations
 
-from ..backends import checker
+import ctypes
+import functools
+
 from ..errors import NoDeviceError
+from ..vendor import checker
 
 
 def _bindings():
@@ -19,8 +23,64 @@ def _bindings():
     return driver, nvrtc
 
 
+class CuptiResult(int):
+    """A CUptiResult (cupti_result.h) from a ctypes call into CUPTI: the wrapper tells
+    :func:`describe` to ask CUPTI, not the CUDA driver, what the code means."""
+
+    __slots__ = ()
+
+
+# name -> (restype, argtypes) of what describe() needs from CUPTI. Bound here on first use, apart
+# from shimrt.cuda.trace's table, so this module neither imports trace nor needs CUPTI to import.
+_CUPTI_TABLE = {
+    # CUptiResult cuptiGetResultString(CUptiResult result, const char **str);
+    "cuptiGetResultString": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
+    # CUptiResult cuptiGetErrorMessage(CUptiResult result, const char **str);  (newer CUPTI only)
+    "cuptiGetErrorMessage": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
+}
+
+
+@functools.cache  # a race can only bind twice; dlopen hands both the same library
+def _cupti() -> dict:
+    """{name: bound function} of the _CUPTI_TABLE entries CUPTI exports; empty if it does not load."""
+    path = library_path("cupti")
+    if path is None:
+        return {}
+    lib, bound = ctypes.CDLL(path), {}
+    for name, (restype, argtypes) in _CUPTI_TABLE.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = restype, argtypes
+            bound[name] = fn
+    return bound
+
+
+def _cupti_text(name: str, code: int) -> tuple[int | None, str]:
+    """(result, text) of cuptiGetResultString or cuptiGetErrorMessage for ``code``; result None
+    where CUPTI lacks the function or does not load."""
+    fn = _cupti().get(name)
+    if fn is None:
+        return None, ""
+    text = ctypes.c_char_p()
+    result = fn(code, ctypes.byref(text))
+    return result, (text.value or b"").decode(errors="replace")
+
+
+def _describe_cupti(code: int) -> tuple[str, int, str]:
+    result, name = _cupti_text("cuptiGetResultString", code)
+    if result != 0 or not name:
+        # Without a working NVIDIA driver every CUPTI call fails, this one included (CUPTI_ERROR_UNKNOWN).
+        why = ("CUPTI is not loaded" if result is None else
+               f"cuptiGetResultString failed too ({result}): CUPTI answers nothing without a working NVIDIA driver")
+        return f"CUptiResult {code}", code, f"(no description: {why})"
+    _, desc = _cupti_text("cuptiGetErrorMessage", code)
+    return name, code, desc or name
+
+
 def describe(err) -> tuple[str, int, str]:
-    """(name, code, description) of a CUresult or nvrtcResult."""
+    """(name, code, description) of a CUresult, nvrtcResult or :class:`CuptiResult`."""
+    if isinstance(err, CuptiResult):  # needs CUPTI, not cuda-python
+        return _describe_cupti(int(err))
     driver, nvrtc = _bindings()
     code = int(err)
     if isinstance(err, nvrtc.nvrtcResult):

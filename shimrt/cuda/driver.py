@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import threading
 
-from ..backends import read_attributes, ready
 from ..errors import NoDeviceError
+from ..vendor import read_attributes, ready
 from .check import _bindings, check, raise_for
 from .check import library_path as _library_path
 

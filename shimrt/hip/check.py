@@ -6,8 +6,8 @@ hip-python returns ``(err, *values)`` like cuda-python; :func:`check` raises
 
 from __future__ import annotations
 
-from ..backends import checker
 from ..errors import NoDeviceError
+from ..vendor import checker
 
 # What to do when the libraries cannot be loaded (hip-python dlopens these plain names).
 INSTALL_HINT = ("install hip-python (pip install 'shimrt[hip]') and ROCm; on Debian bookworm "

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
-from ..backends import read_attributes, ready
 from ..errors import NoDeviceError
+from ..vendor import read_attributes, ready
 from .check import _bindings, check, loaded, raise_for
 from .check import library_path as _library_path
 

@@ -1,8 +1,9 @@
 """NCCL and RCCL through ctypes: ``library.py`` finds the library and declares its functions,
-``config.py`` lays out ncclConfig_t per version, ``communicator.py`` holds the Communicator."""
+``config.py`` lays out ncclConfig_t per version, ``communicator.py`` holds the Communicator,
+its table of collectives and their buffer-size rule (``buffer_counts``, ``nccl_count``)."""
 
-from .communicator import Communicator, unique_id
+from .communicator import COLLECTIVES, Communicator, buffer_counts, nccl_count, unique_id
 from .config import CommOptions
 from .library import load
 
-__all__ = ["CommOptions", "Communicator", "load", "unique_id"]
+__all__ = ["COLLECTIVES", "CommOptions", "Communicator", "buffer_counts", "load", "nccl_count", "unique_id"]

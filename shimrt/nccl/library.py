@@ -4,6 +4,9 @@ Search order: ``SHIMRT_NCCL_LIBRARY``; the ``nvidia-nccl-cu13``/``-cu12`` wheel'
 ``nvidia/nccl/lib/libnccl.so.2``; the system's ``libnccl.so.2``. Under the HIP backend:
 ``$ROCM_PATH/lib/librccl.so``, then the system's ``librccl.so``. A symbol an older library
 lacks is left unbound, and only what uses it is unavailable.
+
+Each library is opened and bound once per process: :func:`load` keeps what it loaded by
+resolved path and hands the same :class:`Library` back.
 """
 
 from __future__ import annotations
@@ -11,11 +14,15 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.util
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import settings
-from ..errors import CollectiveError
+from ..errors import CollectiveError, UsageError
+
+BACKENDS = ("cuda", "hip")
 
 # ncclResult_t values (nccl.h); ncclTimeout exists from 2.30 on.
 RESULTS = {0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError",
@@ -28,9 +35,16 @@ DATATYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64
              "float32": 7, "float64": 8, "bfloat16": 9, "float8_e4m3": 10, "float8_e5m2": 11}
 REDOPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 
-_c = ctypes
-_p = ctypes.c_void_p  # ncclComm_t, cudaStream_t, buffers
-_result = ctypes.c_int
+# The C types of nccl.h by name, so each table entry reads like its prototype. Enums are 4-byte
+# ints; handles and buffers are pointers.
+ncclResult_t = ctypes.c_int
+ncclDataType_t = ctypes.c_int
+ncclRedOp_t = ctypes.c_int
+ncclComm_t = ctypes.c_void_p      # struct ncclComm*
+cudaStream_t = ctypes.c_void_p    # hipStream_t under RCCL: the same pointer
+ncclConfig_p = ctypes.c_void_p    # ncclConfig_t*: its layout depends on the version (config.py)
+buffer_p = ctypes.c_void_p        # const void* sendbuff, void* recvbuff
+c_int, c_size_t, POINTER = ctypes.c_int, ctypes.c_size_t, ctypes.POINTER
 
 
 class UniqueId(ctypes.Structure):
@@ -41,62 +55,73 @@ class UniqueId(ctypes.Structure):
 # name -> (restype, argtypes). The C prototype from nccl.h is the comment above each entry.
 TABLE = {
     # ncclResult_t ncclGetVersion(int* version);
-    "ncclGetVersion": (_result, [_c.POINTER(_c.c_int)]),
+    "ncclGetVersion": (ncclResult_t, [POINTER(c_int)]),
     # ncclResult_t ncclGetUniqueId(ncclUniqueId* uniqueId);
-    "ncclGetUniqueId": (_result, [_c.POINTER(UniqueId)]),
+    "ncclGetUniqueId": (ncclResult_t, [POINTER(UniqueId)]),
     # ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank);
-    "ncclCommInitRank": (_result, [_c.POINTER(_p), _c.c_int, UniqueId, _c.c_int]),
+    "ncclCommInitRank": (ncclResult_t, [POINTER(ncclComm_t), c_int, UniqueId, c_int]),
     # ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
     #                                     ncclConfig_t* config);
-    "ncclCommInitRankConfig": (_result, [_c.POINTER(_p), _c.c_int, UniqueId, _c.c_int, _p]),
+    "ncclCommInitRankConfig": (ncclResult_t, [POINTER(ncclComm_t), c_int, UniqueId, c_int, ncclConfig_p]),
     # ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist);
-    "ncclCommInitAll": (_result, [_c.POINTER(_p), _c.c_int, _c.POINTER(_c.c_int)]),
+    "ncclCommInitAll": (ncclResult_t, [POINTER(ncclComm_t), c_int, POINTER(c_int)]),
     # ncclResult_t ncclCommDestroy(ncclComm_t comm);
-    "ncclCommDestroy": (_result, [_p]),
+    "ncclCommDestroy": (ncclResult_t, [ncclComm_t]),
     # ncclResult_t ncclCommAbort(ncclComm_t comm);
-    "ncclCommAbort": (_result, [_p]),
+    "ncclCommAbort": (ncclResult_t, [ncclComm_t]),
     # ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError);
-    "ncclCommGetAsyncError": (_result, [_p, _c.POINTER(_c.c_int)]),
+    "ncclCommGetAsyncError": (ncclResult_t, [ncclComm_t, POINTER(ncclResult_t)]),
     # ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
-    "ncclCommCount": (_result, [_p, _c.POINTER(_c.c_int)]),
+    "ncclCommCount": (ncclResult_t, [ncclComm_t, POINTER(c_int)]),
     # ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device);
-    "ncclCommCuDevice": (_result, [_p, _c.POINTER(_c.c_int)]),
+    "ncclCommCuDevice": (ncclResult_t, [ncclComm_t, POINTER(c_int)]),
     # ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
-    "ncclCommUserRank": (_result, [_p, _c.POINTER(_c.c_int)]),
+    "ncclCommUserRank": (ncclResult_t, [ncclComm_t, POINTER(c_int)]),
     # ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
     #                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-    "ncclAllReduce": (_result, [_p, _p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    "ncclAllReduce": (ncclResult_t, [buffer_p, buffer_p, c_size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                     cudaStream_t]),
     # ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
     #                            int root, ncclComm_t comm, cudaStream_t stream);
-    "ncclBroadcast": (_result, [_p, _p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    "ncclBroadcast": (ncclResult_t, [buffer_p, buffer_p, c_size_t, ncclDataType_t, c_int, ncclComm_t,
+                                     cudaStream_t]),
     # ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
     #                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
-    "ncclReduce": (_result, [_p, _p, _c.c_size_t, _c.c_int, _c.c_int, _c.c_int, _p, _p]),
+    "ncclReduce": (ncclResult_t, [buffer_p, buffer_p, c_size_t, ncclDataType_t, ncclRedOp_t, c_int, ncclComm_t,
+                                  cudaStream_t]),
     # ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
     #                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
-    "ncclAllGather": (_result, [_p, _p, _c.c_size_t, _c.c_int, _p, _p]),
+    "ncclAllGather": (ncclResult_t, [buffer_p, buffer_p, c_size_t, ncclDataType_t, ncclComm_t, cudaStream_t]),
     # ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
     #                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
-    "ncclReduceScatter": (_result, [_p, _p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    "ncclReduceScatter": (ncclResult_t, [buffer_p, buffer_p, c_size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                         cudaStream_t]),
     # ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
     #                       ncclComm_t comm, cudaStream_t stream);
-    "ncclSend": (_result, [_p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    "ncclSend": (ncclResult_t, [buffer_p, c_size_t, ncclDataType_t, c_int, ncclComm_t, cudaStream_t]),
     # ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
     #                       ncclComm_t comm, cudaStream_t stream);
-    "ncclRecv": (_result, [_p, _c.c_size_t, _c.c_int, _c.c_int, _p, _p]),
+    "ncclRecv": (ncclResult_t, [buffer_p, c_size_t, ncclDataType_t, c_int, ncclComm_t, cudaStream_t]),
     # ncclResult_t ncclGroupStart();
-    "ncclGroupStart": (_result, []),
+    "ncclGroupStart": (ncclResult_t, []),
     # ncclResult_t ncclGroupEnd();
-    "ncclGroupEnd": (_result, []),
+    "ncclGroupEnd": (ncclResult_t, []),
     # const char* ncclGetErrorString(ncclResult_t result);
-    "ncclGetErrorString": (_c.c_char_p, [_c.c_int]),
+    "ncclGetErrorString": (ctypes.c_char_p, [ncclResult_t]),
     # const char* ncclGetLastError(ncclComm_t comm);
-    "ncclGetLastError": (_c.c_char_p, [_p]),
+    "ncclGetLastError": (ctypes.c_char_p, [ncclComm_t]),
 }
 
 
+def _backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    return backend
+
+
 def candidates(backend: str = "cuda") -> list[str]:
-    """Where the library is looked for, in order."""
+    """Where the library of ``backend`` ("cuda": NCCL, "hip": RCCL) is looked for, in order."""
+    _backend(backend)
     cfg = settings()
     found = [cfg.nccl_library] if cfg.nccl_library else []
     if backend == "hip":
@@ -128,10 +153,12 @@ class Library:
 
     @property
     def version_text(self) -> str:
+        """The version as NCCL prints it, e.g. "2.28.9" (2.8 and older encoded X*1000+Y*100+Z)."""
         v = self.version
         return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
 
     def has(self, name: str) -> bool:
+        """Whether the library exports ``name`` (a TABLE entry)."""
         return name not in self.missing
 
     def check(self, result: int, call: str, comm=None) -> None:
@@ -144,30 +171,51 @@ class Library:
         raise CollectiveError(f"{call} failed: {name} ({result}): {text}" + (f"; last error: {last}" if last else ""))
 
 
-def load(backend: str = "cuda") -> Library:
-    """Load the first library found (see the module docstring); CollectiveError naming every
-    place searched when none loads."""
-    tried = []
-    for path in candidates(backend):
+def _bind(path: str, handle: ctypes.CDLL) -> Library:
+    """Declare every TABLE entry the library exports and read its version."""
+    lib = Library(path=path, handle=handle, version=0, missing=())
+    missing = []
+    for name, (restype, argtypes) in TABLE.items():
         try:
-            handle = ctypes.CDLL(path)
-        except OSError as exc:
-            tried.append(f"{path} ({str(exc).split(':')[-1].strip()})")
+            fn = getattr(handle, name)
+        except AttributeError:
+            missing.append(name)
             continue
-        missing = []
-        lib = Library(path=path, handle=handle, version=0, missing=())
-        for name, (restype, argtypes) in TABLE.items():
+        fn.restype, fn.argtypes = restype, argtypes
+        setattr(lib, name, fn)
+    lib.missing = tuple(missing)
+    version = ctypes.c_int()
+    lib.check(lib.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion")
+    lib.version = version.value
+    return lib
+
+
+# Loaded libraries by resolved path (a bare name, which the dynamic loader resolves, by itself):
+# binding the table again would only repeat the work and hand out a second Library for one library.
+_loaded: dict[str, Library] = {}
+_lock = threading.Lock()
+
+
+def _key(path: str) -> str:
+    return os.path.realpath(path) if os.sep in path else path
+
+
+def load(backend: str = "cuda") -> Library:
+    """The library of ``backend`` ("cuda": NCCL, "hip": RCCL): the first candidate (see the
+    module docstring) that loads, opened and bound once per process and then shared.
+    CollectiveError naming every place searched when none loads."""
+    tried = []
+    with _lock:  # one thread binds a library; the others get its Library
+        for path in candidates(backend):
+            key = _key(path)
+            if key in _loaded:
+                return _loaded[key]
             try:
-                fn = getattr(handle, name)
-            except AttributeError:
-                missing.append(name)
+                handle = ctypes.CDLL(path)
+            except OSError as exc:
+                tried.append(f"{path} ({str(exc).split(':')[-1].strip()})")
                 continue
-            fn.restype, fn.argtypes = restype, argtypes
-            setattr(lib, name, fn)
-        lib.missing = tuple(missing)
-        version = ctypes.c_int()
-        lib.check(lib.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion")
-        lib.version = version.value
-        return lib
+            _loaded[key] = _bind(path, handle)
+            return _loaded[key]
     what = "RCCL (librccl.so)" if backend == "hip" else "NCCL (libnccl.so.2)"
     raise CollectiveError(f"{what} not found; searched: " + "; ".join(tried))

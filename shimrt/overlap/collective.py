@@ -17,10 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ShimrtError, UsageError
+from ..nccl import buffer_counts
 from ..occupancy import NCCL_2_28_SM90, Footprint
 from .standin import _size_label
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+# send_recv is a grouped send and recv of one buffer each: the Communicator's "send" sizes it.
+_SIZED_AS = {"send_recv": "send"}
 
 
 class NcclCollective:
@@ -40,17 +43,16 @@ class NcclCollective:
             raise UsageError(f"nbytes must be an int of at least {4 * communicator.size}, not {nbytes!r}")
         self.comm, self.collective, self.nbytes = communicator, collective, nbytes
         self.device = communicator.device
-        n, count = communicator.size, nbytes // 4
-        count -= count % n
+        send_count, recv_count = buffer_counts(_SIZED_AS.get(collective, collective), nbytes // 4,
+                                               communicator.size, given="send")
         threads = 640 if collective == "send_recv" else 512
         self._footprint = footprint or NCCL_2_28_SM90.with_threads(threads)
         self.channels = channels
         self.max_blocks = 64  # NCCL's MAXCHANNELS
         rank = communicator.rank
-        self.host = np.full(count, rank + 1, np.float32)
+        self.host = np.full(send_count, rank + 1, np.float32)
         self.send = self.device.to_device(self.host)
-        self.recv = self.device.empty(count * n if collective == "all_gather" else
-                                      count // n if collective == "reduce_scatter" else count, np.float32)
+        self.recv = self.device.empty(recv_count, np.float32)
 
     def __repr__(self):
         return f"<NcclCollective {self.label} on rank {self.comm.rank}/{self.comm.size}>"
@@ -72,16 +74,12 @@ class NcclCollective:
         if blocks is not None or threads is not None:
             raise UsageError("NCCL's channels and threads are fixed per communicator (CommOptions, NCCL_NTHREADS)")
         c, n = self.comm, self.comm.size
-        if self.collective == "all_reduce":
-            c.all_reduce(self.send, self.recv, stream=stream)
-        elif self.collective == "all_gather":
-            c.all_gather(self.send, self.recv, stream=stream)
-        elif self.collective == "reduce_scatter":
-            c.reduce_scatter(self.send, self.recv, stream=stream)
-        else:
-            with c.group():
-                c.send(self.send, (c.rank + 1) % n, stream=stream)
-                c.recv(self.recv, (c.rank - 1) % n, stream=stream)
+        if self.collective != "send_recv":
+            c.collective(self.collective, self.send, self.recv, stream=stream)
+            return
+        with c.group():
+            c.send(self.send, (c.rank + 1) % n, stream=stream)
+            c.recv(self.recv, (c.rank - 1) % n, stream=stream)
 
     def prepare(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
                 threads: int | None = None):
@@ -99,9 +97,7 @@ class NcclCollective:
     def check(self, blocks: int | None = None) -> None:
         """Every received element is what the collective must give for inputs rank + 1."""
         n, rank, got = self.comm.size, self.comm.rank, self.recv.numpy()
-        if self.collective == "all_reduce":
-            want = np.full_like(got, n * (n + 1) / 2)
-        elif self.collective == "reduce_scatter":
+        if self.collective in ("all_reduce", "reduce_scatter"):  # every element: the sum of 1..n
             want = np.full_like(got, n * (n + 1) / 2)
         elif self.collective == "all_gather":
             want = np.repeat(np.arange(1, n + 1, dtype=np.float32), got.size // n)

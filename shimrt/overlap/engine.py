@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import kernel as kernel_module
+from .. import occupancy
 from ..errors import ShimrtError, UsageError
 from . import metrics, planner
 from .planner import Choice
@@ -170,19 +172,29 @@ class _Setup:
         self.compute_stream = self.places["compute"].stream("low")
         self.comm_stream = self.compute_stream if choice.policy == "sequential" else \
             self.places["comm"].stream(choice.comm_priority)
-        self.smem: dict[int, int] = {}
+        # The padding of each compute op: the choice's own for the kernel the planner saw, and the
+        # occupancy model's for the same cap for any other kernel of the schedule; each confirmed
+        # with the driver once (Kernel.confirm), then applied as computed.
+        self.dynamic_smem: dict[int, int] = {}
         self.carveout: dict[int, int | None] = {}
+        first = engine.schedule.of("compute")[0].work
         for i, op in enumerate(engine.schedule.ops):
-            if op.kind == "compute":
-                k = self.kernels.get(i, op.work.kernel)
-                if choice.shaped:
-                    threads = _threads(op.work)
-                    natural = k.max_active_blocks(threads, 0)
-                    self.smem[i] = k.shape(threads, resident_blocks=min(choice.resident_blocks, natural)).dynamic_smem
-                    self.carveout[i] = 100  # all shared memory, so the room left is real
-                else:
-                    self.smem[i] = 0
-                    self.carveout[i] = None  # the driver's default split, as without shimrt
+            if op.kind != "compute":
+                continue
+            k = self.kernels.get(i, op.work.kernel)
+            if not choice.shaped:
+                self.dynamic_smem[i] = 0
+                self.carveout[i] = None  # the driver's default split, as without shimrt
+                continue
+            threads = _threads(op.work)
+            if op.work.kernel is first.kernel and threads == _threads(first):
+                k.confirm(threads, choice.dynamic_smem, choice.resident_blocks)
+                self.dynamic_smem[i] = choice.dynamic_smem
+            else:  # another kernel: the same cap, or its own residency where that is lower
+                natural = occupancy.max_active_blocks(dev.target, block_size=threads, **k.occupancy_resources)
+                self.dynamic_smem[i] = k.shape(threads, resident_blocks=min(choice.resident_blocks,
+                                                                            natural)).dynamic_smem
+            self.carveout[i] = kernel_module.SHAPED_CARVEOUT  # all shared memory, so the room left is real
         # Recorded on the compute stream, so made where it lives; waiting on it works across contexts.
         self.events = {i: self.places["compute"].event(timing=False)
                        for i, op in enumerate(engine.schedule.ops) if op.kind == "compute"}
@@ -232,10 +244,11 @@ class Engine:
         """The planner's view: the first compute kernel and the first collective's footprint."""
         c = self.schedule.of("compute")[0].work
         a = self.schedule.of("comm")[0].work
-        k = c.kernel
-        sgprs = int(k.resources.extra.get("sgprs", 0)) if k.resources is not None else 0
-        res = {"registers": k.attributes["registers"], "static_smem": k.attributes["static_smem"], "sgprs": sgprs}
-        return planner.Problem(self.device.target, res, _threads(c), a.footprint(), a.blocks())
+        return self._problem_of(c.kernel, _threads(c), a)
+
+    def _problem_of(self, kernel, threads: int, comm) -> planner.Problem:
+        return planner.Problem(self.device.target, kernel.occupancy_resources, threads, comm.footprint(),
+                               comm.blocks())
 
     # --- running ---
     def _setup(self, choice: Choice) -> _Setup:
@@ -254,9 +267,8 @@ class Engine:
         for i, op in ops:  # kernels are shared between choices: set the carveout of this one
             if op.kind == "compute":
                 s.kernels.get(i, op.work.kernel).set_carveout(s.carveout[i])
-        if self.comm_kind == "nccl":  # NCCL's kernels carry no stamps: CUPTI times every kernel
-            from ..cuda.cupti import KernelRecorder
-            with KernelRecorder() as recorder:
+        if self.comm_kind == "nccl":  # NCCL's kernels carry no stamps: the device's tracer times them
+            with self.device.record_kernels() as recorder:
                 self._launch(s, ops, choice, only)
             return self._timing_from_records(ops, recorder.kernels)
         self._launch(s, ops, choice, only)
@@ -272,7 +284,8 @@ class Engine:
             place, k = s.places[op.kind], s.kernels.get(i)
             place.activate()
             if op.kind == "compute":
-                run = op.work.prepare(s.compute_stream, smem=s.smem[i], stamps=self._stamps[i], kernel=k)
+                run = op.work.prepare(s.compute_stream, dynamic_smem=s.dynamic_smem[i], stamps=self._stamps[i],
+                                      kernel=k)
                 steps.append((place, run, s.events[i], None))
             else:
                 run = op.work.prepare(s.comm_stream, stamps=self._stamps[i], kernel=k, blocks=choice.comm_blocks,
@@ -366,42 +379,14 @@ class Engine:
         result.metrics = metrics.compute(t_comp, t_comm, t_seq, result.makespan, comp_span, delay)
         return result
 
-    def auto(self, cache: planner.ChoiceCache | None = None, key: str | None = None, threads=(None,),
-             blocks=(None,), progress=None) -> tuple[Choice, dict, list]:
-        """Auto's choice: a cached one, or the fastest of the planner's candidates (measured
-        with fewer repeats). Returns (choice, {choice: makespan}, rejected)."""
-        key = key or self.key()
-        if cache is not None:
-            cached = cache.get(key)
-            if cached is not None:
-                return cached, {}, []
-        feasible, rejected = planner.candidates(self.problem(), threads=threads, blocks=blocks)
-        if self.comm_kind != "stand-in":
-            # NCCL's CTAs and threads are fixed when its communicator is made, and its kernels
-            # have not been tried in a green context: only the rest is measured.
-            unfit = [c for c in feasible if c.comm_blocks or c.comm_threads or c.policy == "partition"]
-            rejected += [planner.Rejected(c.describe(), "not with NCCL (fixed per communicator, or untried in a "
-                                                        "green context)") for c in unfit]
-            feasible = [c for c in feasible if c not in unfit]
-        quick = max(3, self.repeats // 2)
-
-        def makespan(c: Choice) -> float:
-            if progress is not None:
-                progress(c)
-            try:
-                return float(np.median([t.makespan for t in self.run(c, repeats=quick)]))
-            except ShimrtError as exc:  # a choice the device refuses (e.g. a partition size)
-                rejected.append(planner.Rejected(c.describe(), str(exc)))
-                return float("inf")
-
-        best, times = planner.pick(feasible, makespan)
-        if cache is not None and np.isfinite(times[best]):
-            cache.put(key, best)
-        return best, times, rejected
+    def auto(self, cache=None, key: str | None = None, threads=(None,), blocks=(None,),
+             progress=None) -> tuple[Choice, dict, list]:
+        """Auto's choice (see :func:`shimrt.overlap.auto.search`): a cached one, or the fastest of
+        the planner's candidates. Returns (choice, {choice: makespan}, rejected)."""
+        from . import auto
+        return auto.search(self, cache, key, threads=threads, blocks=blocks, progress=progress)
 
     def key(self) -> str:
         """What auto's cached choice depends on: the workload and its communication."""
-        a = self.schedule.of("comm")[0].work
-        fp = a.footprint()
-        return f"{self.schedule.label}|{self.comm_kind}|{a.blocks()}x{fp.threads}|{fp.registers}r|" \
-               f"{fp.static_smem}+{fp.dynamic_smem}B"
+        from . import auto
+        return auto.key(self)

@@ -9,13 +9,14 @@ operations with copies and no kernel at all; what it printed is what it launched
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import sys
 
+import numpy as np
+
 from ..device import Device
-from ..errors import ShimrtError
-from ..nccl import library
+from ..errors import ShimrtError, UsageError
+from ..nccl import CommOptions, Communicator, unique_id
 from ..occupancy import Footprint
 
 
@@ -26,50 +27,43 @@ def footprint_of(record: dict) -> Footprint:
                      static_smem=record["static_smem"], dynamic_smem=record["dynamic_smem"])
 
 
-def _operations(lib, comm, stream, send, recv, count):
-    """name -> function running one operation on the communicator."""
-    f32 = library.DATATYPES["float32"]
+def _operations(comm: Communicator, send, recv) -> dict:
+    """name -> function enqueueing one operation on the communicator's stream."""
 
     def all_reduce(op):
-        return lambda: lib.check(lib.ncclAllReduce(send, recv, count, f32, library.REDOPS[op], comm, stream),
-                                 "ncclAllReduce", comm)
+        return lambda: comm.all_reduce(send, recv, op=op)
 
     def send_recv_self():
-        lib.check(lib.ncclGroupStart(), "ncclGroupStart")
-        lib.check(lib.ncclSend(send, count, f32, 0, comm, stream), "ncclSend", comm)
-        lib.check(lib.ncclRecv(recv, count, f32, 0, comm, stream), "ncclRecv", comm)
-        lib.check(lib.ncclGroupEnd(), "ncclGroupEnd")
+        with comm.group():
+            comm.send(send, comm.rank)
+            comm.recv(recv, comm.rank)
 
     return {"all_reduce sum": all_reduce("sum"), "all_reduce avg": all_reduce("avg"),
             "all_reduce max": all_reduce("max"), "send/recv to self (grouped)": send_recv_self}
 
 
-def measure(device: Device | None = None, nbytes: int = 64 << 20) -> dict:
-    """Launch records of NCCL's kernels for each operation on a single-rank communicator."""
-    from ..cuda.cupti import KernelRecorder
+def measure(device: Device | None = None, nbytes: int = 64 << 20, *, timeout: float = 120.0) -> dict:
+    """Launch records of NCCL's kernels for each operation on a single-rank communicator.
+
+    Every wait is bounded by ``timeout`` seconds; a failure aborts the communicator."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4:
+        raise UsageError(f"nbytes must be an int of at least 4 (one float32), not {nbytes!r}")
     dev = device or Device()
     if dev.backend != "cuda":
         raise ShimrtError("footprint measurement uses CUPTI and needs the CUDA backend")
-    lib = library.load("cuda")
-    comm = ctypes.c_void_p()
-    devices = (ctypes.c_int * 1)(dev.index)
-    dev.activate()
-    lib.check(lib.ncclCommInitAll(ctypes.byref(comm), 1, devices), "ncclCommInitAll")
-    result = {"nccl": lib.version_text, "nccl_path": lib.path, "device": dev.name, "operations": {}}
-    try:
-        count = nbytes // 4
-        send, recv = dev.alloc(nbytes).memset(1), dev.alloc(nbytes)
-        with dev.stream() as s:
-            for name, run in _operations(lib, comm, ctypes.c_void_p(s.handle), send.ptr, recv.ptr, count).items():
-                run()  # warm up outside the recording: first-use setup launches kernels of its own
-                s.synchronize()
-                with KernelRecorder() as rec:
-                    run()
-                    s.synchronize()
-                result["operations"][name] = rec.kernels
+    count = nbytes // 4
+    with Communicator(dev, unique_id(backend=dev.backend), 0, 1, options=CommOptions(timeout=timeout)) as comm:
+        result = {"nccl": comm.lib.version_text, "nccl_path": comm.lib.path, "device": dev.name,
+                  "operations": {}}
+        send, recv = dev.to_device(np.ones(count, np.float32)), dev.empty(count, np.float32)
+        for name, run in _operations(comm, send, recv).items():
+            run()  # warm up outside the recording: first-use setup launches kernels of its own
+            comm.wait()
+            with dev.record_kernels() as rec:
+                run()
+                comm.wait()
+            result["operations"][name] = rec.kernels
         result["cupti_path"] = rec.path
-    finally:
-        lib.ncclCommDestroy(comm)
     return result
 
 

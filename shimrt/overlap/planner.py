@@ -4,19 +4,14 @@ A :class:`Problem` says what runs side by side: a compute kernel (its registers,
 memory and block size) and a communication kernel (its per-block :class:`Footprint` and its
 number of blocks, one per channel). :func:`plan` turns a fixed policy into a :class:`Choice`;
 :func:`candidates` lists what ``auto`` measures, after the occupancy model has ruled out the
-choices that cannot work at all (and says why for each); :class:`ChoiceCache` keeps what auto
-picked per workload on disk.
+choices that cannot work at all (and says why for each). :mod:`.auto` measures them and keeps
+what it picked.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from .. import occupancy
 from ..errors import ShimrtError, UsageError
@@ -286,44 +281,3 @@ def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_s
                 if sms >= need:
                     add(Choice("partition", partition_sms=sms, comm_priority="high", comm_blocks=nb, comm_threads=th))
     return feasible, rejected
-
-
-class ChoiceCache:
-    """What auto chose per workload, in a JSON file (one per device model), written atomically."""
-
-    def __init__(self, directory: Path, device_key: str):
-        self.path = Path(directory) / f"overlap-auto-{hashlib.sha256(device_key.encode()).hexdigest()[:16]}.json"
-        self.device_key = device_key
-
-    def _read(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) and data.get("device") == self.device_key else {}
-
-    def get(self, key: str) -> Choice | None:
-        entry = self._read().get("choices", {}).get(key)
-        if entry is None:
-            return None
-        try:
-            return Choice.from_dict(entry)
-        except (UsageError, TypeError):
-            return None  # written by another version: measure again
-
-    def put(self, key: str, choice: Choice) -> None:
-        data = self._read() or {"device": self.device_key, "choices": {}}
-        data.setdefault("choices", {})[key] = choice.as_dict()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".overlap-auto-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
-
-
-def pick(choices: list[Choice], measure) -> tuple[Choice, dict[Choice, float]]:
-    """The choice with the least ``measure(choice)`` (a makespan); also every measured value."""
-    if not choices:
-        raise ShimrtError("auto has no feasible choice to measure")
-    times = {c: float(measure(c)) for c in choices}
-    return min(times, key=times.get), times

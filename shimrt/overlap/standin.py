@@ -127,10 +127,9 @@ class CommStandIn:
 
     def footprint(self, threads: int | None = None) -> Footprint:
         """What one block needs per SM, from the compiled kernel's own attributes."""
-        a = self.kernel.attributes
-        sgprs = int(self.kernel.resources.extra.get("sgprs", 0)) if self.kernel.resources else 0
-        return Footprint(f"stand-in ({a['registers']} regs)", 1, threads or self.spec.threads, a["registers"],
-                         a["static_smem"], self.dynamic_smem, sgprs)
+        res = self.kernel.occupancy_resources
+        return Footprint(f"stand-in ({res['registers']} regs)", 1, threads or self.spec.threads, res["registers"],
+                         res["static_smem"], self.dynamic_smem, res["sgprs"])
 
     def blocks(self, blocks: int | None = None) -> int:
         return blocks or self.spec.blocks
@@ -170,7 +169,7 @@ class CommStandIn:
         return (kernel or self.kernel).prepare(g, nt, self.src, self.dst, np.int32(self.spec.chunk(g)), self.flags,
                                                np.uint32(base), np.int32(self.spec.steps),
                                                np.uint64(self.spec.step_ns(g)), timeout_ns, self.error, stamps,
-                                               stream=stream, smem=self.dynamic_smem)
+                                               stream=stream, dynamic_smem=self.dynamic_smem)
 
     def raise_if_stalled(self) -> None:
         """After the work finished: ShimrtError if the ring gave up waiting (and clear the flag)."""

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import kernels
-from ..device import Buffer, Device, Module
+from ..device import Device
 from ..errors import ShimrtError, UsageError
+from ..kernel import Module
+from ..memory import Buffer
 
 KINDS = ("sgemm", "bias_gelu", "softmax", "layernorm")
 _KERNEL = {"sgemm": "sgemm", "bias_gelu": "bias_gelu", "softmax": "softmax_rows", "layernorm": "layernorm_rows"}
@@ -189,7 +191,7 @@ def module(device: Device) -> Module:
     with _modules_lock:
         found = _modules.get(id(device))
         # While the entry lives, its Module keeps that Device alive, so the id cannot be reused.
-        if found is not None and found._handle is not None:
+        if found is not None and not found.closed:
             return found
         loaded = device.load(device.compile(kernels.source("workloads"), name="workloads.cu"))
         _modules[id(device)] = loaded
@@ -258,19 +260,19 @@ class ComputeWorkload:
         """A zeroed uint64 buffer of 3 words per block, for ``launch(stamps=...)``."""
         return self.device.empty(3 * self.blocks, np.uint64).memset(0)
 
-    def launch(self, stream=None, *, smem: int = 0, stamps: Buffer | None = None, kernel=None) -> None:
-        """One launch on ``stream`` (None: the legacy default stream) with ``smem`` bytes of
+    def launch(self, stream=None, *, dynamic_smem: int = 0, stamps: Buffer | None = None, kernel=None) -> None:
+        """One launch on ``stream`` (None: the legacy default stream) with ``dynamic_smem`` bytes of
         dynamic shared memory (padding only: the kernels use none). ``stamps``: a uint64 Buffer
         of at least 3 * blocks words that receives each block's start, end and SM id, or None.
         ``kernel``: the same kernel loaded elsewhere (an SM partition) to launch instead."""
         (kernel or self.kernel).launch(self.grid, self.block, *self._args, self._stamps_arg(stamps), stream=stream,
-                                       smem=smem)
+                                       dynamic_smem=dynamic_smem)
 
-    def prepare(self, stream=None, *, smem: int = 0, stamps: Buffer | None = None, kernel=None):
+    def prepare(self, stream=None, *, dynamic_smem: int = 0, stamps: Buffer | None = None, kernel=None):
         """:meth:`launch`'s checks and argument packing done now; returns a function that
         launches (for launches that must follow each other with no host work between)."""
         return (kernel or self.kernel).prepare(self.grid, self.block, *self._args, self._stamps_arg(stamps),
-                                               stream=stream, smem=smem)
+                                               stream=stream, dynamic_smem=dynamic_smem)
 
     def _stamps_arg(self, stamps):
         if stamps is None:

@@ -1,5 +1,5 @@
 /* offsetof the CUpti_ActivityKernel10 fields shimrt reads, from the installed CUPTI header;
-   tests/test_cupti.py compares them with shimrt.cuda.cupti.KERNEL_RECORD. */
+   tests/test_trace.py compares them with shimrt.cuda.trace.KERNEL_RECORD. */
 #include <stddef.h>
 #include <stdio.h>
 #include "cupti_activity.h"

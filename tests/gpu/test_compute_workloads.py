@@ -93,7 +93,7 @@ def test_padding_shared_memory_caps_residency_and_keeps_results(device):
     shaping = wl.kernel.shape(256, resident_blocks=1)
     stamps = wl.stamps_buffer()
     with device.stream() as s:
-        wl.launch(s, smem=shaping.dynamic_smem, stamps=stamps)
+        wl.launch(s, dynamic_smem=shaping.dynamic_smem, stamps=stamps)
         s.synchronize()
     wl.check()
     start, end, sm = _check_stamps(device, wl, stamps)

@@ -81,16 +81,16 @@ def test_dynamic_smem_above_48k_is_opted_in(device, rng):
         tile, blocks = smem // 4, 3 * device.target.num_sms
         x = rng.standard_normal(tile * blocks, dtype=np.float32)
         out = device.empty(x.shape, np.float32).memset(0)
-        k.launch(blocks, 1024, out, device.to_device(x), tile, smem=smem)
+        k.launch(blocks, 1024, out, device.to_device(x), tile, dynamic_smem=smem)
         np.testing.assert_array_equal(out.numpy(), x.reshape(blocks, tile)[:, ::-1].ravel())
-    assert k.device._drv.function_attributes(k._fn)["max_dynamic_smem"] >= device.target.smem_per_block_optin
+    assert k.device._drv.function_attributes(k.handle)["max_dynamic_smem"] >= device.target.smem_per_block_optin
 
 
 def test_dynamic_smem_above_device_limit_is_refused_before_launch(device):
     k = device.load(device.compile(kernels.source("smem_ops"), name="smem_ops.cu"))["reverse_tiles"]
     out = device.empty(16, np.float32).memset(0x7F)
     with pytest.raises(UsageError, match="exceeds the device"):
-        k.launch(1, 32, out, out, 4, smem=device.target.smem_per_block_optin + 16)
+        k.launch(1, 32, out, out, 4, dynamic_smem=device.target.smem_per_block_optin + 16)
     assert (out.numpy().view(np.uint8) == 0x7F).all()
 
 
@@ -225,7 +225,7 @@ def test_bad_launches_are_clear_errors_and_launch_nothing(device, vec):
         with pytest.raises(UsageError, match=message):
             k.launch(*args)
     with pytest.raises(UsageError, match="smem must be"):
-        k.launch(1, 32, out, out, 1.0, 8, smem=0.5)
+        k.launch(1, 32, out, out, 1.0, 8, dynamic_smem=0.5)
     with pytest.raises(UsageError, match="no kernel 'nope'"):
         vec["nope"]
     assert (out.numpy().view(np.uint8) == 0x7F).all()

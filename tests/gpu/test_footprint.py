@@ -11,7 +11,7 @@ from shimrt.overlap import footprint
 
 
 def recorder():
-    from shimrt.cuda.cupti import KernelRecorder
+    from shimrt.cuda.trace import KernelRecorder
     try:
         return KernelRecorder()
     except ShimrtError as exc:
@@ -25,7 +25,7 @@ def test_cupti_records_match_a_known_launch(device):
         k.launch(40, 256, out, x, 1 << 16, stream=s)  # warm-up outside the recording
         s.synchronize()
         with recorder() as rec:
-            k.launch((40, 1, 1), (256, 1, 1), out, x, 1 << 16, stream=s, smem=4096)
+            k.launch((40, 1, 1), (256, 1, 1), out, x, 1 << 16, stream=s, dynamic_smem=4096)
             s.synchronize()
     (r,) = [r for r in rec.kernels if r["name"] == "block_sum"]
     assert (r["grid_x"], r["grid_y"], r["block_x"], r["block_y"]) == (40, 1, 256, 1)

@@ -175,19 +175,17 @@ def test_real_nccl_kernel_beside_compute_on_one_gpu(device):
     """NCCL's own SendRecv kernel (a grouped send/recv to the one rank), timed by CUPTI beside
     the SGEMM: outputs unchanged, and priority starts it well before sequential does. (NCCL's
     host side takes about a millisecond to enqueue its kernel, so the SGEMM must be longer.)"""
-    from shimrt import CollectiveError, ShimrtError
+    from shimrt import CollectiveError
     from shimrt.nccl import Communicator, unique_id
     from shimrt.overlap.collective import NcclCollective
     try:
         comm = Communicator(device, unique_id(), 0, 1)
     except CollectiveError as exc:
         pytest.skip(f"NCCL is not available: {exc}")
-    try:
-        from shimrt.cuda import cupti
-        cupti._library()
-    except ShimrtError as exc:
+    from shimrt.cuda import trace
+    if trace.library_path() is None:
         comm.close()
-        pytest.skip(f"CUPTI is not available: {exc}")
+        pytest.skip("CUPTI is not available (pip install nvidia-cuda-cupti)")
     try:
         nccl = NcclCollective(comm, "send_recv", 64 << 20)
         compute = ComputeWorkload(device, ComputeSpec("sgemm", 4096))

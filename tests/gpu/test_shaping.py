@@ -64,7 +64,7 @@ def test_shaped_launch_holds_at_most_n_blocks_per_sm(device, n):
     bufs = (device.empty(blocks, np.uint32), device.empty(blocks, np.uint64), device.empty(blocks, np.uint64))
     spin = 100_000 * device.timestamp_hz // 1_000_000_000  # 100 us
     with device.stream() as s:
-        k.launch(blocks, bs, *bufs, spin, stream=s, smem=shaping.dynamic_smem)
+        k.launch(blocks, bs, *bufs, spin, stream=s, dynamic_smem=shaping.dynamic_smem)
         s.synchronize()
         sm, start, stop = (b.numpy() for b in bufs)
         peak = max_concurrency_per_sm(sm, start, stop, sms)

@@ -1,0 +1,179 @@
+"""Kernel tracing on CUDA, through CUPTI bound with ctypes.
+
+Now: CUPTI's activity records of the kernels some code launches (name, grid, block, registers
+per thread, static and dynamic shared memory, start and end), used to measure the footprint of
+kernels shimrt does not compile itself, such as NCCL's. Later, for PyTorch interposition: the
+launch callbacks (CUPTI driver-API callbacks that rewrite launches) will live here too.
+
+CUPTI's results go through this backend's one check helper (:mod:`shimrt.cuda.check`) as
+:class:`~shimrt.cuda.check.CuptiResult`. The HIP mirror is :mod:`shimrt.hip.trace`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+
+from ..errors import ShimrtError
+from .check import CuptiResult, check
+
+# The trace part's public names; shimrt.hip.trace has the same ones with the same signatures.
+__all__ = ["KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "KernelRecorder",
+           "library_path"]
+
+KIND_KERNEL = 3              # CUPTI_ACTIVITY_KIND_KERNEL
+KIND_CONCURRENT_KERNEL = 10  # CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
+_FLUSH_FORCED = 1            # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: flush buffers that are not full yet
+_MAX_LIMIT_REACHED = 12      # CUPTI_ERROR_MAX_LIMIT_REACHED: no more records in the buffer
+_BUFFER_SIZE = 8 << 20
+_ALIGN = 8                   # CUPTI wants its activity buffers 8-byte aligned
+
+# CUpti_ActivityKernel10 (cupti_activity.h of CUPTI 12.x and 13.x): our name -> (offsetof,
+# struct code). tests/test_trace.py compares these with the C compiler's offsetof on the header.
+KERNEL_RECORD = {
+    "kind": (0, "I"),                  # CUpti_ActivityKind kind
+    "registers": (6, "H"),             # uint16_t registersPerThread
+    "start": (16, "Q"),                # uint64_t start (ns)
+    "end": (24, "Q"),                  # uint64_t end (ns)
+    "device_id": (40, "I"),            # uint32_t deviceId
+    "stream_id": (48, "I"),            # uint32_t streamId
+    "grid_x": (52, "i"), "grid_y": (56, "i"), "grid_z": (60, "i"),       # int32_t gridX/Y/Z
+    "block_x": (64, "i"), "block_y": (68, "i"), "block_z": (72, "i"),    # int32_t blockX/Y/Z
+    "static_smem": (76, "i"),          # int32_t staticSharedMemory
+    "dynamic_smem": (80, "i"),         # int32_t dynamicSharedMemory
+    "local_per_thread": (84, "I"),     # uint32_t localMemoryPerThread
+    "name": (104, "Q"),                # const char* name (64-bit pointer)
+}
+
+# The C types of cupti_activity.h by name, so each table entry reads like its prototype (private:
+# this module's public names are the mirrored ones in __all__).
+_CUptiResult = ctypes.c_int
+_CUpti_ActivityKind = ctypes.c_int
+_CUcontext = ctypes.c_void_p
+_uint8_p = ctypes.c_void_p        # uint8_t* buffer: CUPTI hands it back to Python as an int address
+_c_uint32, _c_size_t, _POINTER = ctypes.c_uint32, ctypes.c_size_t, ctypes.POINTER
+
+# typedef void (*CUpti_BuffersCallbackRequestFunc)(uint8_t **buffer, size_t *size, size_t *maxNumRecords);
+_BuffersRequested = ctypes.CFUNCTYPE(None, _POINTER(_uint8_p), _POINTER(_c_size_t), _POINTER(_c_size_t))
+# typedef void (*CUpti_BuffersCallbackCompleteFunc)(CUcontext context, uint32_t streamId, uint8_t *buffer,
+#                                                   size_t size, size_t validSize);
+_BuffersCompleted = ctypes.CFUNCTYPE(None, _CUcontext, _c_uint32, _uint8_p, _c_size_t, _c_size_t)
+
+# name -> (restype, argtypes). The C prototype from cupti_activity.h is the comment above each entry.
+_TABLE = {
+    # CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc funcBufferRequested,
+    #                                            CUpti_BuffersCallbackCompleteFunc funcBufferCompleted);
+    "cuptiActivityRegisterCallbacks": (_CUptiResult, [_BuffersRequested, _BuffersCompleted]),
+    # CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind);
+    "cuptiActivityEnable": (_CUptiResult, [_CUpti_ActivityKind]),
+    # CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind);
+    "cuptiActivityDisable": (_CUptiResult, [_CUpti_ActivityKind]),
+    # CUptiResult cuptiActivityFlushAll(uint32_t flag);
+    "cuptiActivityFlushAll": (_CUptiResult, [_c_uint32]),
+    # CUptiResult cuptiActivityGetNextRecord(uint8_t* buffer, size_t validBufferSizeBytes, CUpti_Activity **record);
+    "cuptiActivityGetNextRecord": (_CUptiResult, [_uint8_p, _c_size_t, _POINTER(ctypes.c_void_p)]),
+}
+
+# CUPTI, opened and bound once per process: (CDLL, path). A failed load is not kept: the next
+# call tries again.
+_loaded: tuple[ctypes.CDLL, str] | None = None
+_lock = threading.Lock()
+
+
+def _library() -> tuple[ctypes.CDLL, str]:
+    """(CUPTI bound from _TABLE, its path); ShimrtError saying what to install if it does not load."""
+    global _loaded
+    with _lock:  # one thread binds the library; the others get what it bound
+        if _loaded is None:
+            try:
+                from cuda.pathfinder import load_nvidia_dynamic_lib
+                path = load_nvidia_dynamic_lib("cupti").abs_path
+                lib = ctypes.CDLL(path)
+            except Exception as exc:
+                raise ShimrtError(f"CUPTI is not available (pip install nvidia-cuda-cupti): {exc}") from None
+            for name, (restype, argtypes) in _TABLE.items():
+                try:
+                    fn = getattr(lib, name)
+                except AttributeError:
+                    raise ShimrtError(f"{path} has no {name}: not a usable CUPTI "
+                                      "(pip install nvidia-cuda-cupti)") from None
+                fn.restype, fn.argtypes = restype, argtypes
+            _loaded = lib, path
+        return _loaded
+
+
+def library_path() -> str | None:
+    """Where CUPTI loads from, or None if it does not load (never raises)."""
+    try:
+        return _library()[1]
+    except ShimrtError:
+        return None
+
+
+def parse_kernel_record(address: int) -> dict:
+    """The fields of KERNEL_RECORD read from a kernel activity record at ``address``, with
+    ``name`` decoded to str."""
+    size = max(o + struct.calcsize(f) for o, f in KERNEL_RECORD.values())
+    raw = ctypes.string_at(address, size)
+    rec = {k: struct.unpack_from("<" + f, raw, o)[0] for k, (o, f) in KERNEL_RECORD.items()}
+    rec["name"] = ctypes.string_at(rec["name"]).decode(errors="replace") if rec["name"] else ""
+    return rec
+
+
+class KernelRecorder:
+    """``with KernelRecorder() as rec: ...`` collects a record per kernel launched inside.
+
+    ``rec.kernels`` is a list of dicts (see KERNEL_RECORD), ``rec.path`` the CUPTI library.
+    Work must have finished by the end of the block (synchronize inside it); the records are
+    flushed on exit. CUPTI's callbacks are process-wide: one recorder at a time.
+    """
+
+    kernels: list[dict]
+    path: str
+
+    def __init__(self) -> None:
+        self.kernels = []
+        self._buffers: dict[int, ctypes.Array] = {}
+        self._lock = threading.Lock()
+        self._error: CuptiResult | None = None  # from a callback, which cannot raise: raised on exit
+        self._lib, self.path = _library()
+        # kept alive here while CUPTI holds them
+        self._requested = _BuffersRequested(self._on_requested)
+        self._completed = _BuffersCompleted(self._on_completed)
+
+    def _on_requested(self, buffer, size, max_records) -> None:
+        raw = ctypes.create_string_buffer(_BUFFER_SIZE + _ALIGN)
+        address = (ctypes.addressof(raw) + _ALIGN - 1) // _ALIGN * _ALIGN
+        with self._lock:
+            self._buffers[address] = raw
+        buffer[0] = address
+        size[0] = _BUFFER_SIZE
+        max_records[0] = 0  # as many as fit
+
+    def _on_completed(self, context, stream_id, buffer, size, valid_size) -> None:
+        record = ctypes.c_void_p()  # NULL: start at the first record
+        while (result := self._lib.cuptiActivityGetNextRecord(buffer, valid_size, ctypes.byref(record))) == 0:
+            kind = ctypes.c_uint32.from_address(record.value).value
+            if kind in (KIND_KERNEL, KIND_CONCURRENT_KERNEL):
+                self.kernels.append(parse_kernel_record(record.value))
+        if result != _MAX_LIMIT_REACHED and self._error is None:
+            self._error = CuptiResult(result)
+        with self._lock:
+            self._buffers.pop(buffer, None)
+
+    def __enter__(self) -> KernelRecorder:
+        lib = self._lib
+        check((CuptiResult(lib.cuptiActivityRegisterCallbacks(self._requested, self._completed)),),
+              "cuptiActivityRegisterCallbacks")
+        check((CuptiResult(lib.cuptiActivityEnable(KIND_CONCURRENT_KERNEL)),), "cuptiActivityEnable")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        lib = self._lib
+        try:
+            check((CuptiResult(lib.cuptiActivityFlushAll(_FLUSH_FORCED)),), "cuptiActivityFlushAll")
+        finally:  # stop recording even if the flush failed
+            check((CuptiResult(lib.cuptiActivityDisable(KIND_CONCURRENT_KERNEL)),), "cuptiActivityDisable")
+        if self._error is not None:
+            check((self._error,), "cuptiActivityGetNextRecord")

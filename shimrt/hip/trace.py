@@ -1,0 +1,49 @@
+"""Kernel tracing on HIP: not available yet.
+
+The mirror of :mod:`shimrt.cuda.trace` (CUPTI activity records, later launch callbacks for
+PyTorch interposition). On ROCm the counterpart is roctracer (rocprofiler), which shimrt does
+not bind yet: the names are here, with the same signatures, and recording raises ShimrtError.
+"""
+
+from __future__ import annotations
+
+from ..errors import ShimrtError
+
+# The trace part's public names; shimrt.cuda.trace has the same ones with the same signatures.
+__all__ = ["KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "KernelRecorder",
+           "library_path"]
+
+_UNAVAILABLE = ("kernel tracing is not available on HIP yet: it needs roctracer (rocprofiler), "
+                "which shimrt does not bind yet")
+
+# CUPTI's activity kinds, kept so code written against the CUDA backend reads the same here.
+KIND_KERNEL = 3
+KIND_CONCURRENT_KERNEL = 10
+
+# The keys of a kernel record, as on CUDA. No layout is bound (roctracer's records are not read
+# yet), so each key maps to None where CUDA has its (offsetof, struct code).
+KERNEL_RECORD = dict.fromkeys((
+    "kind", "registers", "start", "end", "device_id", "stream_id", "grid_x", "grid_y", "grid_z",
+    "block_x", "block_y", "block_z", "static_smem", "dynamic_smem", "local_per_thread", "name",
+))
+
+
+def library_path() -> str | None:
+    """Where the tracing library loads from: always None, none is bound on HIP yet (never raises)."""
+    return None
+
+
+def parse_kernel_record(address: int) -> dict:
+    """Would read a kernel record at ``address``; raises ShimrtError: no record layout is bound on HIP."""
+    raise ShimrtError(_UNAVAILABLE)
+
+
+class KernelRecorder:
+    """The CUDA backend's kernel recorder, not available on HIP: constructing one raises
+    ShimrtError naming what is missing (roctracer)."""
+
+    kernels: list[dict]
+    path: str
+
+    def __init__(self) -> None:
+        raise ShimrtError(_UNAVAILABLE)

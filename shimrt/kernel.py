@@ -1,0 +1,356 @@
+"""Loaded modules and their kernels: checked launches, the launch fast path, and shaping.
+
+``Kernel.launch`` is on the critical path of every step a user times, so for each kernel whose
+parameter layout the driver reports, shimrt builds (once, at first use) a small Python function
+with the layout baked in: each argument is written straight into a per-thread parameter block at
+its offset, with no loop and no lookups of the layout. A device array's pointer comes from a
+per-type getter (:func:`shimrt.args.pointer_getter`: a shimrt Buffer's attribute, a torch
+tensor's ``data_ptr()``, a CuPy array's ``data.ptr``), so torch and CuPy arguments cost about what
+Buffers do. Anything outside the common case (tuples for grid or block, a stream of another
+library, dynamic smem above the current limit, a value of another kind) falls back to the fully
+checked path, so the rules in :mod:`shimrt.args` hold either way.
+
+The shaping padding (:meth:`Kernel.shape`) is one value: computed by :func:`shimrt.occupancy.shape`,
+confirmed against the driver once per kernel, block size and padding (:meth:`Kernel.confirm`),
+and launched as ``dynamic_smem``.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import occupancy
+from .args import Packer, encode, pointer_getters
+from .errors import ShimrtError, UsageError
+from .lifetime import Closing, finalizer
+from .program import Program
+from .stream import Stream
+
+if TYPE_CHECKING:
+    from .device import Device
+
+_MAX_GRID = (2**31 - 1, 65535, 65535)
+#: The carveout a shaped kernel needs: all of the SM's L1/shared split as shared memory.
+SHAPED_CARVEOUT = 100
+
+
+def _dim3(value, what: str) -> tuple[int, int, int]:
+    parts = value if isinstance(value, (tuple, list)) else (value,)
+    if not 1 <= len(parts) <= 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                                            for v in parts):
+        raise UsageError(f"{what} must be an int or a tuple of 1-3 ints, not {value!r}")
+    dims = tuple(int(v) for v in parts)
+    dims = dims + (1,) * (3 - len(dims))
+    if any(d < 1 for d in dims):
+        raise UsageError(f"{what} dimensions must be positive, got {dims}")
+    return dims
+
+
+class Module(Closing):
+    """A loaded program (from :meth:`Device.load`). ``module["name"]`` gives a :class:`Kernel`."""
+
+    def __init__(self, device: "Device", handle, program: Program):
+        self.device, self.program, self._handle = device, program, handle
+        self._kernels: dict[str, Kernel] = {}
+        self._finalizer = finalizer(self, device._drv.module_unload, handle)
+
+    def __repr__(self):
+        return f"<shimrt.Module {self.program.name} on device {self.device.index}>"
+
+    def __getitem__(self, name: str) -> "Kernel":
+        kernel = self._kernels.get(name)
+        if kernel is None:
+            if self._handle is None:
+                raise UsageError("the module is closed")
+            if not isinstance(name, str):
+                raise UsageError(f"kernel names are strings, not {type(name).__name__}")
+            self.device.activate()
+            fn = self.device._drv.module_function(self._handle, name)
+            if fn is None:
+                raise UsageError(f"no kernel {name!r} in {self.program.name}; it has: {', '.join(self.program.kernels)}"
+                                 " (kernels need extern \"C\" or SHIMRT_KERNEL to keep their names)")
+            kernel = self._kernels[name] = Kernel(self, name, fn)
+        return kernel
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.program.resources
+
+    @property
+    def kernels(self) -> list[str]:
+        return self.program.kernels
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Unload the module; its kernels can no longer be launched."""
+        self._handle = None
+        for k in self._kernels.values():
+            k._fn = None
+            k._fast_block_limit = 0  # sends launches to the checked path, which raises
+        self._finalizer()
+
+
+class Kernel:
+    """One kernel of a loaded module."""
+
+    def __init__(self, module: Module, name: str, fn):
+        self.module, self.name, self._fn = module, name, fn
+        self.device = module.device
+        drv = self.device._drv
+        self.resources = module.program.resources.get(name)
+        self.attributes: dict = drv.function_attributes(fn)
+        layout = drv.function_param_layout(fn)
+        if layout is None and name in module.program.params:
+            layout = [tuple(p) for p in module.program.params[name]]
+        self.param_layout = layout
+        self._launch = drv.launcher()
+        self._max_threads = self.attributes["max_threads_per_block"]
+        self._smem_limit = self.attributes["max_dynamic_smem"]
+        self._carveout: int | None = None   # what this process last set (None: the driver's default)
+        self._confirmed: dict[tuple[int, int], int] = {}  # (block, dynamic smem) -> blocks per SM
+        # One parameter block per thread: the driver reads it during the launch call, which
+        # releases the GIL, so threads launching the same kernel must not share one.
+        self._local = threading.local()
+        self._fast_block_limit = self._max_threads  # 0 once the module is closed
+        if self.param_layout is not None:
+            self.launch = build_launch(self)
+
+    def __repr__(self):
+        return f"<shimrt.Kernel {self.name} on {self.device.name}>"
+
+    @property
+    def handle(self):
+        """The backend's function handle (CUfunction / hipFunction_t), for other libraries."""
+        if self._fn is None:
+            raise UsageError(f"kernel {self.name}: its module is closed")
+        return self._fn
+
+    @property
+    def occupancy_resources(self) -> dict:
+        """What the occupancy model needs of this kernel: the driver's ``registers`` and
+        ``static_smem``, and the compiler's ``sgprs`` (AMD; 0 elsewhere)."""
+        return {"registers": self.attributes["registers"], "static_smem": self.attributes["static_smem"],
+                "sgprs": self.resources.sgprs if self.resources is not None else 0}
+
+    def _opt_in(self, dynamic_smem) -> None:
+        """Raise the kernel's dynamic smem limit to ``dynamic_smem`` (needed above 48 KiB): the one
+        check of the padding against the device's per-block limit."""
+        if isinstance(dynamic_smem, bool) or not isinstance(dynamic_smem, (int, np.integer)) or dynamic_smem < 0:
+            raise UsageError(f"dynamic_smem must be a non-negative int of bytes, not {dynamic_smem!r}")
+        smem = int(dynamic_smem)
+        if smem <= self._smem_limit:
+            return
+        static = self.attributes["static_smem"]
+        limit = self.device.target.smem_per_block_optin
+        if static + smem > limit:
+            raise UsageError(f"kernel {self.name}: {smem} B of dynamic shared memory + {static} B static exceeds "
+                             f"the device's {limit} B per block (so at most {limit - static} B dynamic)")
+        self.device.activate()
+        self.device._drv.function_set_max_dynamic_smem(self._fn, smem)
+        self._smem_limit = smem
+
+    def set_carveout(self, percent: int | None) -> None:
+        """Prefer ``percent`` of the SM's L1/shared-memory split as shared memory for this kernel
+        (100: all of it, what shaping needs so that room is left beside it; None: the driver's
+        default, no preference). A no-op when this process already set the same value."""
+        if percent is not None and (isinstance(percent, bool) or not isinstance(percent, int)
+                                    or not 0 <= percent <= 100):
+            raise UsageError(f"carveout must be a percentage 0..100 or None, not {percent!r}")
+        if percent == self._carveout:
+            return
+        self.device.activate()
+        self.device._drv.function_set_carveout(self._fn, -1 if percent is None else percent)
+        self._carveout = percent
+
+    def max_active_blocks(self, block_size: int, dynamic_smem: int = 0) -> int:
+        """Blocks of this kernel that fit on one SM at once (the driver's occupancy query)."""
+        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+                or not 1 <= block_size <= self._max_threads:
+            raise UsageError(f"block_size must be 1..{self._max_threads} for kernel {self.name}, not {block_size!r}")
+        self._opt_in(dynamic_smem)
+        self.device.activate()
+        return self.device._drv.occupancy(self._fn, int(block_size), int(dynamic_smem))
+
+    def shape(self, block_size: int, *, resident_blocks: int | None = None, reserve=None) -> occupancy.Shaping:
+        """:func:`shimrt.occupancy.shape` for this kernel on this device, confirmed with the driver
+        (:meth:`confirm`). Launch with ``dynamic_smem=shaping.dynamic_smem``."""
+        shaping = occupancy.shape(self.device.target, self.occupancy_resources, block_size,
+                                  resident_blocks=resident_blocks, reserve=reserve)
+        self.confirm(block_size, shaping.dynamic_smem, shaping.resident_blocks)
+        return shaping
+
+    def confirm(self, block_size: int, dynamic_smem: int, resident_blocks: int) -> None:
+        """Check a shaping plan with the driver, once per block size and padding: with
+        ``dynamic_smem`` bytes and the whole shared-memory carveout (which this sets: the room left
+        beside the kernel exists only then), exactly ``resident_blocks`` blocks fit per SM, else
+        ShimrtError."""
+        # The SM's shared memory is split from L1 per launch, and a kernel that needs little gets
+        # a small split: its SMs then have no room for a communication block until they drain
+        # (seen on the H200).
+        self.set_carveout(SHAPED_CARVEOUT)
+        key = (int(block_size), int(dynamic_smem))
+        got = self._confirmed.get(key)
+        if got is None:
+            got = self._confirmed[key] = self.max_active_blocks(block_size, dynamic_smem)
+        if got != resident_blocks:
+            raise ShimrtError(f"kernel {self.name}: the driver fits {got} blocks per SM with {dynamic_smem} B "
+                              f"of dynamic smem, the occupancy model promised {resident_blocks}")
+
+    def launch(self, grid, block, *args, stream=None, dynamic_smem: int = 0) -> None:
+        """Launch on ``stream`` (None: the legacy default stream) with ``dynamic_smem`` bytes of
+        dynamic shared memory. ``grid`` and ``block`` are ints or tuples of up to 3 ints. Argument
+        rules: see :mod:`shimrt.args`. Dynamic smem above 48 KiB is opted in automatically.
+        Everything is checked before the launch; a bad launch raises UsageError and runs nothing."""
+        # Replaced per instance by build_launch()'s function when the driver reports the
+        # parameter layout; this is the general path.
+        self._launch_checked(grid, block, args, stream, dynamic_smem)
+
+    def _launch_checked(self, grid, block, args, stream, dynamic_smem) -> None:
+        """Validate everything, then launch."""
+        grid, block, smem, handle = self._validate(grid, block, dynamic_smem, stream)
+        try:
+            packer = self._local.packer
+        except AttributeError:
+            packer = self._local.packer = Packer(self.name, self.param_layout)
+        params = packer.pack(tuple(args))
+        (err,) = self._launch(self._fn, *grid, *block, smem, handle, params, 0)
+        if err:
+            self._launch_failed(err, grid, block, smem, handle, params)
+
+    def _validate(self, grid, block, dynamic_smem, stream):
+        """(grid, block, dynamic smem, stream handle) of a launch after every check, dims as 3-tuples."""
+        if self._fn is None:
+            raise UsageError(f"kernel {self.name}: its module is closed")
+        grid, block = _dim3(grid, "grid"), _dim3(block, "block")
+        if any(g > m for g, m in zip(grid, _MAX_GRID, strict=True)):
+            raise UsageError(f"grid {grid} exceeds the limits {_MAX_GRID}")
+        threads = block[0] * block[1] * block[2]
+        if threads > self._max_threads:
+            raise UsageError(f"kernel {self.name}: a block of {threads} threads exceeds its limit of "
+                             f"{self._max_threads} (from its registers and launch bounds)")
+        self._opt_in(dynamic_smem)
+        return grid, block, int(dynamic_smem), self.device._stream_ref(stream)
+
+    def prepare(self, grid, block, *args, stream=None, dynamic_smem: int = 0):
+        """Check and pack a launch once; return a function that repeats it with no further work.
+
+        For hot loops that launch the same kernel with the same arguments (timing runs,
+        schedules replayed every step): ``run = kernel.prepare(grid, block, *args, stream=s)``,
+        then ``run()``. The same rules and checks as :meth:`launch` apply, once. The function
+        keeps the arguments and the stream alive; freeing a Buffer it uses or closing its stream
+        makes it invalid.
+        """
+        (gx, gy, gz), (bx, by, bz), smem, handle = self._validate(grid, block, dynamic_smem, stream)
+        packer = Packer(self.name, self.param_layout)
+        address = packer.pack(tuple(args))
+        raw, fn, failed = self._launch, self._fn, self._launch_failed
+        keep = (packer, args, stream, self)  # the parameter block, the buffers, the stream
+
+        def run() -> None:
+            err = raw(fn, gx, gy, gz, bx, by, bz, smem, handle, address, 0)[0]
+            if err:
+                failed(err, (gx, gy, gz), (bx, by, bz), smem, handle, address)
+
+        run.keep = keep
+        run.__doc__ = f"Launch {self.name} as prepared: grid {(gx, gy, gz)}, block {(bx, by, bz)}, " \
+                      f"dynamic smem {smem}."
+        return run
+
+    def _thread_block(self):
+        """This thread's parameter block for the fast path: (memoryview, pointer-array address)."""
+        packer = Packer(self.name, self.param_layout)
+        self._local.block = packer.block()
+        self._local.block_owner = packer  # keeps the ctypes memory alive
+        return self._local.block
+
+    def _launch_failed(self, err, grid, block, smem, handle, params):
+        drv = self.device._drv
+        if drv.is_invalid_context(err):  # first launch from a new thread: make the context current
+            self.device.activate()
+            (err,) = self._launch(self._fn, *grid, *block, smem, handle, params, 0)
+            if not err:
+                return
+        drv.launch_error(err)
+
+
+# --- the launch fast path ----------------------------------------------------------------------
+
+_PUT = {  # size -> (struct code for a Python int, for a Python float)
+    1: ("b", None), 2: ("h", None), 4: ("i", "f"), 8: ("q", "d"),
+}
+
+
+def build_launch(kernel: Kernel):
+    """A function launch(grid, block, *args, stream=None, dynamic_smem=0) for ``kernel``, specialised
+    to its parameter layout (see the module docstring)."""
+    layout = kernel.param_layout
+    n = len(layout)
+    names = [f"a{i}" for i in range(n)]
+    ns = {
+        "kernel": kernel, "device": kernel.device, "Stream": Stream, "encode": encode,
+        # Fixed for the kernel's life (a closed module fails the guard before they are used):
+        "fn": kernel._fn, "raw_launch": kernel._launch, "local": kernel._local,
+        "null": kernel.device._stream_ref(None), "pointers": pointer_getters(),
+        "put_ptr": struct.Struct("<Q").pack_into, "StructError": struct.error,
+    }
+    body = []
+    for i, (offset, size) in enumerate(layout):
+        a = names[i]
+        generic = f"view[{offset}:{offset + size}] = encode({i}, {a}, {size})"
+        if size in _PUT:
+            int_code, float_code = _PUT[size]
+            ns[f"put_i{size}"] = struct.Struct("<" + int_code).pack_into
+            lines = [f"    t = type({a})"]
+            if size == 8:  # a device array first (the commonest): its pointer through its type's getter
+                lines += ["    get = pointers.get(t)", "    if get is not None:", "        try:",
+                          f"            put_ptr(view, {offset}, get({a}))",
+                          "        except StructError:", f"            {generic}", "    elif t is int:"]
+            else:
+                lines += ["    if t is int:"]
+            lines += ["        try:", f"            put_i{size}(view, {offset}, {a})",
+                      "        except StructError:", f"            {generic}"]
+            if float_code:
+                ns[f"put_f{size}"] = struct.Struct("<" + float_code).pack_into
+                lines += ["    elif t is float:", f"        put_f{size}(view, {offset}, {a})"]
+            body += lines + ["    else:", f"        {generic}"]
+        else:
+            body.append(f"    {generic}")
+    unpack = f"    {', '.join(names)}{',' if n == 1 else ''} = args" if n else ""
+    src = "\n".join([
+        "def launch(grid, block, *args, stream=None, dynamic_smem=0):",
+        # Tuples, floats, wrong counts (the unpacking) and sizes out of range leave for the
+        # checked path, which says precisely what is wrong.
+        "    try:",
+        "        if not (type(grid) is int and type(block) is int and type(dynamic_smem) is int",
+        "                and 0 < grid <= 2147483647 and 0 < block <= kernel._fast_block_limit",
+        "                and 0 <= dynamic_smem <= kernel._smem_limit):",
+        "            return kernel._launch_checked(grid, block, args, stream, dynamic_smem)",
+        f"    {unpack}" if n else "        if args: raise ValueError",
+        "    except (TypeError, ValueError):",
+        "        return kernel._launch_checked(grid, block, args, stream, dynamic_smem)",
+        "    if stream is None:",
+        "        handle = null",
+        "    elif type(stream) is Stream and stream._launch_device is device:",
+        "        handle = stream._handle",
+        "    else:",
+        "        handle = device._stream_ref(stream)",
+        "    try:",
+        "        view, address = local.block",
+        "    except AttributeError:",
+        "        view, address = kernel._thread_block()",
+        *body,
+        "    err = raw_launch(fn, grid, 1, 1, block, 1, 1, dynamic_smem, handle, address, 0)[0]",
+        "    if err:",
+        "        kernel._launch_failed(err, (grid, 1, 1), (block, 1, 1), dynamic_smem, handle, address)",
+    ])
+    exec(compile(src, f"<shimrt launch of {kernel.name}>", "exec"), ns)
+    launch = ns["launch"]
+    launch.__doc__ = Kernel.launch.__doc__
+    launch.source = src  # for the curious and for tests
+    return launch

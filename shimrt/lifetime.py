@@ -1,0 +1,38 @@
+"""Object lifetime shared by everything that owns a driver resource.
+
+Every such object frees it on ``close()``, on leaving its ``with`` block, when it is garbage
+collected, or at interpreter exit (children before the device). Errors during that late cleanup
+are ignored rather than printed: the driver may already be gone.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+
+def _quiet(release: Callable[..., Any], *args) -> None:
+    """Run a release call from a finalizer; the driver may already be gone at exit."""
+    try:
+        release(*args)
+    except Exception:
+        pass
+
+
+def finalizer(owner: object, release: Callable[..., Any], *args) -> weakref.finalize:
+    """A finalizer that calls ``release(*args)`` once: when called, when ``owner`` is collected, or
+    at exit; never raising from the late paths."""
+    return weakref.finalize(owner, _quiet, release, *args)
+
+
+class Closing:
+    """``with obj:`` closes ``obj`` on leaving the block."""
+
+    def close(self) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

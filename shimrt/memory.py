@@ -1,0 +1,157 @@
+"""Device memory: :class:`Buffer`, its host and device copies, and its array interfaces.
+
+Buffers export ``__cuda_array_interface__`` and DLPack. Host copies with ``stream=None`` first
+wait for all work on the device and return when the copy is done; with a stream they are ordered
+on it (and still return when done).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import UsageError
+from .lifetime import Closing, finalizer
+
+if TYPE_CHECKING:
+    from .device import Device
+
+
+def as_shape(shape) -> tuple[int, ...]:
+    """``shape`` (an int or a sequence of ints) as a tuple of non-negative ints."""
+    parts = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in parts):
+        raise UsageError(f"shape must be an int or a sequence of ints, not {shape!r}")
+    dims = tuple(int(s) for s in parts)
+    if any(s < 0 for s in dims):
+        raise UsageError(f"shape must be non-negative, got {dims}")
+    return dims
+
+
+class Buffer(Closing):
+    """Device memory with a dtype and shape (made by :meth:`Device.empty`, ``alloc`` and
+    ``to_device``). Freed by :meth:`free` (or ``close``), its ``with`` block, or collection."""
+
+    def __init__(self, device: "Device", ptr: int, nbytes: int, shape, dtype, owner: "Buffer | None"):
+        self.device, self.nbytes, self.shape, self.dtype = device, nbytes, tuple(shape), np.dtype(dtype)
+        self.device_pointer = ptr  # read by the launch fast path; None once freed
+        self._owner = owner        # the Buffer whose memory a view shares
+        self._finalizer = finalizer(self, device._drv.mem_free, ptr) if owner is None and ptr else None
+
+    def __repr__(self):
+        return f"<shimrt.Buffer {self.shape} {self.dtype} on device {self.device.index}>"
+
+    @property
+    def ptr(self) -> int:
+        """The device address; UsageError once the memory is freed."""
+        if self.device_pointer is None or (self._owner is not None and self._owner.device_pointer is None):
+            raise UsageError("the buffer has been freed")
+        return self.device_pointer
+
+    @property
+    def size(self) -> int:
+        """Elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def view(self, dtype=None, shape=None) -> "Buffer":
+        """The same memory as another dtype and/or shape (same number of bytes)."""
+        dtype = np.dtype(dtype or self.dtype)
+        if shape is None:
+            if self.nbytes % dtype.itemsize:
+                raise UsageError(f"{self.nbytes} bytes are not a whole number of {dtype}")
+            shape = (self.nbytes // dtype.itemsize,)
+        shape = as_shape(shape)
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != self.nbytes:
+            raise UsageError(f"a view of shape {shape} and dtype {dtype} is not {self.nbytes} bytes")
+        return Buffer(self.device, self.ptr, self.nbytes, shape, dtype, owner=self._owner or self)
+
+    def __getitem__(self, index: slice) -> "Buffer":
+        """A view of a contiguous range of a 1-D buffer: ``buf[start:stop]`` (no step)."""
+        if len(self.shape) != 1 or not isinstance(index, slice) or index.step not in (None, 1):
+            raise UsageError("buffers can be sliced as buf[start:stop] when one-dimensional")
+        start, stop, _ = index.indices(self.shape[0])
+        count = max(stop - start, 0)
+        return Buffer(self.device, self.ptr + start * self.dtype.itemsize, count * self.dtype.itemsize, (count,),
+                      self.dtype, owner=self._owner or self)
+
+    def _host(self, array, writable: bool) -> np.ndarray:
+        usable = isinstance(array, np.ndarray) and array.flags.c_contiguous
+        if not usable or (writable and not array.flags.writeable):
+            raise UsageError("host array must be a C-contiguous" + (" writable" if writable else "") + " numpy array")
+        if array.nbytes != self.nbytes:
+            raise UsageError(f"host array has {array.nbytes} bytes, the buffer {self.nbytes}")
+        return array
+
+    def _copy(self, fn, a, b, stream) -> None:
+        dev = self.device
+        dev.activate()
+        drv = dev._drv
+        if stream is None:
+            drv.synchronize()
+            fn(a, b, self.nbytes, dev._stream_ref(None))
+            drv.synchronize()
+        else:
+            ref = dev._stream_ref(stream)
+            fn(a, b, self.nbytes, ref)
+            drv.stream_synchronize(ref)
+
+    def copy_from_host(self, array: np.ndarray, stream=None) -> "Buffer":
+        """Copy a host array of the same byte size into the buffer."""
+        host = self._host(array, writable=False)
+        if self.nbytes:
+            self._copy(self.device._drv.memcpy_htod, self.ptr, host.ctypes.data, stream)
+        return self
+
+    def copy_to_host(self, out: np.ndarray | None = None, stream=None) -> np.ndarray:
+        """Copy the buffer into ``out`` (or a new array of its dtype and shape) and return it."""
+        out = np.empty(self.shape, self.dtype) if out is None else self._host(out, writable=True)
+        if self.nbytes:
+            self._copy(self.device._drv.memcpy_dtoh, out.ctypes.data, self.ptr, stream)
+        return out
+
+    def numpy(self, stream=None) -> np.ndarray:
+        """A new host array with the buffer's contents."""
+        return self.copy_to_host(stream=stream)
+
+    def copy_from(self, other: "Buffer", stream=None) -> "Buffer":
+        """Copy another device buffer of the same byte size into this one."""
+        if not isinstance(other, Buffer):
+            raise UsageError(f"copy_from() takes a shimrt Buffer, not {type(other).__name__}")
+        if other.nbytes != self.nbytes:
+            raise UsageError(f"source has {other.nbytes} bytes, the buffer {self.nbytes}")
+        if self.nbytes:
+            self._copy(self.device._drv.memcpy_dtod, self.ptr, other.ptr, stream)
+        return self
+
+    def memset(self, value: int, stream=None) -> "Buffer":
+        """Set every byte to ``value`` (0-255)."""
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
+            raise UsageError(f"memset takes a byte value 0-255, not {value!r}")
+        if self.nbytes:
+            self._copy(self.device._drv.memset_d8, self.ptr, int(value), stream)
+        return self
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ptr, False),
+                "version": 3, "strides": None, "stream": None}
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self.device._drv.DLPACK_DEVICE_TYPE, self.device.index)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        from . import dlpack
+        if copy:
+            raise BufferError("shimrt buffers are exported without copying")
+        if stream is not None and stream != -1:
+            self.device.synchronize()  # the consumer's stream then sees finished data
+        return dlpack.export(self, self.ptr, self.shape, self.dtype, self.__dlpack_device__())
+
+    def free(self) -> None:
+        """Free the memory now (a view only forgets it)."""
+        self.device_pointer = None
+        if self._finalizer is not None:
+            self._finalizer()
+
+    close = free

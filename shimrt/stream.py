@@ -1,0 +1,124 @@
+"""Streams and events of a Device.
+
+A :class:`Stream` is non-blocking with a fixed priority; an :class:`Event` is recorded on a stream,
+waited for, or timed against another. Waits may be bounded (``timeout``): a ShimrtError then says
+what did not finish instead of hanging.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import waiting
+from .errors import ShimrtError, UsageError
+from .lifetime import Closing, finalizer
+
+if TYPE_CHECKING:
+    from .device import Device
+
+
+def wait_until(query, timeout: float, what: str) -> None:
+    """Poll ``query`` until it is true; ShimrtError after ``timeout`` seconds."""
+    if not waiting.until(query, timeout):
+        raise ShimrtError(f"{what} did not finish within {timeout} s")
+
+
+class Stream(Closing):
+    """A non-blocking stream with a fixed priority (``priority`` is read back from the driver).
+    Made by :meth:`Device.stream`."""
+
+    def __init__(self, device: "Device", handle):
+        self.device, self._handle = device, handle
+        self._launch_device = device  # what the launch fast path checks; None once closed
+        self._finalizer = finalizer(self, device._drv.stream_destroy, handle)
+
+    def __repr__(self):
+        return f"<shimrt.Stream on device {self.device.index}{', closed' if self._handle is None else ''}>"
+
+    @property
+    def priority(self) -> int:
+        return self.device._drv.stream_priority(self._live())
+
+    @property
+    def handle(self) -> int:
+        """The stream as an integer, for other libraries."""
+        return self.device._drv.stream_handle(self._live())
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+    def _live(self):
+        if self._handle is None:
+            raise UsageError("the stream is closed")
+        return self._handle
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait for the stream's work (ShimrtError after ``timeout`` seconds when given)."""
+        self.device.activate()
+        if timeout is not None:
+            wait_until(self.query, timeout, "the stream's work")
+        self.device._drv.stream_synchronize(self._live())
+
+    def query(self) -> bool:
+        """True when everything queued on the stream has finished."""
+        return self.device._drv.stream_query(self._live())
+
+    def wait(self, event: "Event") -> None:
+        """Make later work on this stream wait for ``event``."""
+        if not isinstance(event, Event):
+            raise UsageError(f"wait() takes a shimrt Event, not {type(event).__name__}")
+        self.device._drv.stream_wait_event(self._live(), event._live())
+
+    def record(self, event: "Event | None" = None) -> "Event":
+        """Record ``event`` (or a new timing event) on this stream and return it."""
+        event = event or self.device.event()
+        event.record(self)
+        return event
+
+    def close(self) -> None:
+        self._handle = self._launch_device = None
+        self._finalizer()
+
+
+class Event(Closing):
+    """A device event: record on a stream, wait for it, time between two of them. Made by
+    :meth:`Device.event`."""
+
+    def __init__(self, device: "Device", handle, timing: bool):
+        self.device, self._handle, self.timing = device, handle, timing
+        self._finalizer = finalizer(self, device._drv.event_destroy, handle)
+
+    def _live(self):
+        if self._handle is None:
+            raise UsageError("the event is closed")
+        return self._handle
+
+    def record(self, stream=None) -> "Event":
+        """Record on ``stream`` (a shimrt Stream, None for the legacy default stream, or another
+        library's stream)."""
+        self.device._drv.event_record(self._live(), self.device._stream_ref(stream))
+        return self
+
+    def query(self) -> bool:
+        """True when the event has completed."""
+        return self.device._drv.event_query(self._live())
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait for the event (ShimrtError after ``timeout`` seconds when given)."""
+        if timeout is not None:
+            wait_until(self.query, timeout, "the event")
+        self.device._drv.event_synchronize(self._live())
+
+    def elapsed_ms(self, end: "Event") -> float:
+        """Milliseconds from this event to ``end`` (both recorded, both with timing)."""
+        if not (self.timing and end.timing):
+            raise UsageError("elapsed time needs events created with timing=True")
+        return self.device._drv.event_elapsed_ms(self._live(), end._live())
+
+    def close(self) -> None:
+        self._handle = None
+        self._finalizer()

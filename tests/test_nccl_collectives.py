@@ -1,0 +1,279 @@
+"""The collectives' one path, without a GPU: the buffer-size rule of every collective, the table
+against the Communicator and against the loaded NCCL's functions, the library cache, and which
+library unique_id() asks."""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import os
+import threading
+
+import pytest
+from conftest import skip_or_fail
+
+from shimrt import CollectiveError, UsageError
+from shimrt.arrays import ArrayInfo
+from shimrt.nccl import COLLECTIVES, Communicator, buffer_counts, library, nccl_count, unique_id
+from shimrt.nccl import communicator as comm_mod
+
+SIZES = (1, 2, 3, 8)
+COUNTS = (0, 1, 5, 1000)
+
+
+def info(count: int, dtype: str = "float32") -> ArrayInfo:
+    return ArrayInfo(pointer=0x1000, dtype=dtype, count=count, itemsize=4)
+
+
+@pytest.fixture(scope="module")
+def nccl():
+    try:
+        return library.load("cuda")
+    except CollectiveError as exc:
+        skip_or_fail("nccl", f"NCCL is not installed (pip install 'shimrt[nccl]'): {exc}")
+
+
+# --- the size rule ------------------------------------------------------------------------------
+
+def expected(collective: str, count: int, size: int) -> tuple[int, int]:
+    """nccl.h's meaning of each count, written out independently of the table."""
+    if collective == "all_gather":
+        return count, count * size          # sendcount; the receive holds every rank's
+    if collective == "reduce_scatter":
+        return count * size, count          # recvcount; the send holds a block per rank
+    return count, count
+
+
+@pytest.mark.parametrize("collective", sorted(COLLECTIVES))
+@pytest.mark.parametrize("size", SIZES)
+def test_buffer_counts_and_nccl_count_agree_with_nccl_h(collective, size):
+    for count in COUNTS:
+        send, recv = buffer_counts(collective, count, size)
+        assert (send, recv) == expected(collective, count, size)
+        assert nccl_count(collective, info(send), info(recv), size) == count
+        # The same buffers described by their send count or their larger count.
+        assert buffer_counts(collective, send, size, given="send") == (send, recv)
+        assert buffer_counts(collective, max(send, recv), size, given="largest") == (send, recv)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_counts_that_do_not_split_into_blocks_round_down(size):
+    assert buffer_counts("reduce_scatter", 10 * size + size - 1, size, given="send") == (10 * size, 10)
+    assert buffer_counts("all_gather", 10 * size + size - 1, size, given="largest") == (10, 10 * size)
+    assert buffer_counts("all_reduce", 10 * size + size - 1, size, given="largest") == (11 * size - 1,) * 2
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_short_buffers_are_refused_naming_the_counts(size):
+    k = 7
+    with pytest.raises(UsageError, match=rf"^all_gather: receive holds {k * size - 1} elements, "
+                                         rf"needs {k} x {size} ranks = {k * size}$"):
+        nccl_count("all_gather", info(k), info(k * size - 1), size)
+    with pytest.raises(UsageError, match=rf"^reduce_scatter: send holds {k * size - 1} elements, "
+                                         rf"needs {k} x {size} ranks = {k * size}$"):
+        nccl_count("reduce_scatter", info(k * size - 1), info(k), size)
+    for collective in ("all_reduce", "broadcast", "reduce"):
+        for recv in (k - 1, k + 1):
+            with pytest.raises(UsageError, match=rf"^{collective}: receive holds {recv} elements, send {k}; "
+                                                 "they must be equal$"):
+                nccl_count(collective, info(k), info(recv), size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_larger_gathering_side_is_accepted(size):
+    assert nccl_count("all_gather", info(4), info(4 * size + 3), size) == 4
+    assert nccl_count("reduce_scatter", info(4 * size + 3), info(4), size) == 4
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: buffer_counts("all_to_all", 4, 2), "collective must be one of all_reduce, .*not 'all_to_all'"),
+    (lambda: buffer_counts("all_reduce", 4, 0), "size must be an int >= 1, not 0"),
+    (lambda: buffer_counts("all_reduce", 4, True), "size must be an int >= 1, not True"),
+    (lambda: buffer_counts("all_reduce", -1, 2), "count must be an int >= 0, not -1"),
+    (lambda: buffer_counts("all_reduce", 4.0, 2), "count must be an int >= 0, not 4.0"),
+    (lambda: buffer_counts("all_reduce", 4, 2, given="recv"), "given must be one of nccl, send, largest"),
+    (lambda: nccl_count("gather", info(1), info(1), 1), "not 'gather'"),
+    (lambda: nccl_count("all_gather", info(1), info(2), -2), "size must be an int >= 1, not -2"),
+])
+def test_bad_arguments_of_the_rule_are_refused(call, message):
+    with pytest.raises(UsageError, match=message):
+        call()
+
+
+# --- the table -------------------------------------------------------------------------------
+
+NOT_COLLECTIVES = {"collective", "group", "wait", "abort", "close", "local"}
+
+
+def test_the_table_covers_exactly_the_communicators_collectives():
+    public = {n for n in vars(Communicator) if not n.startswith("_") and callable(getattr(Communicator, n))}
+    assert NOT_COLLECTIVES <= public
+    assert public - NOT_COLLECTIVES == set(COLLECTIVES)
+
+
+class Recording(Communicator):
+    """A Communicator whose one path records its calls (no device, no NCCL)."""
+
+    def __init__(self):  # nothing to open
+        self.calls = []
+
+    def collective(self, name, send, recv=None, **kw):
+        self.calls.append((name, send, recv, {k: v for k, v in kw.items() if v is not None}))
+
+
+def test_every_named_method_is_one_call_of_its_row():
+    c = Recording()
+    c.all_reduce("s", "r", op="max", stream="st")
+    c.broadcast("s", root=2)
+    c.reduce("s", "r", op="min", root=1)
+    c.all_gather("s", "r")
+    c.reduce_scatter("s", "r", op="avg")
+    c.send("b", 3)
+    c.recv("b", 4, stream="st")
+    assert c.calls == [("all_reduce", "s", "r", {"op": "max", "stream": "st"}),
+                       ("broadcast", "s", None, {"root": 2}),
+                       ("reduce", "s", "r", {"op": "min", "root": 1}),
+                       ("all_gather", "s", "r", {}),
+                       ("reduce_scatter", "s", "r", {"op": "avg"}),
+                       ("send", "b", None, {"peer": 3}),
+                       ("recv", "b", None, {"peer": 4, "stream": "st"})]
+    assert {name for name, *_ in c.calls} == set(COLLECTIVES)
+
+
+def test_each_rows_arguments_match_its_prototype_and_reach_nccl(nccl):
+    """The argument tuple each row builds has the prototype's arity and types: the real NCCL
+    takes it and, given no communicator, refuses it for that reason alone."""
+    for name, row in COLLECTIVES.items():
+        restype, argtypes = library.TABLE[row.function]
+        args = row.arguments(0x1000, 0x2000, 16, library.DATATYPES["float32"], library.REDOPS["sum"], 0,
+                             ctypes.c_void_p(), ctypes.c_void_p())
+        assert len(args) == len(argtypes), name
+        result = getattr(nccl, row.function)(*args)
+        assert library.RESULTS[result] == "ncclInvalidArgument", name
+        assert b"comm argument is NULL" in nccl.ncclGetLastError(None), name
+
+
+def test_the_rows_say_what_each_collective_takes():
+    takes = {name: (row.reduces, row.rank, row.in_place, row.buffers) for name, row in COLLECTIVES.items()}
+    assert takes == {"all_reduce": (True, None, True, 2), "broadcast": (False, "root", True, 2),
+                     "reduce": (True, "root", True, 2), "all_gather": (False, None, False, 2),
+                     "reduce_scatter": (True, None, False, 2), "send": (False, "peer", False, 1),
+                     "recv": (False, "peer", False, 1)}
+    # The public methods' keywords are what their rows take.
+    for name, row in COLLECTIVES.items():
+        params = set(inspect.signature(getattr(Communicator, name)).parameters)
+        assert ("op" in params) == row.reduces and ("root" in params) == (row.rank == "root"), name
+        assert ("peer" in params) == (row.rank == "peer"), name
+
+
+class DeviceArray:
+    """The minimum arrays.describe reads: a __cuda_array_interface__ (nothing is dereferenced)."""
+
+    def __init__(self, count, typestr="<f4", ptr=0x1000):
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (count,), "typestr": typestr,
+                                         "version": 3}
+
+
+def test_buffers_options_and_ranks_are_checked_per_row():
+    ar, ag, send, bc = (COLLECTIVES[n] for n in ("all_reduce", "all_gather", "send", "broadcast"))
+    x = DeviceArray(8)
+    s, r = comm_mod._buffers("all_reduce", ar, x, None)
+    assert s is r and s.count == 8
+    with pytest.raises(UsageError, match=r"all_gather needs a receive buffer \(recv=None, in place, is for "
+                                         "all_reduce, broadcast, reduce\\)"):
+        comm_mod._buffers("all_gather", ag, x, None)
+    with pytest.raises(UsageError, match="send takes one buffer"):
+        comm_mod._buffers("send", send, x, DeviceArray(8))
+    with pytest.raises(UsageError, match="float32 but receive is int32"):
+        comm_mod._buffers("all_reduce", ar, x, DeviceArray(8, "<i4", 0x2000))
+    assert comm_mod._op("all_reduce", ar, None) == library.REDOPS["sum"]
+    with pytest.raises(UsageError, match="op must be one of sum, prod, max, min, avg, not 'mean'"):
+        comm_mod._op("all_reduce", ar, "mean")
+    with pytest.raises(UsageError, match="all_gather takes no op"):
+        comm_mod._op("all_gather", ag, "sum")
+    assert comm_mod._rank("broadcast", bc, 4, None, None) == 0
+    with pytest.raises(UsageError, match=r"root must be a rank in 0..3, not 4"):
+        comm_mod._rank("broadcast", bc, 4, 4, None)
+    with pytest.raises(UsageError, match=r"root must be a rank in 0..3, not True"):
+        comm_mod._rank("broadcast", bc, 4, True, None)
+    with pytest.raises(UsageError, match=r"peer must be a rank in 0..1, not None"):
+        comm_mod._rank("send", send, 2, None, None)
+    with pytest.raises(UsageError, match="broadcast takes no peer"):
+        comm_mod._rank("broadcast", bc, 2, None, 1)
+    with pytest.raises(UsageError, match="all_gather takes no root"):
+        comm_mod._rank("all_gather", ag, 2, 0, None)
+
+
+# --- the library: loaded once per path ----------------------------------------------------------
+
+def test_a_second_load_is_the_same_library_and_opens_nothing(nccl, monkeypatch):
+    def no_dlopen(*args, **kwargs):
+        raise AssertionError("load() opened the library again")
+    monkeypatch.setattr(library.ctypes, "CDLL", no_dlopen)
+    assert library.load("cuda") is nccl
+    assert library.load() is nccl
+
+
+def test_the_same_file_by_another_path_is_the_same_library(nccl, monkeypatch, tmp_path):
+    link = tmp_path / "libnccl-link.so.2"
+    link.symlink_to(os.path.realpath(nccl.path))
+    monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(link))
+    assert library.load("cuda") is nccl
+
+
+def test_threads_loading_at_once_share_one_library(nccl, monkeypatch):
+    monkeypatch.setattr(library, "_loaded", {})  # a fresh process's cache, for this test only
+    got, start = [], threading.Barrier(8)
+
+    def one():
+        start.wait()
+        got.append(library.load("cuda"))
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == 8 and len({id(lib) for lib in got}) == 1
+    assert got[0] is not nccl and got[0].path == nccl.path and got[0].missing == ()
+
+
+def test_a_failing_path_is_still_reported_after_a_load(nccl, monkeypatch, tmp_path):
+    monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(tmp_path / "libnccl-nope.so"))
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))
+    with pytest.raises(CollectiveError, match="RCCL.*libnccl-nope.so.*rocm/lib/librccl.so.*librccl.so"):
+        library.load("hip")
+    assert library.load("cuda") is nccl  # NCCL's search goes on past a missing SHIMRT_NCCL_LIBRARY
+    monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(tmp_path / "libnccl-other.so"))
+    with pytest.raises(CollectiveError, match="libnccl-other.so"):
+        library.load("hip")
+
+
+def test_an_unknown_backend_is_refused():
+    with pytest.raises(UsageError, match="backend must be one of cuda, hip, not 'metal'"):
+        library.load("metal")
+
+
+# --- unique_id: the library of the backend -------------------------------------------------------
+
+def test_unique_id_comes_from_the_wheels_nccl(nccl, monkeypatch):
+    monkeypatch.delenv("SHIMRT_BACKEND", raising=False)
+    a, b = unique_id(), unique_id(nccl)
+    assert len(a) == len(b) == 128 and any(a) and a != b
+
+
+def test_unique_id_under_hip_looks_for_rccl(monkeypatch, tmp_path):
+    monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(tmp_path / "libnccl-nope.so"))
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))
+    with pytest.raises(CollectiveError, match=r"RCCL \(librccl.so\) not found.*rocm/lib/librccl.so"):
+        unique_id(backend="hip")
+    monkeypatch.setenv("SHIMRT_BACKEND", "hip")  # a Device-less process follows SHIMRT_BACKEND
+    with pytest.raises(CollectiveError, match="librccl"):
+        unique_id()
+
+
+def test_unique_id_takes_a_lib_or_a_backend(nccl):
+    with pytest.raises(UsageError, match="not both"):
+        unique_id(nccl, backend="cuda")
+    with pytest.raises(UsageError, match="backend must be one of cuda, hip, not 'rocm'"):
+        unique_id(backend="rocm")

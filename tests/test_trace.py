@@ -1,0 +1,140 @@
+"""Kernel tracing without a GPU: the CUPTI record layout shimrt reads equals the C compiler's for
+the installed header, CUPTI's results reach the CUDA backend's one check helper, the HIP trace
+part mirrors the CUDA one and says what it lacks; and the NCCL library loads from the wheel."""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import skip_or_fail
+
+from shimrt import CollectiveError, DriverError, ShimrtError
+from shimrt.cuda import check
+from shimrt.cuda import trace as cuda_trace
+from shimrt.hip import trace as hip_trace
+from shimrt.nccl import library
+
+HERE = Path(__file__).parent
+
+
+def test_kernel_record_layout_matches_cupti_activity_h(tmp_path):
+    try:  # the cupti and runtime wheels share nvidia/cuXX/include (cupti_activity.h needs cuda.h)
+        from cuda.pathfinder import find_nvidia_header_directory
+        include = cuda_include = find_nvidia_header_directory("cudart")
+    except Exception as exc:
+        include = cuda_include = None
+        why = str(exc)
+    else:
+        why = "header not found"
+    needed = ("cupti_activity.h", "cuda.h", "crt/host_defines.h")
+    if not include or not all((Path(include) / h).is_file() for h in needed) or shutil.which("gcc") is None:
+        skip_or_fail("cupti-layout", "needs gcc and the headers of nvidia-cuda-cupti, nvidia-cuda-runtime and "
+                     f"nvidia-cuda-crt (pip install -e '.[test]'): {why}")
+    exe = tmp_path / "offsets"
+    subprocess.run(["gcc", f"-I{include}", f"-I{cuda_include}", "-o", str(exe), str(HERE / "data" / "cupti_offsets.c")],
+                   check=True, timeout=300)
+    rows = [line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                    check=True).stdout.splitlines()]
+    c_layout = {name: (int(off), int(size)) for name, off, size in rows}
+    assert c_layout.pop("KIND_KERNEL")[0] == cuda_trace.KIND_KERNEL
+    assert c_layout.pop("KIND_CONCURRENT_KERNEL")[0] == cuda_trace.KIND_CONCURRENT_KERNEL
+    ours = {k: (o, struct.calcsize("<" + f)) for k, (o, f) in cuda_trace.KERNEL_RECORD.items()}
+    assert ours == c_layout
+
+
+def cupti_path() -> str:
+    """The CUPTI of the nvidia-cuda-cupti wheel (CI must have it: a skip hides nothing there)."""
+    path = cuda_trace.library_path()
+    if path is None:
+        skip_or_fail("cupti-layout", "CUPTI does not load (pip install nvidia-cuda-cupti)")
+    return path
+
+
+def test_cupti_results_become_driver_errors_named_by_cupti():
+    # What the library itself says of CUPTI_ERROR_INVALID_PARAMETER (1), asked directly. Without an
+    # NVIDIA driver CUPTI answers nothing, not even this: then shimrt must say so, not make a name up.
+    lib = ctypes.CDLL(cupti_path())
+    lib.cuptiGetResultString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    text = ctypes.c_char_p()
+    answered = lib.cuptiGetResultString(1, ctypes.byref(text))
+
+    assert check.check((check.CuptiResult(0),), "cuptiActivityEnable") is None
+    with pytest.raises(DriverError) as info:
+        check.check((check.CuptiResult(1),), "cuptiActivityEnable")
+    err = info.value
+    assert (err.call, err.code) == ("cuptiActivityEnable", 1)
+    assert str(err).startswith(f"cuptiActivityEnable failed: {err.name} (1): ")
+    if answered == 0:
+        assert err.name == text.value.decode() == "CUPTI_ERROR_INVALID_PARAMETER"
+        assert err.description
+    else:
+        assert err.name == "CUptiResult 1"
+        assert f"cuptiGetResultString failed too ({answered})" in err.description
+        assert "NVIDIA driver" in err.description
+
+
+def test_kernel_recorder_failures_come_through_the_check_helper():
+    path = cupti_path()
+    try:
+        with cuda_trace.KernelRecorder() as rec:
+            pass
+    except DriverError as exc:  # no NVIDIA driver here: CUPTI refuses to start, as a DriverError
+        assert exc.call in ("cuptiActivityRegisterCallbacks", "cuptiActivityEnable")
+        assert exc.code != 0 and (exc.name, exc.code, exc.description) == check.describe(check.CuptiResult(exc.code))
+    else:  # a driver: recording nothing works
+        assert isinstance(rec.kernels, list) and rec.path == path
+
+
+def test_hip_trace_says_roctracer_is_not_bound():
+    assert hip_trace.library_path() is None
+    with pytest.raises(ShimrtError, match=r"not available on HIP yet: it needs roctracer \(rocprofiler\)"):
+        hip_trace.KernelRecorder()
+    with pytest.raises(ShimrtError, match="roctracer"):
+        hip_trace.parse_kernel_record(0)
+
+
+def public_names(module) -> set[str]:
+    """What ``module`` defines itself without a leading underscore (imports left out)."""
+    return {name for name, value in vars(module).items()
+            if not name.startswith("_") and not inspect.ismodule(value)
+            and getattr(value, "__module__", module.__name__) == module.__name__}
+
+
+def test_trace_parts_mirror_each_other():
+    assert cuda_trace.__all__ == hip_trace.__all__
+    for module in (cuda_trace, hip_trace):
+        assert public_names(module) == set(module.__all__), module.__name__
+    for name in cuda_trace.__all__:
+        a, b = getattr(cuda_trace, name), getattr(hip_trace, name)
+        if callable(a):
+            assert str(inspect.signature(a)) == str(inspect.signature(b)), name
+        else:
+            assert type(a) is type(b), name
+    assert cuda_trace.KERNEL_RECORD.keys() == hip_trace.KERNEL_RECORD.keys()
+    assert cuda_trace.KernelRecorder.__annotations__ == hip_trace.KernelRecorder.__annotations__
+
+
+def test_nccl_loads_from_the_wheel_with_every_table_entry():
+    try:
+        lib = library.load("cuda")
+    except CollectiveError as exc:
+        skip_or_fail("nccl", f"NCCL is not installed (pip install 'shimrt[nccl]'): {exc}")
+    assert lib.version >= 21700 and lib.missing == ()
+    uid = library.UniqueId()
+    lib.check(lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    assert ctypes.sizeof(uid) == 128 and any(bytes(uid))
+    with pytest.raises(CollectiveError, match=r"ncclAllReduce failed: ncclInvalidArgument \(4\): invalid argument"):
+        lib.check(4, "ncclAllReduce")
+
+
+def test_missing_library_names_every_place_searched(monkeypatch, tmp_path):
+    monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(tmp_path / "libnccl-nope.so"))
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))
+    with pytest.raises(CollectiveError, match="RCCL.*libnccl-nope.so.*rocm/lib/librccl.so.*librccl.so"):
+        library.load("hip")
