@@ -281,9 +281,25 @@ class Kernel:
 
 # --- the launch fast path ----------------------------------------------------------------------
 
-_PUT = {  # size -> (struct code for a Python int, for a Python float)
-    1: ("b", None), 2: ("h", None), 4: ("i", "f"), 8: ("q", "d"),
-}
+_CODE = {1: "B", 2: "H", 4: "I", 8: "Q"}  # every slot packed unsigned: one format for any value
+_FLOAT_BITS = {4: ("<f", "<I"), 8: ("<d", "<Q")}
+
+
+def _float_bits(size: int):
+    """f(x) -> the bits of float ``x`` as a float32/float64 of ``size`` bytes, an unsigned int."""
+    pack, unpack = struct.Struct(_FLOAT_BITS[size][0]).pack, struct.Struct(_FLOAT_BITS[size][1]).unpack
+    return lambda x: unpack(pack(x))[0]
+
+
+def _block_struct(layout) -> struct.Struct:
+    """One Struct writing every parameter at its offset (pad bytes in the gaps)."""
+    fmt, at = "<", 0
+    for offset, size in layout:
+        if offset > at:
+            fmt += f"{offset - at}x"
+        fmt += _CODE[size]
+        at = offset + size
+    return struct.Struct(fmt)
 
 
 def build_launch(kernel: Kernel):
@@ -296,31 +312,37 @@ def build_launch(kernel: Kernel):
         "kernel": kernel, "device": kernel.device, "Stream": Stream, "encode": encode,
         # Fixed for the kernel's life (a closed module fails the guard before they are used):
         "fn": kernel._fn, "raw_launch": kernel._launch, "local": kernel._local,
-        "null": kernel.device._stream_ref(None), "pointers": pointer_getters(),
-        "put_ptr": struct.Struct("<Q").pack_into, "StructError": struct.error,
+        "null": kernel.device._stream_ref(None), "pointers": pointer_getters(), "from_bytes": int.from_bytes,
     }
+    if all(size in _CODE for _, size in layout):
+        ns["pack_all"] = _block_struct(layout).pack_into
     body = []
+    values = []
     for i, (offset, size) in enumerate(layout):
-        a = names[i]
-        generic = f"view[{offset}:{offset + size}] = encode({i}, {a}, {size})"
-        if size in _PUT:
-            int_code, float_code = _PUT[size]
-            ns[f"put_i{size}"] = struct.Struct("<" + int_code).pack_into
-            lines = [f"    t = type({a})"]
-            if size == 8:  # a device array first (the commonest): its pointer through its type's getter
-                lines += ["    get = pointers.get(t)", "    if get is not None:", "        try:",
-                          f"            put_ptr(view, {offset}, get({a}))",
-                          "        except StructError:", f"            {generic}", "    elif t is int:"]
-            else:
-                lines += ["    if t is int:"]
-            lines += ["        try:", f"            put_i{size}(view, {offset}, {a})",
-                      "        except StructError:", f"            {generic}"]
-            if float_code:
-                ns[f"put_f{size}"] = struct.Struct("<" + float_code).pack_into
-                lines += ["    elif t is float:", f"        put_f{size}(view, {offset}, {a})"]
-            body += lines + ["    else:", f"        {generic}"]
+        a, v = names[i], f"v{i}"
+        generic = f"from_bytes(encode({i}, {a}, {size}), 'little')"  # every rule and message
+        if size not in _CODE:  # an odd size (a struct by value): written by the general rule
+            body.append(f"    view[{offset}:{offset + size}] = encode({i}, {a}, {size})")
+            continue
+        values.append(v)
+        bits = 8 * size
+        lines = [f"    t = type({a})"]
+        if size == 8:  # a device array first (the commonest): its pointer through its type's getter
+            lines += ["    get = pointers.get(t)", "    if get is not None:", f"        {v} = get({a})",
+                      f"        if {v} is None:", f"            {v} = {generic}",
+                      f"    elif t is int and {-(1 << (bits - 1))} <= {a} <= {(1 << bits) - 1}:"]
         else:
-            body.append(f"    {generic}")
+            lines += [f"    if t is int and {-(1 << (bits - 1))} <= {a} <= {(1 << bits) - 1}:"]
+        lines += [f"        {v} = {a} & {(1 << bits) - 1}"]  # signed values as their two's complement
+        if size in _FLOAT_BITS:
+            ns[f"float_bits{size}"] = _float_bits(size)
+            lines += ["    elif t is float:", f"        {v} = float_bits{size}({a})"]
+        body += lines + ["    else:", f"        {v} = {generic}"]
+    if "pack_all" in ns:
+        body.append(f"    pack_all(view, 0, {', '.join(values)})")
+    else:
+        ns["put"] = {size: struct.Struct("<" + _CODE[size]).pack_into for size in _CODE}
+        body += [f"    put[{size}](view, {offset}, v{i})" for i, (offset, size) in enumerate(layout) if size in _CODE]
     unpack = f"    {', '.join(names)}{',' if n == 1 else ''} = args" if n else ""
     src = "\n".join([
         "def launch(grid, block, *args, stream=None, dynamic_smem=0):",

@@ -1,5 +1,7 @@
 """Per-launch overhead of Kernel.launch beside cuda.bindings (pre-packed and packing per launch)
-and CuPy RawKernel, all launching the same CUBIN of an empty kernel on one stream.
+and CuPy RawKernel, all launching the same CUBIN on one stream: an empty kernel taking one
+pointer, and ``add_i64`` taking three pointers and an int, passed as shimrt Buffers, torch
+tensors and CuPy arrays (against CuPy RawKernel with CuPy arrays).
 
 Two figures per method, measured side by side with the methods interleaved:
 - enqueue: host time to issue a batch of launches small enough never to fill the driver's
@@ -21,6 +23,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 from .. import kernels
 from ..device import Device
 
@@ -34,12 +38,45 @@ def add_arguments(p) -> None:
     p.set_defaults(run=run)
 
 
+def _cupy_kernel(program, name: str, stream):
+    """CuPy's RawKernel for ``name`` of the same CUBIN, and CuPy's view of ``stream``; None
+    without CuPy."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(program.binary)
+    raw = cupy.RawModule(path=f.name).get_function(name)
+    os.unlink(f.name)
+    return cupy, raw, cupy.cuda.ExternalStream(stream.handle)
+
+
 def _methods(dev: Device, stream):
-    """name -> function(n) that performs n launches of the empty kernel (without synchronizing)."""
+    """name -> function(n) that performs n launches (without synchronizing), and the baseline
+    each is compared with. Two kernels: ``empty(float*)`` (one pointer) and ``add_i64(out, a, b,
+    n)`` (three pointers and an int), the second with shimrt Buffers, torch tensors and CuPy
+    arrays as arguments."""
+    from cuda.bindings import driver
     program = dev.compile(kernels.source("vector_ops"), name="vector_ops.cu")
-    kernel = dev.load(program)["empty"]
+    module = dev.load(program)
+    kernel, add = module["empty"], module["add_i64"]
     arg = dev.alloc(4)
-    methods = {}
+    methods, base = {}, {}
+    keep = [module, arg]
+
+    def prepacked(fn, values):
+        """cuda.bindings' cuLaunchKernel with a parameter block packed once (the floor)."""
+        cells = [ctypes.c_uint64(v) for v in values]
+        params = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
+        keep.extend([cells, params])
+        address, handle = ctypes.addressof(params), stream.handle
+
+        def run(n):
+            launch = driver.cuLaunchKernel
+            for _ in range(n):
+                launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
+        return run
 
     def shimrt_launch(n):
         launch = kernel.launch
@@ -53,22 +90,11 @@ def _methods(dev: Device, stream):
         for _ in range(n):
             prepared()
     methods["shimrt Kernel.prepare, then call"] = shimrt_prepared
-
-    from cuda.bindings import driver
-    fn, handle = kernel.handle, stream.handle
-    value = ctypes.c_uint64(arg.ptr)
-    params = (ctypes.c_void_p * 1)(ctypes.addressof(value))
-    address = ctypes.addressof(params)
-
-    def bindings_prepacked(n):
-        launch = driver.cuLaunchKernel
-        for _ in range(n):
-            launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
-    methods["cuda.bindings pre-packed"] = bindings_prepacked
+    methods["cuda.bindings pre-packed"] = prepacked(kernel.handle, [arg.ptr])
+    fn, handle, address = kernel.handle, stream.handle, ctypes.addressof(keep[-1])
 
     def call_prepacked():
-        launch = driver.cuLaunchKernel
-        return launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
+        return driver.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
 
     def python_call_floor(n):
         for _ in range(n):
@@ -81,17 +107,14 @@ def _methods(dev: Device, stream):
         for _ in range(n):
             launch(fn, 1, 1, 1, 32, 1, 1, 0, handle, ((arg.ptr,), (ctypes.c_void_p,)), 0)
     methods["cuda.bindings packing each launch"] = bindings_packing
+    for name in methods:
+        base[name] = "cuda.bindings pre-packed"
 
-    try:
-        import cupy
-    except ImportError:
-        print("CuPy is not installed: its column is left out", file=sys.stderr)
+    cp = _cupy_kernel(program, "empty", stream)
+    if cp is None:
+        print("CuPy is not installed: its rows are left out", file=sys.stderr)
     else:
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(program.binary)
-        raw = cupy.RawModule(path=f.name).get_function("empty")
-        os.unlink(f.name)
-        cstream = cupy.cuda.ExternalStream(stream.handle)
+        cupy, raw, cstream = cp
         carr = cupy.empty(1, dtype=cupy.float32)
 
         def cupy_rawkernel(n):
@@ -99,14 +122,56 @@ def _methods(dev: Device, stream):
                 for _ in range(n):
                     raw((1,), (32,), (carr,))
         methods["CuPy RawKernel"] = cupy_rawkernel
-    return methods, (kernel, arg, value, params)  # the ctypes memory must outlive the launches
+        base["CuPy RawKernel"] = "cuda.bindings pre-packed"
+
+    # add_i64(out, a, b, n): three pointers and an int, the shape of most kernels' arguments.
+    count = 256
+    bufs = [dev.empty(count, np.int64).memset(0) for _ in range(3)]
+    keep.append(bufs)
+    floor3 = "add_i64: cuda.bindings pre-packed"
+    methods[floor3] = prepacked(add.handle, [b.ptr for b in bufs] + [count])
+
+    def with_args(args):
+        def run(n):
+            launch = add.launch
+            for _ in range(n):
+                launch(1, 32, *args, stream=stream)
+        return run
+    methods["add_i64: shimrt, Buffers"] = with_args([*bufs, count])
+    reference = floor3
+    if cp is not None:
+        cupy, _, cstream = cp
+        raw3 = _cupy_kernel(program, "add_i64", stream)[1]
+        carrs = [cupy.zeros(count, dtype=cupy.int64) for _ in range(3)]
+        keep.append(carrs)
+
+        def cupy_raw3(n):
+            with cstream:
+                for _ in range(n):
+                    raw3((1,), (32,), (*carrs, np.int64(count)))
+        reference = "add_i64: CuPy RawKernel, CuPy arrays"
+        methods[reference] = cupy_raw3
+        methods["add_i64: shimrt, CuPy arrays"] = with_args([*carrs, count])
+    try:
+        import torch
+    except ImportError:
+        print("torch is not installed: its row is left out", file=sys.stderr)
+    else:
+        tensors = [torch.zeros(count, dtype=torch.int64, device=f"cuda:{dev.index}") for _ in range(3)]
+        keep.append(tensors)
+        methods["add_i64: shimrt, torch tensors"] = with_args([*tensors, count])
+    for name in methods:
+        if name.startswith("add_i64"):
+            base[name] = reference
+    base[reference] = floor3
+    return methods, base, keep  # the ctypes memory must outlive the launches
 
 
 def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds: int = 5,
             device: Device | None = None, progress: bool = True) -> dict:
     dev = device or Device()
     stream = dev.stream()
-    methods, keep = _methods(dev, stream)
+    methods, base, keep = _methods(dev, stream)
     names = list(methods)
     enqueue = {name: [] for name in names}
     throughput = {name: [] for name in names}
@@ -137,26 +202,26 @@ def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds:
             print(f"\rround {batches + r + 1}/{total}", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
-    base_e = statistics.median(enqueue["cuda.bindings pre-packed"])
-    base_t = statistics.median(throughput["cuda.bindings pre-packed"])
     result = {"device": dev.name, "batch": batch, "batches": batches, "launches": launches, "rounds": rounds,
               "methods": {}}
     for name in methods:
         e, t = statistics.median(enqueue[name]), statistics.median(throughput[name])
-        result["methods"][name] = {"enqueue_us": e, "enqueue_ratio": e / base_e,
-                                   "throughput_us": t, "throughput_ratio": t / base_t,
-                                   "enqueue_batches_us": enqueue[name], "throughput_rounds_us": throughput[name]}
+        b = base[name]
+        result["methods"][name] = {"enqueue_us": e, "enqueue_ratio": e / statistics.median(enqueue[b]),
+                                   "throughput_us": t, "throughput_ratio": t / statistics.median(throughput[b]),
+                                   "baseline": b, "enqueue_batches_us": enqueue[name],
+                                   "throughput_rounds_us": throughput[name]}
     return result
 
 
 def report(result: dict) -> str:
-    lines = [f"launch overhead on {result['device']} (median us per launch; ratio to cuda.bindings pre-packed)",
+    lines = [f"launch overhead on {result['device']} (median us per launch; ratio to the row's baseline)",
              f"  enqueue: {result['batches']} batches of {result['batch']}; "
              f"throughput: {result['rounds']} rounds of {result['launches']}",
-             f"{'method':36s} {'enqueue':>9s} {'ratio':>7s} {'throughput':>11s} {'ratio':>7s}"]
+             f"{'method':40s} {'enqueue':>9s} {'ratio':>7s} {'throughput':>11s} {'ratio':>7s}  baseline"]
     for name, m in result["methods"].items():
-        lines.append(f"{name:36s} {m['enqueue_us']:9.2f} {m['enqueue_ratio']:6.3f}x "
-                     f"{m['throughput_us']:11.2f} {m['throughput_ratio']:6.3f}x")
+        lines.append(f"{name:40s} {m['enqueue_us']:9.2f} {m['enqueue_ratio']:6.3f}x "
+                     f"{m['throughput_us']:11.2f} {m['throughput_ratio']:6.3f}x  {m['baseline']}")
     return "\n".join(lines)
 
 
