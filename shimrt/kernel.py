@@ -27,6 +27,7 @@ from . import occupancy
 from .args import Packer, encode, pointer_getters
 from .errors import ShimrtError, UsageError
 from .lifetime import Closing, finalizer
+from .memory import Buffer
 from .program import Program
 from .stream import Stream
 
@@ -281,6 +282,7 @@ class Kernel:
 
 # --- the launch fast path ----------------------------------------------------------------------
 
+_MISSING = object()  # an argument the caller did not give
 _CODE = {1: "B", 2: "H", 4: "I", 8: "Q"}  # every slot packed unsigned: one format for any value
 _FLOAT_BITS = {4: ("<f", "<I"), 8: ("<d", "<Q")}
 
@@ -309,7 +311,7 @@ def build_launch(kernel: Kernel):
     n = len(layout)
     names = [f"a{i}" for i in range(n)]
     ns = {
-        "kernel": kernel, "device": kernel.device, "Stream": Stream, "encode": encode,
+        "kernel": kernel, "device": kernel.device, "Stream": Stream, "Buffer": Buffer, "encode": encode,
         # Fixed for the kernel's life (a closed module fails the guard before they are used):
         "fn": kernel._fn, "raw_launch": kernel._launch, "local": kernel._local,
         "null": kernel.device._stream_ref(None), "pointers": pointer_getters(), "from_bytes": int.from_bytes,
@@ -327,8 +329,10 @@ def build_launch(kernel: Kernel):
         values.append(v)
         bits = 8 * size
         lines = [f"    t = type({a})"]
-        if size == 8:  # a device array first (the commonest): its pointer through its type's getter
-            lines += ["    get = pointers.get(t)", "    if get is not None:", f"        {v} = get({a})",
+        if size == 8:  # a device array first (the commonest): a Buffer's pointer, or its type's getter
+            lines += ["    if t is Buffer:", f"        {v} = {a}.device_pointer", f"        if {v} is None:",
+                      f"            {v} = {generic}",
+                      "    elif (get := pointers.get(t)) is not None:", f"        {v} = get({a})",
                       f"        if {v} is None:", f"            {v} = {generic}",
                       f"    elif t is int and {-(1 << (bits - 1))} <= {a} <= {(1 << bits) - 1}:"]
         else:
@@ -343,19 +347,24 @@ def build_launch(kernel: Kernel):
     else:
         ns["put"] = {size: struct.Struct("<" + _CODE[size]).pack_into for size in _CODE}
         body += [f"    put[{size}](view, {offset}, v{i})" for i, (offset, size) in enumerate(layout) if size in _CODE]
-    unpack = f"    {', '.join(names)}{',' if n == 1 else ''} = args" if n else ""
+    # The arguments are named parameters (no tuple to build and unpack); a missing one is the
+    # MISSING default and extra ones land in ``extra``, both sent to the checked path.
+    params = "".join(f"{a}=MISSING, " for a in names)
+    given = f"[a for a in ({', '.join(names)}{',' if n == 1 else ''}) if a is not MISSING] + list(extra)" \
+        if n else "list(extra)"
+    ns["MISSING"] = _MISSING
     src = "\n".join([
-        "def launch(grid, block, *args, stream=None, dynamic_smem=0):",
-        # Tuples, floats, wrong counts (the unpacking) and sizes out of range leave for the
-        # checked path, which says precisely what is wrong.
+        f"def launch(grid, block, {params}*extra, stream=None, dynamic_smem=0):",
+        # Tuples, floats, wrong counts and sizes out of range leave for the checked path, which
+        # says precisely what is wrong.
         "    try:",
         "        if not (type(grid) is int and type(block) is int and type(dynamic_smem) is int",
         "                and 0 < grid <= 2147483647 and 0 < block <= kernel._fast_block_limit",
-        "                and 0 <= dynamic_smem <= kernel._smem_limit):",
-        "            return kernel._launch_checked(grid, block, args, stream, dynamic_smem)",
-        f"    {unpack}" if n else "        if args: raise ValueError",
-        "    except (TypeError, ValueError):",
-        "        return kernel._launch_checked(grid, block, args, stream, dynamic_smem)",
+        f"                and 0 <= dynamic_smem <= kernel._smem_limit{f' and {names[-1]} is not MISSING' if n else ''}"
+        " and not extra):",
+        f"            return kernel._launch_checked(grid, block, {given}, stream, dynamic_smem)",
+        "    except TypeError:  # an order comparison with a value of another type",
+        f"        return kernel._launch_checked(grid, block, {given}, stream, dynamic_smem)",
         "    if stream is None:",
         "        handle = null",
         "    elif type(stream) is Stream and stream._launch_device is device:",
