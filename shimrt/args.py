@@ -110,7 +110,11 @@ def encode(index: int, value, size: int) -> bytes:
     if isinstance(value, float):
         if size not in _FLOAT:
             raise UsageError(f"argument {index}: a float cannot fill a {size}-byte parameter")
-        return struct.pack("<" + _FLOAT[size], value)
+        try:
+            return struct.pack("<" + _FLOAT[size], value)
+        except OverflowError:
+            raise UsageError(f"argument {index}: {value!r} is beyond the range of the kernel's float32 "
+                             "parameter") from None
     if isinstance(value, np.ndarray):
         raise UsageError(f"argument {index}: a numpy array lives on the host; pass device memory "
                          "(Device.to_device(array)) or a numpy scalar")
@@ -138,7 +142,8 @@ class Packer:
 
     def _prepare(self, layout):
         total = max((o + s for o, s in layout), default=0)
-        self._block = (ctypes.c_char * max(total, 1))()
+        # Whole 8-byte words, so that the block can also be viewed as 8-byte items (launch fast path).
+        self._block = (ctypes.c_char * (-(-max(total, 1) // 8) * 8))()
         self._view = memoryview(self._block).cast("B")
         base = ctypes.addressof(self._block)
         self._pointers = (ctypes.c_void_p * max(len(layout), 1))(*[base + o for o, _ in layout])

@@ -263,10 +263,12 @@ class Kernel:
                       f"dynamic smem {smem}."
         return run
 
-    def _thread_block(self):
-        """This thread's parameter block for the fast path: (memoryview, pointer-array address)."""
+    def _thread_block(self, formats: tuple[str, ...]):
+        """This thread's parameter block for the fast path: (pointer-array address, then a view of
+        the block as items of each of ``formats``)."""
         packer = Packer(self.name, self.param_layout)
-        self._local.block = packer.block()
+        view, address = packer.block()
+        self._local.block = (address, *(view.cast(f) for f in formats))
         self._local.block_owner = packer  # keeps the ctypes memory alive
         return self._local.block
 
@@ -283,30 +285,21 @@ class Kernel:
 # --- the launch fast path ----------------------------------------------------------------------
 
 _MISSING = object()  # an argument the caller did not give
-_CODE = {1: "B", 2: "H", 4: "I", 8: "Q"}  # every slot packed unsigned: one format for any value
-_FLOAT_BITS = {4: ("<f", "<I"), 8: ("<d", "<Q")}
-
-
-def _float_bits(size: int):
-    """f(x) -> the bits of float ``x`` as a float32/float64 of ``size`` bytes, an unsigned int."""
-    pack, unpack = struct.Struct(_FLOAT_BITS[size][0]).pack, struct.Struct(_FLOAT_BITS[size][1]).unpack
-    return lambda x: unpack(pack(x))[0]
-
-
-def _block_struct(layout) -> struct.Struct:
-    """One Struct writing every parameter at its offset (pad bytes in the gaps)."""
-    fmt, at = "<", 0
-    for offset, size in layout:
-        if offset > at:
-            fmt += f"{offset - at}x"
-        fmt += _CODE[size]
-        at = offset + size
-    return struct.Struct(fmt)
+# size -> the memoryview formats of an unsigned and a signed item of that size.
+_FORMATS = {1: ("B", "b"), 2: ("H", "h"), 4: ("I", "i"), 8: ("Q", "q")}
 
 
 def build_launch(kernel: Kernel):
     """A function launch(grid, block, *args, stream=None, dynamic_smem=0) for ``kernel``, specialised
-    to its parameter layout (see the module docstring)."""
+    to its parameter layout (see the module docstring).
+
+    Each argument is written as one item of a typed memoryview of the parameter block (about a
+    third of the cost of a struct pack): a pointer through the unsigned view, a Python int
+    through the signed one (out of its range: the general rule, which also takes unsigned
+    values), a float through the floating one (float32 by struct, which refuses overflow). Any
+    other value, and any parameter of another size or alignment, goes through the general rule
+    (:func:`shimrt.args.encode`), which also raises every error.
+    """
     layout = kernel.param_layout
     n = len(layout)
     names = [f"a{i}" for i in range(n)]
@@ -314,39 +307,47 @@ def build_launch(kernel: Kernel):
         "kernel": kernel, "device": kernel.device, "Stream": Stream, "Buffer": Buffer, "encode": encode,
         # Fixed for the kernel's life (a closed module fails the guard before they are used):
         "fn": kernel._fn, "raw_launch": kernel._launch, "local": kernel._local,
-        "null": kernel.device._stream_ref(None), "pointers": pointer_getters(), "from_bytes": int.from_bytes,
+        "null": kernel.device._stream_ref(None), "pointers": pointer_getters(), "ZERO": 0,
+        "pack_f4": struct.Struct("<f").pack_into,
     }
-    if all(size in _CODE for _, size in layout):
-        ns["pack_all"] = _block_struct(layout).pack_into
+    formats: list[str] = []
+
+    def view_of(fmt: str) -> str:
+        if fmt not in formats:
+            formats.append(fmt)
+        return f"view_{fmt}"
+
     body = []
-    values = []
     for i, (offset, size) in enumerate(layout):
-        a, v = names[i], f"v{i}"
-        generic = f"from_bytes(encode({i}, {a}, {size}), 'little')"  # every rule and message
-        if size not in _CODE:  # an odd size (a struct by value): written by the general rule
-            body.append(f"    view[{offset}:{offset + size}] = encode({i}, {a}, {size})")
+        a = names[i]
+        generic = f"view_B[{offset}:{offset + size}] = encode({i}, {a}, {size})"  # every rule and message
+        view_of("B")
+        if size not in _FORMATS or offset % size:  # a struct by value, or an unaligned slot
+            body.append(f"    {generic}")
             continue
-        values.append(v)
-        bits = 8 * size
+        unsigned, signed = view_of(_FORMATS[size][0]), view_of(_FORMATS[size][1])
+        k = offset // size
         lines = [f"    t = type({a})"]
         if size == 8:  # a device array first (the commonest): a Buffer's pointer, or its type's getter
-            lines += ["    if t is Buffer:", f"        {v} = {a}.device_pointer", f"        if {v} is None:",
-                      f"            {v} = {generic}",
-                      "    elif (get := pointers.get(t)) is not None:", f"        {v} = get({a})",
-                      f"        if {v} is None:", f"            {v} = {generic}",
-                      f"    elif t is int and {-(1 << (bits - 1))} <= {a} <= {(1 << bits) - 1}:"]
+            lines += ["    if t is Buffer:", f"        p = {a}.device_pointer", "        if p is None:",
+                      f"            {generic}", "        else:", f"            {unsigned}[{k}] = p",
+                      "    elif t is int:"]
         else:
-            lines += [f"    if t is int and {-(1 << (bits - 1))} <= {a} <= {(1 << bits) - 1}:"]
-        lines += [f"        {v} = {a} & {(1 << bits) - 1}"]  # signed values as their two's complement
-        if size in _FLOAT_BITS:
-            ns[f"float_bits{size}"] = _float_bits(size)
-            lines += ["    elif t is float:", f"        {v} = float_bits{size}({a})"]
-        body += lines + ["    else:", f"        {v} = {generic}"]
-    if "pack_all" in ns:
-        body.append(f"    pack_all(view, 0, {', '.join(values)})")
-    else:
-        ns["put"] = {size: struct.Struct("<" + _CODE[size]).pack_into for size in _CODE}
-        body += [f"    put[{size}](view, {offset}, v{i})" for i, (offset, size) in enumerate(layout) if size in _CODE]
+            lines += ["    if t is int:"]
+        lines += ["        try:", f"            {signed}[{k}] = {a}", "        except ValueError:",
+                  f"            {generic}"]
+        if size == 8:
+            lines += ["    elif t is float:", f"        {view_of('d')}[{k}] = {a}"]
+        elif size == 4:  # struct, not the view: a value beyond float32's range must raise, not become inf
+            lines += ["    elif t is float:", "        try:", f"            pack_f4(view_B, {offset}, {a})",
+                      "        except OverflowError:", f"            {generic}"]
+        if size == 8:
+            lines += ["    elif (get := pointers.get(t)) is not None:", f"        p = get({a})",
+                      "        if p is None:", f"            {generic}", "        else:",
+                      f"            {unsigned}[{k}] = p"]
+        body += lines + ["    else:", f"        {generic}"]
+    block = ", ".join(["address"] + [f"view_{f}" for f in formats]) + ("," if not formats else "")
+    ns["FORMATS"] = tuple(formats)
     # The arguments are named parameters (no tuple to build and unpack); a missing one is the
     # MISSING default and extra ones land in ``extra``, both sent to the checked path.
     params = "".join(f"{a}=MISSING, " for a in names)
@@ -356,14 +357,12 @@ def build_launch(kernel: Kernel):
     src = "\n".join([
         f"def launch(grid, block, {params}*extra, stream=None, dynamic_smem=0):",
         # Tuples, floats, wrong counts and sizes out of range leave for the checked path, which
-        # says precisely what is wrong.
-        "    try:",
-        "        if not (type(grid) is int and type(block) is int and type(dynamic_smem) is int",
-        "                and 0 < grid <= 2147483647 and 0 < block <= kernel._fast_block_limit",
-        f"                and 0 <= dynamic_smem <= kernel._smem_limit{f' and {names[-1]} is not MISSING' if n else ''}"
-        " and not extra):",
-        f"            return kernel._launch_checked(grid, block, {given}, stream, dynamic_smem)",
-        "    except TypeError:  # an order comparison with a value of another type",
+        # says precisely what is wrong. Types first: the comparisons then see ints only.
+        "    if not (type(grid) is type(block) is int and 0 < grid <= 2147483647",
+        "            and 0 < block <= kernel._fast_block_limit",
+        "            and (dynamic_smem is ZERO or type(dynamic_smem) is int",
+        "                 and 0 <= dynamic_smem <= kernel._smem_limit)",
+        f"            {f'and {names[-1]} is not MISSING ' if n else ''}and not extra):",
         f"        return kernel._launch_checked(grid, block, {given}, stream, dynamic_smem)",
         "    if stream is None:",
         "        handle = null",
@@ -372,9 +371,9 @@ def build_launch(kernel: Kernel):
         "    else:",
         "        handle = device._stream_ref(stream)",
         "    try:",
-        "        view, address = local.block",
+        f"        {block} = local.block",
         "    except AttributeError:",
-        "        view, address = kernel._thread_block()",
+        f"        {block} = kernel._thread_block(FORMATS)",
         *body,
         "    err = raw_launch(fn, grid, 1, 1, block, 1, 1, dynamic_smem, handle, address, 0)[0]",
         "    if err:",

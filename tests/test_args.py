@@ -96,12 +96,22 @@ def test_specialised_launch_packs_like_the_general_rule():
         return (0,)
 
     kernel._launch = raw
+
+    class Drv:
+        def mem_free(self, ptr):
+            pass
+
+    from shimrt.memory import Buffer
+    Dev._drv = Drv()
+    buffer = Buffer(Dev(), 0x7000, 8, (2,), np.float32, owner=None)
     kernel._launch_checked = lambda *a: seen.append("checked")
     launch = build_launch(kernel)
     cases = [
         (CudaArrayLike(0x1000), CudaArrayLike(0x2000), 1.5, -3, 2**40, 7),
         (CudaArrayLike(0x3000), CudaArrayLike(0x4000), np.float32(2.5), 2**32 - 1, -1.25, np.int16(-2)),
         (CudaArrayLike(0x5000), CudaArrayLike(0x6000), 7, np.uint32(9), np.float64(3.0), 1),
+        (buffer, 2**64 - 1, -2**31, 2**32 - 1, -2**63, -2**15),      # limits of every width
+        (buffer, -1, 3.4e38, float("nan"), 2**63, True),            # unsigned-only values, float32 edges
     ]
     for args in cases:
         launch(4, 128, *args)
@@ -110,5 +120,12 @@ def test_specialised_launch_packs_like_the_general_rule():
     launch(4, 128, *cases[0][:-1])
     launch(4, 2048, *cases[0])
     assert seen == ["checked"] * 3
+    seen.clear()
     with pytest.raises(UsageError, match="does not fit"):
         launch(4, 128, CudaArrayLike(1), CudaArrayLike(2), 2**33, 0, 0, 0)
+    with pytest.raises(UsageError, match="beyond the range of the kernel's float32"):
+        launch(4, 128, buffer, buffer, 1e39, 0, 0, 0)
+    buffer.free()
+    with pytest.raises(UsageError, match="freed"):
+        launch(4, 128, buffer, buffer, 1.0, 0, 0, 0)
+    assert not seen  # nothing launched on a refusal
