@@ -67,30 +67,37 @@ def _mpi_share(env: LaunchEnv, uid_maker) -> bytes:
     return MPI.COMM_WORLD.bcast(uid_maker() if env.rank == 0 else None, root=0)
 
 
-def rendezvous(env: LaunchEnv | None = None) -> Rendezvous:
-    """Rank, world size, local rank and the shared ncclUniqueId of this process."""
+def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> Rendezvous:
+    """Rank, world size, local rank and the shared ncclUniqueId of this process. The id is made
+    (by rank 0 where ranks share it) with the collective library of ``backend`` (NCCL for
+    "cuda", RCCL for "hip"; default: see :func:`shimrt.nccl.unique_id`)."""
     from .nccl import unique_id
     env = env or launch_env()
+
+    def make() -> bytes:
+        return unique_id(backend=backend)
+
     if env.source is None:
-        return Rendezvous(0, 1, 0, unique_id(), "single process")
+        return Rendezvous(0, 1, 0, make(), "single process")
     if env.source == "shimrt":
         if env.unique_id is None:
             raise ShimrtError("SHIMRT_RANK is set but SHIMRT_NCCL_UNIQUE_ID is not "
                               "(start with python -m shimrt.launch)")
         uid = env.unique_id
     elif env.source == "torchrun":
-        uid = _torch_store_share(env, unique_id)
+        uid = _torch_store_share(env, make)
     else:
-        uid = _mpi_share(env, unique_id)
+        uid = _mpi_share(env, make)
     return Rendezvous(env.rank, env.world_size, env.local_rank, uid, env.source)
 
 
 def init(device=None, *, options=None):
-    """The Communicator of this process: on ``device`` (default Device(local_rank))."""
+    """The Communicator of this process: on ``device`` (default Device(local_rank)), with the
+    collective library of the device's backend."""
     from .device import Device
     from .nccl import Communicator
-    r = rendezvous()
-    device = device or Device(r.local_rank)
+    device = device or Device(launch_env().local_rank)
+    r = rendezvous(backend=device.backend)
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)
 
 
