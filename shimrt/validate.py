@@ -1,0 +1,147 @@
+"""Checks for values where they enter shimrt: options dataclasses, function arguments, command
+lines and environment variables all use these, so every refusal reads the same way:
+"<what> must be <what is allowed>, not <the value>" (a :class:`UsageError`).
+
+numpy integers are taken wherever ints are, and numpy floats wherever floats are; ``bool`` is
+never taken for a number (``True`` is not a timeout). :func:`argument` adapts any check to an
+argparse ``type=``, so command lines refuse a bad value before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .errors import UsageError
+
+_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def integer(value: Any, what: str, *, least: int | None = None, most: int | None = None) -> int:
+    """``value`` as an int (a Python or numpy integer, never a bool) within [least, most]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise UsageError(f"{what} must be an int{_range(least, most)}, not {value!r}")
+    value = int(value)
+    if (least is not None and value < least) or (most is not None and value > most):
+        raise UsageError(f"{what} must be an int{_range(least, most)}, not {value}")
+    return value
+
+
+def number(value: Any, what: str, *, positive: bool = False, least: float | None = None,
+           most: float | None = None) -> float:
+    """``value`` as a finite float (an int or float, Python or numpy, never a bool); ``positive``
+    refuses 0 and below."""
+    allowed = "a positive number" if positive else "a finite number" + _range(least, most)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise UsageError(f"{what} must be {allowed}, not {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or (positive and value <= 0) or (least is not None and value < least) \
+            or (most is not None and value > most):
+        raise UsageError(f"{what} must be {allowed}, not {value!r}")
+    return value
+
+
+def boolean(value: Any, what: str) -> bool:
+    """``value`` when it is True or False (or a numpy bool); strings like "no" are refused."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise UsageError(f"{what} must be True or False, not {value!r}")
+
+
+def text(value: Any, what: str, *, empty: bool = False) -> str:
+    """``value`` when it is a str (non-empty unless ``empty``) with no NUL character."""
+    if not isinstance(value, str) or (not empty and not value) or "\0" in value:
+        allowed = "a string" + ("" if empty else " (not empty)") + " without NUL characters"
+        raise UsageError(f"{what} must be {allowed}, not {value!r}")
+    return value
+
+
+def one_of(value: Any, what: str, allowed: Iterable) -> Any:
+    """``value`` when it is one of ``allowed``."""
+    allowed = tuple(allowed)
+    # True == 1: a bool is taken only where the allowed values hold that very bool.
+    if value not in allowed or (isinstance(value, bool) and not any(a is value for a in allowed)):
+        raise UsageError(f"{what} must be one of {', '.join(map(str, allowed))}, not {value!r}")
+    return value
+
+
+def nbytes(value: Any, what: str, *, least: int = 0, most: int | None = None) -> int:
+    """A byte count: an int, or a string with an optional K/M/G/T suffix (powers of 1024, as
+    nccl-tests reads them): "8", "64K", "256M", "1G"."""
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m is None:
+            raise UsageError(f"{what} must be a byte count such as 8, 64K, 256M or 1G, not {value!r}")
+        value = int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    return integer(value, what, least=least, most=most)
+
+
+def writable_file(value: Any, what: str) -> Path:
+    """A path a run will write: its folder must exist and be writable and the path must not be a
+    folder. Checked before the run, so a long run never ends unable to save its results."""
+    path = Path(text(value, what))
+    if path.is_dir():
+        raise UsageError(f"{what} must be a file path, not the folder {str(path)!r}")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{what}: the folder {str(folder)!r} does not exist")
+    if path.exists() and not os.access(path, os.W_OK) or not os.access(folder, os.W_OK):
+        raise UsageError(f"{what}: {str(path)!r} is not writable")
+    return path
+
+
+def readable_file(value: Any, what: str) -> Path:
+    """A path a run will read: an existing, readable file."""
+    path = Path(text(value, what))
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise UsageError(f"{what}: {str(path)!r} is not a readable file")
+    return path
+
+
+def argument(check: Callable[..., Any], name: str, **limits) -> Callable[[str], Any]:
+    """An argparse ``type=`` for ``check`` (one of this module's functions): the command-line
+    string is converted (ints and floats as written) and refused with the check's message."""
+    def convert(raw: str):
+        value: Any = raw
+        if check in (integer, number):
+            try:
+                value = int(raw) if check is integer else float(raw)
+            except ValueError:
+                kind = "an int" if check is integer else "a number"
+                raise argparse.ArgumentTypeError(f"{name} must be {kind}, not {raw!r}") from None
+        try:
+            return check(value, name, **limits)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = name  # argparse names the type in its messages
+    return convert
+
+
+def listed(check: Callable[..., Any], name: str, **limits) -> Callable[[str], list]:
+    """An argparse ``type=`` for a comma-separated list whose items pass ``check``."""
+    one = argument(check, name, **limits)
+
+    def convert(raw: str) -> list:
+        items = [p.strip() for p in raw.split(",") if p.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{name} must be a comma-separated list, not {raw!r}")
+        return [one(p) for p in items]
+    convert.__name__ = name
+    return convert
+
+
+def _range(least, most) -> str:
+    if least is not None and most is not None:
+        return f" in {least}..{most}"
+    if least is not None:
+        return f" >= {least}"
+    if most is not None:
+        return f" <= {most}"
+    return ""
