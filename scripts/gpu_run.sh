@@ -17,6 +17,7 @@ summary="$OUT/summary.txt"
 } 2>&1 | tee "$summary"
 python3 -m pytest -q -rs -s -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -3 || status=1
 grep -q " failed" "$OUT/pytest.log" && status=1
+python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | tr '\r' '\n' | grep -v "^soak [0-9]" | tee -a "$summary" || status=1
 for step in "shimrt.selftest --quiet" \
             "shimrt.bench launch --json $OUT/bench_launch.json" \
             "shimrt.overlap.footprint --json $OUT/footprint.json" \

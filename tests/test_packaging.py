@@ -39,3 +39,17 @@ def test_sources_are_found_inside_an_unpacked_wheel(wheel, tmp_path):
                          timeout=120, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) == len(kernels.source("vector_ops"))
+
+
+def test_wheel_carries_the_type_marker_and_the_license_pyproject_names(wheel):
+    import email
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "shimrt/py.typed" in names
+    (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    metadata = email.message_from_bytes(zipfile.ZipFile(wheel).read(meta))
+    assert "Apache-2.0" in (metadata.get("License") or metadata.get("License-Expression") or "")
+    licenses = [n for n in names if "/licenses/" in n or n.endswith("dist-info/LICENSE")]
+    assert licenses, names
+    text = zipfile.ZipFile(wheel).read(licenses[0]).decode()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
