@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ _RawGetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ch
     ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-def device_of(obj) -> tuple[int, int]:
+def device_of(obj: Any) -> tuple[int, int]:
     """(DLDeviceType, device id) from ``__dlpack_device__``."""
     dev = obj.__dlpack_device__()
     return int(dev[0]), int(dev[1])
@@ -64,7 +65,7 @@ _DL_DTYPES = {(0, 8): "int8", (0, 16): "int16", (0, 32): "int32", (0, 64): "int6
               (2, 64): "float64", (4, 16): "bfloat16", (6, 8): "bool"}
 
 
-def tensor_info(obj) -> tuple[int, str, tuple[int, ...], bool]:
+def tensor_info(obj: Any) -> tuple[int, str, tuple[int, ...], bool]:
     """(data pointer, dtype name, shape, C-contiguous) of a DLPack producer's tensor."""
     capsule = obj.__dlpack__()
     if not _api.PyCapsule_IsValid(capsule, _CAPSULE_NAME):
@@ -84,7 +85,7 @@ def tensor_info(obj) -> tuple[int, str, tuple[int, ...], bool]:
     return (t.data or 0) + t.byte_offset, dtype, shape, contiguous
 
 
-def data_pointer(obj) -> int:
+def data_pointer(obj: Any) -> int:
     """Address of the first element of a DLPack producer's tensor (data + byte_offset).
 
     The capsule is not consumed, so its destructor releases the producer's reference; the
@@ -122,7 +123,7 @@ def _capsule_destructor(capsule_ptr):
             _release(address)
 
 
-def export(owner, pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int]):
+def export(owner: Any, pointer: int, shape: tuple[int, ...], dtype: np.dtype, device: tuple[int, int]) -> Any:
     """A 'dltensor' capsule over device memory at ``pointer``; it keeps ``owner`` alive."""
     dtype = np.dtype(dtype)
     if dtype.kind not in _DTYPE_CODES:

@@ -19,7 +19,7 @@ def _quiet(release: Callable[..., Any], *args) -> None:
         pass
 
 
-def finalizer(owner: object, release: Callable[..., Any], *args) -> weakref.finalize:
+def finalizer(owner: object, release: Callable[..., Any], *args: Any) -> weakref.finalize:
     """A finalizer that calls ``release(*args)`` once: when called, when ``owner`` is collected, or
     at exit; never raising from the late paths."""
     return weakref.finalize(owner, _quiet, release, *args)
@@ -31,8 +31,8 @@ class Closing:
     def close(self) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
-    def __enter__(self):
+    def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()

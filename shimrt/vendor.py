@@ -6,7 +6,7 @@ arrows run one way: backend -> vendor -> errors.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import DriverError
 
@@ -33,12 +33,12 @@ def checker(describe: Callable) -> tuple[Callable, Callable]:
     return check, raise_for
 
 
-def read_attributes(check, table: dict, enum, prefix: str, query, call: str) -> dict:
+def read_attributes(check: Any, table: dict, enum: Any, prefix: str, query: Any, call: str) -> dict:
     """{our name: value} for a table of our name -> the vendor enum member's name less ``prefix``."""
     return {ours: check(query(getattr(enum, prefix + theirs)), call) for ours, theirs in table.items()}
 
 
-def ready(check, result, not_ready, call: str) -> bool:
+def ready(check: Any, result: Any, not_ready: Any, call: str) -> bool:
     """A stream or event query's answer: False for the vendor's not-ready error, True for success."""
     if result[0] == not_ready:
         return False

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 
-def until(done, timeout: float, first: float = 1e-5, longest: float = 1e-3) -> bool:
+def until(done: Any, timeout: float, first: float = 1e-5, longest: float = 1e-3) -> bool:
     """Call ``done()`` until it returns true (then True) or ``timeout`` seconds pass (then False).
 
     Pauses start at ``first`` seconds and double up to ``longest``, so short waits stay short and

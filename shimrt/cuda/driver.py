@@ -7,6 +7,7 @@ the binding's own objects; the device layer keeps them opaque.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from ..errors import NoDeviceError
 from ..vendor import read_attributes, ready
@@ -86,16 +87,16 @@ def device_count() -> int:
     return check(_driver().cuDeviceGetCount(), "cuDeviceGetCount")
 
 
-def get_device(index: int):
+def get_device(index: int) -> Any:
     return check(_driver().cuDeviceGet(index), "cuDeviceGet")
 
 
-def device_name(dev) -> str:
+def device_name(dev: Any) -> str:
     raw = check(_driver().cuDeviceGetName(256, dev), "cuDeviceGetName")
     return raw.split(b"\0", 1)[0].decode()
 
 
-def device_properties(dev) -> dict:
+def device_properties(dev: Any) -> dict:
     """The attributes a Target needs, plus name, arch and total memory."""
     driver = _driver()
     props = read_attributes(check, _ATTRS, driver.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_",
@@ -106,21 +107,21 @@ def device_properties(dev) -> dict:
     return props
 
 
-def timestamp_hz(dev) -> int:
+def timestamp_hz(dev: Any) -> int:
     """Ticks per second of shimrt_timestamp() on this device: %globaltimer counts nanoseconds."""
     return 1_000_000_000
 
 
-def context_retain(dev):
+def context_retain(dev: Any) -> Any:
     return check(_driver().cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
 
 
-def context_release(dev) -> None:
+def context_release(dev: Any) -> None:
     check(_driver().cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
     _current.ctx = None
 
 
-def make_current(ctx) -> None:
+def make_current(ctx: Any) -> None:
     """Make ``ctx`` current on this thread (a no-op when it already is)."""
     if getattr(_current, "ctx", None) is not ctx:
         check(_driver().cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
@@ -139,15 +140,15 @@ def priority_range() -> tuple[int, int]:
 
 # --- modules and functions ---------------------------------------------------------------
 
-def module_load(binary: bytes):
+def module_load(binary: bytes) -> Any:
     return check(_driver().cuModuleLoadData(binary), "cuModuleLoadData")
 
 
-def module_unload(module) -> None:
+def module_unload(module: Any) -> None:
     check(_driver().cuModuleUnload(module), "cuModuleUnload")
 
 
-def module_function(module, name: str):
+def module_function(module: Any, name: str) -> Any:
     """The function ``name``, or None when the module has no such kernel."""
     driver = _driver()
     err, fn = driver.cuModuleGetFunction(module, name.encode())
@@ -157,13 +158,13 @@ def module_function(module, name: str):
     return fn
 
 
-def function_attributes(fn) -> dict:
+def function_attributes(fn: Any) -> dict:
     driver = _driver()
     return read_attributes(check, _FUNC_ATTRS, driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_",
                             lambda attr: driver.cuFuncGetAttribute(attr, fn), "cuFuncGetAttribute")
 
 
-def function_param_layout(fn) -> list[tuple[int, int]] | None:
+def function_param_layout(fn: Any) -> list[tuple[int, int]] | None:
     """[(offset, size)] of each kernel parameter from the driver, or None if it cannot say."""
     driver = _driver()
     count = None
@@ -190,36 +191,36 @@ def function_param_layout(fn) -> list[tuple[int, int]] | None:
     return layout
 
 
-def function_set_max_dynamic_smem(fn, nbytes: int) -> None:
+def function_set_max_dynamic_smem(fn: Any, nbytes: int) -> None:
     driver = _driver()
     attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     check(driver.cuFuncSetAttribute(fn, attr, nbytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
 
 
-def function_set_carveout(fn, percent: int) -> None:
+def function_set_carveout(fn: Any, percent: int) -> None:
     """Preferred shared-memory carveout of the function, in percent of the maximum."""
     driver = _driver()
     attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
     check(driver.cuFuncSetAttribute(fn, attr, percent), "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
 
 
-def occupancy(fn, block_size: int, dynamic_smem: int) -> int:
+def occupancy(fn: Any, block_size: int, dynamic_smem: int) -> int:
     return check(_driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, dynamic_smem),
                  "cuOccupancyMaxActiveBlocksPerMultiprocessor")
 
 
-def launcher():
+def launcher() -> Any:
     """The raw launch call for the hot path: f(fn, gx, gy, gz, bx, by, bz, smem, stream,
     params_address, extra) -> (err,), err falsy on success; pass a failure to :func:`launch_error`."""
     return _driver().cuLaunchKernel
 
 
-def launch_error(err) -> None:
+def launch_error(err: Any) -> None:
     """Raise the DriverError for a failed launch."""
     raise_for("cuLaunchKernel", err)
 
 
-def is_invalid_context(err) -> bool:
+def is_invalid_context(err: Any) -> bool:
     """True when a call failed only because no (or another) context is current on this thread."""
     return err == _driver().CUresult.CUDA_ERROR_INVALID_CONTEXT
 
@@ -240,91 +241,91 @@ def mem_info() -> tuple[int, int]:
     return int(free), int(total)
 
 
-def memcpy_htod(dst: int, src_host: int, nbytes: int, stream) -> None:
+def memcpy_htod(dst: int, src_host: int, nbytes: int, stream: Any) -> None:
     check(_driver().cuMemcpyHtoDAsync(dst, src_host, nbytes, stream), "cuMemcpyHtoDAsync")
 
 
-def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream) -> None:
+def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream: Any) -> None:
     check(_driver().cuMemcpyDtoHAsync(dst_host, src, nbytes, stream), "cuMemcpyDtoHAsync")
 
 
-def memcpy_dtod(dst: int, src: int, nbytes: int, stream) -> None:
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream: Any) -> None:
     check(_driver().cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
 
 
-def memset_d8(dst: int, value: int, nbytes: int, stream) -> None:
+def memset_d8(dst: int, value: int, nbytes: int, stream: Any) -> None:
     check(_driver().cuMemsetD8Async(dst, value, nbytes, stream), "cuMemsetD8Async")
 
 
 # --- streams and events ------------------------------------------------------------------
 
-def stream_create(priority: int):
+def stream_create(priority: int) -> Any:
     """A non-blocking stream (no implicit sync with the legacy default stream)."""
     driver = _driver()
     flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
     return check(driver.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority")
 
 
-def stream_priority(stream) -> int:
+def stream_priority(stream: Any) -> int:
     return int(check(_driver().cuStreamGetPriority(stream), "cuStreamGetPriority"))
 
 
-def stream_destroy(stream) -> None:
+def stream_destroy(stream: Any) -> None:
     check(_driver().cuStreamDestroy(stream), "cuStreamDestroy")
 
 
-def stream_synchronize(stream) -> None:
+def stream_synchronize(stream: Any) -> None:
     check(_driver().cuStreamSynchronize(stream), "cuStreamSynchronize")
 
 
-def stream_query(stream) -> bool:
+def stream_query(stream: Any) -> bool:
     """True when all work on the stream has finished."""
     return ready(check, _driver().cuStreamQuery(stream), _driver().CUresult.CUDA_ERROR_NOT_READY, "cuStreamQuery")
 
 
-def stream_wait_event(stream, event) -> None:
+def stream_wait_event(stream: Any, event: Any) -> None:
     check(_driver().cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
 
 
-def stream_handle(stream) -> int:
+def stream_handle(stream: Any) -> int:
     """The stream as an integer (what __cuda_array_interface__ and other libraries take)."""
     return int(stream)
 
 
-def null_stream():
+def null_stream() -> Any:
     return _driver().CUstream(0)
 
 
-def event_create(timing: bool):
+def event_create(timing: bool) -> Any:
     driver = _driver()
     flags = driver.CUevent_flags.CU_EVENT_DEFAULT if timing else driver.CUevent_flags.CU_EVENT_DISABLE_TIMING
     return check(driver.cuEventCreate(flags), "cuEventCreate")
 
 
-def event_record(event, stream) -> None:
+def event_record(event: Any, stream: Any) -> None:
     check(_driver().cuEventRecord(event, stream), "cuEventRecord")
 
 
-def event_synchronize(event) -> None:
+def event_synchronize(event: Any) -> None:
     check(_driver().cuEventSynchronize(event), "cuEventSynchronize")
 
 
-def event_query(event) -> bool:
+def event_query(event: Any) -> bool:
     """True when the event has completed."""
     return ready(check, _driver().cuEventQuery(event), _driver().CUresult.CUDA_ERROR_NOT_READY, "cuEventQuery")
 
 
-def event_elapsed_ms(start, end) -> float:
+def event_elapsed_ms(start: Any, end: Any) -> float:
     return float(check(_driver().cuEventElapsedTime(start, end), "cuEventElapsedTime"))
 
 
-def event_destroy(event) -> None:
+def event_destroy(event: Any) -> None:
     check(_driver().cuEventDestroy(event), "cuEventDestroy")
 
 
 # --- SM partitions (green contexts) -----------------------------------------------------------
 
-def sm_partition(dev, sm_count: int):
+def sm_partition(dev: Any, sm_count: int) -> Any:
     """Split the device's SMs in two: ``sm_count`` (rounded up by the driver to its granularity)
     and the rest. Returns ``[(handle, context, sms), (handle, context, sms)]`` (the split first),
     one green context each; the contexts are made current to load modules into them."""
@@ -346,13 +347,13 @@ def sm_partition(dev, sm_count: int):
     return parts
 
 
-def partition_stream_create(handle, priority: int):
+def partition_stream_create(handle: Any, priority: int) -> Any:
     """A non-blocking stream whose kernels run only on the partition's SMs."""
     driver = _driver()
     flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
     return check(driver.cuGreenCtxStreamCreate(handle, flags, priority), "cuGreenCtxStreamCreate")
 
 
-def partition_destroy(handle) -> None:
+def partition_destroy(handle: Any) -> None:
     check(_driver().cuGreenCtxDestroy(handle), "cuGreenCtxDestroy")
     _current.ctx = None

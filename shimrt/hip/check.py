@@ -6,6 +6,8 @@ hip-python returns ``(err, *values)`` like cuda-python; :func:`check` raises
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import NoDeviceError
 from ..vendor import checker
 
@@ -33,7 +35,7 @@ def _text(value) -> str:
     return str(value)
 
 
-def describe(err) -> tuple[str, int, str]:
+def describe(err: Any) -> tuple[str, int, str]:
     """(name, code, description) of a hipError_t or hiprtcResult."""
     hip, hiprtc = _bindings()
     code = int(err)
@@ -51,7 +53,7 @@ def describe(err) -> tuple[str, int, str]:
 check, raise_for = checker(describe)
 
 
-def loaded(call):
+def loaded(call: Any) -> Any:
     """Run ``call()``; a library hip-python cannot dlopen becomes NoDeviceError with the fix."""
     try:
         return call()

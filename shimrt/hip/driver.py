@@ -9,6 +9,7 @@ then the out-parameters); without an AMD GPU they are exercised only up to the H
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from ..errors import NoDeviceError
 from ..vendor import read_attributes, ready
@@ -92,17 +93,17 @@ def device_count() -> int:
     return check(_hip().hipGetDeviceCount(), "hipGetDeviceCount")
 
 
-def get_device(index: int):
+def get_device(index: int) -> Any:
     return check(_hip().hipDeviceGet(index), "hipDeviceGet")
 
 
-def device_name(dev) -> str:
+def device_name(dev: Any) -> str:
     raw = check(_hip().hipDeviceGetName(256, dev), "hipDeviceGetName")
     raw = bytes(raw) if not isinstance(raw, str) else raw.encode()
     return raw.split(b"\0", 1)[0].decode()
 
 
-def device_properties(dev) -> dict:
+def device_properties(dev: Any) -> dict:
     """The attributes a Target needs, plus name, arch and total memory. An attribute this HIP
     does not report is None (the arch's profile then supplies it)."""
     hip = _hip()
@@ -120,7 +121,7 @@ def device_properties(dev) -> dict:
     return props
 
 
-def timestamp_hz(dev) -> int:
+def timestamp_hz(dev: Any) -> int:
     """Ticks per second of shimrt_timestamp() (wall_clock64) on this device."""
     hip = _hip()
     khz = check(hip.hipDeviceGetAttribute(hip.hipDeviceAttribute_t.hipDeviceAttributeWallClockRate, dev),
@@ -128,18 +129,18 @@ def timestamp_hz(dev) -> int:
     return int(khz) * 1000
 
 
-def context_retain(dev):
+def context_retain(dev: Any) -> Any:
     """HIP's per-thread current device stands in for a context: the device ordinal."""
     check(_hip().hipSetDevice(dev), "hipSetDevice")
     _current.ctx = dev
     return dev
 
 
-def context_release(dev) -> None:
+def context_release(dev: Any) -> None:
     _current.ctx = None
 
 
-def make_current(ctx) -> None:
+def make_current(ctx: Any) -> None:
     """Make device ``ctx`` current on this thread (a no-op when it already is)."""
     if getattr(_current, "ctx", None) != ctx:
         check(_hip().hipSetDevice(ctx), "hipSetDevice")
@@ -158,15 +159,15 @@ def priority_range() -> tuple[int, int]:
 
 # --- modules and functions ---------------------------------------------------------------
 
-def module_load(binary: bytes):
+def module_load(binary: bytes) -> Any:
     return check(_hip().hipModuleLoadData(binary), "hipModuleLoadData")
 
 
-def module_unload(module) -> None:
+def module_unload(module: Any) -> None:
     check(_hip().hipModuleUnload(module), "hipModuleUnload")
 
 
-def module_function(module, name: str):
+def module_function(module: Any, name: str) -> Any:
     """The function ``name``, or None when the module has no such kernel."""
     hip = _hip()
     err, fn = hip.hipModuleGetFunction(module, name.encode())
@@ -176,24 +177,24 @@ def module_function(module, name: str):
     return fn
 
 
-def function_attributes(fn) -> dict:
+def function_attributes(fn: Any) -> dict:
     hip = _hip()
     return read_attributes(check, _FUNC_ATTRS, hip.hipFunction_attribute, "HIP_FUNC_ATTRIBUTE_",
                             lambda attr: hip.hipFuncGetAttribute(attr, fn), "hipFuncGetAttribute")
 
 
-def function_param_layout(fn) -> list[tuple[int, int]] | None:
+def function_param_layout(fn: Any) -> list[tuple[int, int]] | None:
     """HIP cannot report parameter layouts; the code object's metadata gives them (Program.params)."""
     return None
 
 
-def function_set_max_dynamic_smem(fn, nbytes: int) -> None:
+def function_set_max_dynamic_smem(fn: Any, nbytes: int) -> None:
     hip = _hip()
     attr = hip.hipFuncAttribute.hipFuncAttributeMaxDynamicSharedMemorySize
     check(hip.hipFuncSetAttribute(fn, attr, nbytes), "hipFuncSetAttribute(MaxDynamicSharedMemorySize)")
 
 
-def function_set_carveout(fn, percent: int) -> None:
+def function_set_carveout(fn: Any, percent: int) -> None:
     """Preferred shared-memory carveout of the function, in percent (AMD's LDS is not shared with L1:
     HIP accepts and ignores it)."""
     hip = _hip()
@@ -201,23 +202,23 @@ def function_set_carveout(fn, percent: int) -> None:
     check(hip.hipFuncSetAttribute(fn, attr, percent), "hipFuncSetAttribute(PreferredSharedMemoryCarveout)")
 
 
-def occupancy(fn, block_size: int, dynamic_smem: int) -> int:
+def occupancy(fn: Any, block_size: int, dynamic_smem: int) -> int:
     return check(_hip().hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(fn, block_size, dynamic_smem),
                  "hipModuleOccupancyMaxActiveBlocksPerMultiprocessor")
 
 
-def launcher():
+def launcher() -> Any:
     """The raw launch call for the hot path: f(fn, gx, gy, gz, bx, by, bz, smem, stream,
     params_address, extra) -> (err,), err falsy on success; pass a failure to :func:`launch_error`."""
     return _hip().hipModuleLaunchKernel
 
 
-def launch_error(err) -> None:
+def launch_error(err: Any) -> None:
     """Raise the DriverError for a failed launch."""
     raise_for("hipModuleLaunchKernel", err)
 
 
-def is_invalid_context(err) -> bool:
+def is_invalid_context(err: Any) -> bool:
     """True when a launch may have failed only because another device is current on this thread
     (the caller makes the right one current and retries once)."""
     e = _hip().hipError_t
@@ -241,90 +242,90 @@ def mem_info() -> tuple[int, int]:
     return int(free), int(total)
 
 
-def memcpy_htod(dst: int, src_host: int, nbytes: int, stream) -> None:
+def memcpy_htod(dst: int, src_host: int, nbytes: int, stream: Any) -> None:
     check(_hip().hipMemcpyHtoDAsync(dst, src_host, nbytes, stream), "hipMemcpyHtoDAsync")
 
 
-def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream) -> None:
+def memcpy_dtoh(dst_host: int, src: int, nbytes: int, stream: Any) -> None:
     check(_hip().hipMemcpyDtoHAsync(dst_host, src, nbytes, stream), "hipMemcpyDtoHAsync")
 
 
-def memcpy_dtod(dst: int, src: int, nbytes: int, stream) -> None:
+def memcpy_dtod(dst: int, src: int, nbytes: int, stream: Any) -> None:
     check(_hip().hipMemcpyDtoDAsync(dst, src, nbytes, stream), "hipMemcpyDtoDAsync")
 
 
-def memset_d8(dst: int, value: int, nbytes: int, stream) -> None:
+def memset_d8(dst: int, value: int, nbytes: int, stream: Any) -> None:
     check(_hip().hipMemsetD8Async(dst, value, nbytes, stream), "hipMemsetD8Async")
 
 
 # --- streams and events ------------------------------------------------------------------
 
-def stream_create(priority: int):
+def stream_create(priority: int) -> Any:
     """A non-blocking stream (no implicit sync with the null stream)."""
     hip = _hip()
     return check(hip.hipStreamCreateWithPriority(hip.hipStreamNonBlocking, priority), "hipStreamCreateWithPriority")
 
 
-def stream_priority(stream) -> int:
+def stream_priority(stream: Any) -> int:
     return int(check(_hip().hipStreamGetPriority(stream), "hipStreamGetPriority"))
 
 
-def stream_destroy(stream) -> None:
+def stream_destroy(stream: Any) -> None:
     check(_hip().hipStreamDestroy(stream), "hipStreamDestroy")
 
 
-def stream_synchronize(stream) -> None:
+def stream_synchronize(stream: Any) -> None:
     check(_hip().hipStreamSynchronize(stream), "hipStreamSynchronize")
 
 
-def stream_query(stream) -> bool:
+def stream_query(stream: Any) -> bool:
     """True when all work on the stream has finished."""
     return ready(check, _hip().hipStreamQuery(stream), _hip().hipError_t.hipErrorNotReady, "hipStreamQuery")
 
 
-def stream_wait_event(stream, event) -> None:
+def stream_wait_event(stream: Any, event: Any) -> None:
     check(_hip().hipStreamWaitEvent(stream, event, 0), "hipStreamWaitEvent")
 
 
-def stream_handle(stream) -> int:
+def stream_handle(stream: Any) -> int:
     """The stream as an integer (what other libraries take)."""
     return _address(stream)
 
 
-def null_stream():
+def null_stream() -> Any:
     return None  # hip-python passes None as the NULL stream
 
 
-def event_create(timing: bool):
+def event_create(timing: bool) -> Any:
     hip = _hip()
     return check(hip.hipEventCreateWithFlags(hip.hipEventDefault if timing else hip.hipEventDisableTiming),
                  "hipEventCreateWithFlags")
 
 
-def event_record(event, stream) -> None:
+def event_record(event: Any, stream: Any) -> None:
     check(_hip().hipEventRecord(event, stream), "hipEventRecord")
 
 
-def event_synchronize(event) -> None:
+def event_synchronize(event: Any) -> None:
     check(_hip().hipEventSynchronize(event), "hipEventSynchronize")
 
 
-def event_query(event) -> bool:
+def event_query(event: Any) -> bool:
     """True when the event has completed."""
     return ready(check, _hip().hipEventQuery(event), _hip().hipError_t.hipErrorNotReady, "hipEventQuery")
 
 
-def event_elapsed_ms(start, end) -> float:
+def event_elapsed_ms(start: Any, end: Any) -> float:
     return float(check(_hip().hipEventElapsedTime(start, end), "hipEventElapsedTime"))
 
 
-def event_destroy(event) -> None:
+def event_destroy(event: Any) -> None:
     check(_hip().hipEventDestroy(event), "hipEventDestroy")
 
 
 # --- SM partitions (CU-masked streams) --------------------------------------------------------
 
-def sm_partition(dev, sm_count: int):
+def sm_partition(dev: Any, sm_count: int) -> Any:
     """Split the device's CUs in two: the first ``sm_count`` and the rest. Returns
     ``[(mask, None, cus), (mask, None, cus)]`` (the split first): HIP partitions by masking a
     stream's CUs, in the same context (None: nothing to load per partition)."""
@@ -349,7 +350,7 @@ def cu_masks(total: int, count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return split(first), split(rest)
 
 
-def partition_stream_create(handle, priority: int):
+def partition_stream_create(handle: Any, priority: int) -> Any:
     """A stream restricted to the CUs of ``handle`` (a CU mask). CU-masked streams have the
     default priority: HIP takes no priority with a mask."""
     import ctypes
@@ -367,5 +368,5 @@ def partition_stream_create(handle, priority: int):
     return hip.ihipStream_t.fromObj(out.value)
 
 
-def partition_destroy(handle) -> None:
+def partition_destroy(handle: Any) -> None:
     """Nothing to free: a CU mask is plain data."""
