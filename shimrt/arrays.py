@@ -37,9 +37,12 @@ def describe(obj, what: str = "array") -> ArrayInfo:
         return ArrayInfo(obj.ptr, obj.dtype.name, obj.size, obj.dtype.itemsize)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        dtype = np.dtype(cai["typestr"])
-        shape = tuple(cai["shape"])
-        strides = cai.get("strides")
+        try:
+            dtype, shape, strides = np.dtype(cai["typestr"]), tuple(cai["shape"]), cai.get("strides")
+            int(cai["data"][0] or 0)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{what}: its __cuda_array_interface__ must have typestr, shape and data as the "
+                             f"protocol (version 3) says, not {cai!r} ({type(exc).__name__}: {exc})") from None
         if strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize):
             raise UsageError(f"{what} is not contiguous (strides {tuple(strides)}); pass a contiguous array")
         return ArrayInfo(int(cai["data"][0] or 0), dtype.name, int(np.prod(shape, dtype=np.int64)), dtype.itemsize)

@@ -12,11 +12,12 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Iterable
 
-from . import backends, kernels, targets
+from . import backends, kernels, targets, validate
 from .config import settings
 from .errors import UsageError
 from .program import KernelResources, Program
@@ -28,26 +29,34 @@ _MAGIC = b"SHIMRT-PROGRAM-2\n"
 _DIGEST = 32
 
 
+# Options that pick the GPU architecture (NVRTC's, hipRTC's and clang's spellings): the target
+# does that, and an option saying otherwise would label a Program with an arch its binary is not.
+_ARCH_OPTION = re.compile(r"^--?(gpu-architecture|arch|offload-arch|cuda-gpu-arch|amdgpu-target|march|mcpu|"
+                          r"gencode|generate-code|gpu-code)(?:[=\s]|$)", re.IGNORECASE)
+
+
 def compile(source: str, target: "str | Target", *, options: Iterable[str] = (), name: str = "kernel.cu",
-            include_dirs: Iterable[str | os.PathLike] | None = None, cache: bool | None = None) -> Program:
+            include_dirs: "str | os.PathLike | Iterable[str | os.PathLike] | None" = None,
+            cache: bool | None = None) -> Program:
     """Compile ``source`` for ``target`` (a :class:`Target` or a name such as "sm_90", "H200").
 
-    ``kernels_src/`` is on the include path unless ``include_dirs`` replaces it. No GPU is needed.
-    ``cache=None`` follows ``SHIMRT_DISABLE_CACHE``. Raises :class:`CompileError` with the log.
+    ``options``: a list of compiler options (not the architecture: ``target`` sets it).
+    ``include_dirs``: one folder or a list of folders, each of which must exist; ``kernels_src/``
+    is on the include path unless this replaces it. No GPU is needed. ``cache``: True or False,
+    or None to follow ``SHIMRT_DISABLE_CACHE``. Raises :class:`CompileError` with the log, and
+    :class:`UsageError` for a bad argument.
     """
-    if not isinstance(source, str):
-        raise UsageError(f"source must be str, not {type(source).__name__}")
-    if isinstance(options, (str, bytes)):
-        raise UsageError("options must be a sequence of strings, e.g. ['-DN=4'], not one string")
-    options = tuple(options)
-    if not all(isinstance(o, str) for o in options):
-        raise UsageError("every option must be a str")
+    source = validate.text(source, "source")
+    name = validate.text(name, "name")
+    options = _options(options)
+    if cache is not None:
+        cache = validate.boolean(cache, "cache")
     target = targets.get(target)
-    dirs = [Path(d).resolve() for d in (include_dirs if include_dirs is not None else [kernels.directory()])]
+    dirs = kernels.include_folders(include_dirs)
     backend = backends.load(target.backend, "rtc")
     full = tuple(backend.default_options(target.arch)) + tuple(f"-I{d}" for d in dirs) + options
     cfg = settings()
-    use_cache = cfg.cache_enabled if cache is None else bool(cache)
+    use_cache = cfg.cache_enabled if cache is None else cache
     compiler = backend.version()
     entry = None
     if use_cache:
@@ -55,16 +64,32 @@ def compile(source: str, target: "str | Target", *, options: Iterable[str] = (),
         cached = _read(entry)
         if cached is not None:
             binary, meta = cached
-            return Program(binary=binary, log=meta["log"], target=target, name=name, options=full,
-                           compiler=compiler, from_cache=True,
-                           resources={k: KernelResources.from_dict(v) for k, v in meta["resources"].items()},
-                           params={k: tuple(tuple(p) for p in v) for k, v in meta.get("params", {}).items()})
+            try:
+                return Program(binary=binary, log=meta["log"], target=target, name=name, options=full,
+                               compiler=compiler, from_cache=True,
+                               resources={k: KernelResources.from_dict(v) for k, v in meta["resources"].items()},
+                               params={k: tuple(tuple(p) for p in v) for k, v in meta.get("params", {}).items()})
+            except (KeyError, TypeError, ValueError) as exc:  # UsageError is a ValueError too
+                log.warning("shimrt: ignoring corrupt cache entry %s (%s); recompiling", entry, exc)
     binary, text, resources, params = backend.compile_source(source, target.arch, list(full), name)
     program = Program(binary=binary, log=text, target=target, resources=resources, name=name,
                       options=full, compiler=compiler, params=params)
     if entry is not None:
         _write(entry, program)
     return program
+
+
+def _options(options) -> tuple[str, ...]:
+    """``options`` as a tuple of strings; refuses one string (which would be split into characters)
+    and options that set the architecture."""
+    if not isinstance(options, (list, tuple)):
+        raise UsageError(f"options must be a sequence of strings (a list or tuple) such as ['-DN=4'], not {options!r}")
+    for option in options:
+        validate.text(option, "each option")
+        if _ARCH_OPTION.match(option.strip()):
+            raise UsageError(f"options must not set the architecture: pass the target instead "
+                             f"(shimrt.compile(source, 'sm_80') or 'gfx90a'), not {option!r}")
+    return tuple(options)
 
 
 def _key(source, name, options, arch, compiler, dirs) -> str:

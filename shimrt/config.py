@@ -1,43 +1,91 @@
-"""Every SHIMRT_* environment variable, read in one place.
+"""Every SHIMRT_* environment variable (and the launch environment), read and validated in one place.
 
-Nothing here is read at import: callers ask for :func:`settings` when they need a value, so a
-test or a script may change the environment between calls.
+Nothing here is read at import: callers ask for :func:`settings` or :func:`launch_env` when they
+need a value, so a test or a script may change the environment between calls. An empty variable
+counts as unset; any other value that cannot be used is a :class:`UsageError` naming the variable
+and what it may hold.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from .errors import ShimrtError
+from . import validate
+from .errors import UsageError
 
 #: name -> what it does; the README's table is written from this.
 VARIABLES = {
-    "SHIMRT_BACKEND": "force the GPU backend: 'cuda' or 'hip' (default: the first one with a device)",
-    "SHIMRT_CACHE_DIR": "where compiled kernels are cached (default: $XDG_CACHE_HOME/shimrt or ~/.cache/shimrt)",
-    "SHIMRT_DISABLE_CACHE": "set to 1 to compile every time and never touch the cache",
-    "SHIMRT_NCCL_LIBRARY": "path of the NCCL (or RCCL) library to load, before any other place is searched",
+    "SHIMRT_BACKEND": "force the GPU backend: 'cuda' or 'hip', any case (default: the first one with a device)",
+    "SHIMRT_CACHE_DIR": "the folder where compiled kernels are cached "
+                        "(default: $XDG_CACHE_HOME/shimrt or ~/.cache/shimrt)",
+    "SHIMRT_DISABLE_CACHE": "1/true/yes/on (any case) to compile every time and never touch the cache; "
+                            "0/false/no/off or unset to use it",
+    "SHIMRT_NCCL_LIBRARY": "path of the NCCL (or RCCL) library to load; when set it is the only place searched, "
+                           "and a path that does not load is an error (no fallback to another NCCL)",
     "ROCM_PATH": "where ROCm is installed; librccl.so is looked for in its lib/ (read, not owned, by shimrt)",
     "SHIMRT_RANK": "set by python -m shimrt.launch: this process's rank",
     "SHIMRT_WORLD_SIZE": "set by python -m shimrt.launch: the number of ranks",
     "SHIMRT_LOCAL_RANK": "set by python -m shimrt.launch: the rank on this machine (its GPU index)",
-    "SHIMRT_NCCL_UNIQUE_ID": "set by python -m shimrt.launch: the shared ncclUniqueId, in hex",
+    "SHIMRT_LOCAL_WORLD_SIZE": "set by python -m shimrt.launch: the number of ranks on this machine",
+    "SHIMRT_NCCL_UNIQUE_ID": "set by python -m shimrt.launch: the shared ncclUniqueId, as 256 hex digits",
+    "SHIMRT_NCCL_UNIQUE_ID_ERROR": "set by python -m shimrt.launch instead of SHIMRT_NCCL_UNIQUE_ID when the "
+                                   "launcher could not load NCCL: why; launch.init() in a rank raises it",
+    "RANK": "set by python -m shimrt.launch as torchrun does (SHIMRT_RANK); read under torchrun",
+    "WORLD_SIZE": "set by python -m shimrt.launch as torchrun does (SHIMRT_WORLD_SIZE); read under torchrun",
+    "LOCAL_RANK": "set by python -m shimrt.launch as torchrun does (SHIMRT_LOCAL_RANK); read under torchrun",
+    "LOCAL_WORLD_SIZE": "set by python -m shimrt.launch as torchrun does (SHIMRT_LOCAL_WORLD_SIZE); "
+                        "read under torchrun",
 }
 
-# Set by other launchers and read (never written) by shimrt.launch.rendezvous(): torchrun's, and
-# Open MPI's and MPICH/PMI's.
-FOREIGN_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+# Set by other launchers and read by launch_env(): torchrun's (python -m shimrt.launch writes the
+# first four too, so that torch.distributed code finds them), Open MPI's and MPICH/PMI's.
+FOREIGN_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                             "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                            "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")
+                            "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+                            "MPI_LOCALNRANKS")
 
-_BACKENDS = ("cuda", "hip")
+BACKENDS = ("cuda", "hip")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
+_INT = re.compile(r"[+-]?[0-9]+")
+_HEX = re.compile(r"[0-9a-fA-F]*")
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's value without surrounding blanks; None when unset or empty."""
+    return env.get(name, "").strip() or None
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str | None:
+    """The variable in lower case when it is one of ``allowed`` (any case); None when unset."""
+    raw = env.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return None
+    if value not in allowed:
+        validate.one_of(raw, name, allowed)  # refuses it, quoting the value as it was written
+    return value
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool | None:
+    """A yes/no variable: True, False, or None when unset."""
+    value = _choice(env, name, _TRUE + _FALSE)
+    return None if value is None else value in _TRUE
 
 
 @dataclass(frozen=True)
 class Settings:
-    """A snapshot of the environment's shimrt settings."""
+    """A snapshot of the environment's shimrt settings.
+
+    ``nccl_library``, when set, is the only place the NCCL/RCCL loader looks: a path that does
+    not load must be reported, never replaced by another NCCL found elsewhere. It is not checked
+    here, so that everything that does not use NCCL (compiling kernels) works whatever it says.
+    """
 
     backend: str | None
     cache_dir: Path
@@ -46,28 +94,37 @@ class Settings:
     rocm_path: str | None = None
 
     def __post_init__(self):
-        if self.backend is not None and self.backend not in _BACKENDS:
-            raise ShimrtError(f"SHIMRT_BACKEND must be one of {', '.join(_BACKENDS)}, not {self.backend!r}")
+        validate.one_of(self.backend, "backend", (None, *BACKENDS))
+        validate.boolean(self.cache_enabled, "cache_enabled")
 
-
-def _flag(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+    def check_cache_dir(self) -> Path:
+        """``cache_dir``, refused with a UsageError when it exists and is not a folder (a file
+        where the cache should be), for the cache's user to call before reading or writing."""
+        if self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise UsageError(f"the compile cache {str(self.cache_dir)!r} is a file, not a folder: point "
+                             f"SHIMRT_CACHE_DIR at a folder, or set SHIMRT_DISABLE_CACHE=1")
+        return self.cache_dir
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Read the settings from ``environ`` (default: ``os.environ``)."""
+    """Read the settings from ``environ`` (default: ``os.environ``). UsageError, naming the
+    variable and the values it may take, for SHIMRT_BACKEND or SHIMRT_DISABLE_CACHE values that
+    mean nothing."""
     env = os.environ if environ is None else environ
-    backend = env.get("SHIMRT_BACKEND", "").strip().lower() or None
-    cache = env.get("SHIMRT_CACHE_DIR", "").strip()
+    backend = _choice(env, "SHIMRT_BACKEND", BACKENDS)
+    disabled = _switch(env, "SHIMRT_DISABLE_CACHE")
+    cache = _get(env, "SHIMRT_CACHE_DIR")
     if cache:
         cache_dir = Path(cache).expanduser()
     else:
-        base = env.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
-        cache_dir = Path(base) / "shimrt"
-    return Settings(backend=backend, cache_dir=cache_dir,
-                    cache_enabled=not _flag(env.get("SHIMRT_DISABLE_CACHE")),
-                    nccl_library=env.get("SHIMRT_NCCL_LIBRARY", "").strip() or None,
-                    rocm_path=env.get("ROCM_PATH", "").strip() or None)
+        # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
+        xdg = _get(env, "XDG_CACHE_HOME")
+        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+        cache_dir = base / "shimrt"
+    library = _get(env, "SHIMRT_NCCL_LIBRARY")
+    return Settings(backend=backend, cache_dir=cache_dir, cache_enabled=not disabled,
+                    nccl_library=os.path.expanduser(library) if library else None,
+                    rocm_path=_get(env, "ROCM_PATH"))
 
 
 @dataclass(frozen=True)
@@ -75,6 +132,8 @@ class LaunchEnv:
     """Where this process stands in a multi-process launch, as the environment says.
 
     ``source`` is "shimrt" (python -m shimrt.launch), "torchrun", "mpi" or None (not launched).
+    ``local_world_size`` is None when the launcher does not say. ``unique_id_error`` is why
+    python -m shimrt.launch could not make the unique id (NCCL did not load there), or None.
     """
 
     source: str | None
@@ -84,31 +143,77 @@ class LaunchEnv:
     unique_id: bytes | None = None
     master_addr: str | None = None
     master_port: int | None = None
+    local_world_size: int | None = None
+    unique_id_error: str | None = None
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
-    try:
-        return int(env[name])
-    except ValueError:
-        raise ShimrtError(f"{name} must be an integer, not {env[name]!r}") from None
+def _int(env: Mapping[str, str], name: str, *, least: int | None = None, most: int | None = None,
+         what: str | None = None) -> int:
+    """The integer variable ``name`` within [least, most]; ``what`` names it in the message
+    (default: ``name``) where another variable sets a bound."""
+    raw = env.get(name, "").strip()
+    # Not int(): it takes "1_000" and non-ASCII digits, which no launcher writes.
+    value = int(raw) if _INT.fullmatch(raw) else env.get(name, "")
+    return validate.integer(value, what or name, least=least, most=most)
+
+
+def _required(env: Mapping[str, str], name: str, because: str) -> None:
+    if _get(env, name) is None:
+        raise UsageError(f"{name} must be set when {because} is (python -m shimrt.launch sets both)")
+
+
+def _ranks(env: Mapping[str, str], rank: str, size: str, local: str | None, local_size: str | None,
+           *, local_default: int | None = 0) -> tuple[int, int, int, int | None]:
+    """(rank, world size, local rank, local world size) from these variables, each checked
+    against the others: 0 <= rank < size, 0 <= local rank < local size <= size."""
+    world = _int(env, size, least=1)
+    r = _int(env, rank, least=0, most=world - 1, what=f"{rank} (with {size}={world})")
+    lsize = None
+    if local_size is not None and _get(env, local_size) is not None:
+        lsize = _int(env, local_size, least=1, most=world, what=f"{local_size} (with {size}={world})")
+    if local is not None and _get(env, local) is not None:
+        bound = f"{local_size}={lsize}" if lsize is not None else f"{size}={world}"
+        lrank = _int(env, local, least=0, most=(lsize or world) - 1, what=f"{local} (with {bound})")
+    elif local_default is None:
+        raise UsageError(f"{local} must be set when {rank} is (python -m shimrt.launch sets both)")
+    else:
+        lrank = local_default
+    return r, world, lrank, lsize
+
+
+def _unique_id(env: Mapping[str, str]) -> bytes | None:
+    raw = _get(env, "SHIMRT_NCCL_UNIQUE_ID")
+    if raw is None:
+        return None
+    if len(raw) != 2 * UNIQUE_ID_BYTES or not _HEX.fullmatch(raw):
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise UsageError(f"SHIMRT_NCCL_UNIQUE_ID must be {2 * UNIQUE_ID_BYTES} hex digits (the "
+                         f"{UNIQUE_ID_BYTES}-byte ncclUniqueId), not {shown!r} ({len(raw)} characters)")
+    return bytes.fromhex(raw)
 
 
 def launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
-    """The launch this process is part of: shimrt's launcher first, then torchrun, then MPI."""
+    """The launch this process is part of: shimrt's launcher first (SHIMRT_RANK), then torchrun
+    (RANK and WORLD_SIZE), then MPI (Open MPI's OMPI_COMM_WORLD_*, then PMI_*). UsageError naming
+    the variable for a value that cannot be: a rank outside 0..size-1, a size below 1, a local
+    rank outside 0..local size-1, a unique id that is not 128 bytes in hex."""
     env = os.environ if environ is None else environ
-    if "SHIMRT_RANK" in env:
-        try:
-            uid = bytes.fromhex(env.get("SHIMRT_NCCL_UNIQUE_ID", ""))
-        except ValueError:
-            raise ShimrtError("SHIMRT_NCCL_UNIQUE_ID is not hex") from None
-        return LaunchEnv("shimrt", _int(env, "SHIMRT_RANK"), _int(env, "SHIMRT_WORLD_SIZE"),
-                         _int(env, "SHIMRT_LOCAL_RANK"), uid or None)
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return LaunchEnv("torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
-                         _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0, None,
-                         env.get("MASTER_ADDR"), _int(env, "MASTER_PORT") if "MASTER_PORT" in env else None)
-    for rank, size, local in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-                              ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")):
-        if rank in env and size in env:
-            return LaunchEnv("mpi", _int(env, rank), _int(env, size), _int(env, local) if local in env else 0)
+    if _get(env, "SHIMRT_RANK") is not None:
+        _required(env, "SHIMRT_WORLD_SIZE", "SHIMRT_RANK")
+        rank, world, local, lsize = _ranks(env, "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK",
+                                           "SHIMRT_LOCAL_WORLD_SIZE", local_default=None)
+        uid = _unique_id(env)
+        error = None if uid is not None else _get(env, "SHIMRT_NCCL_UNIQUE_ID_ERROR")
+        return LaunchEnv("shimrt", rank, world, local, uid, local_world_size=lsize, unique_id_error=error)
+    if _get(env, "RANK") is not None and _get(env, "WORLD_SIZE") is not None:
+        rank, world, local, lsize = _ranks(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        port = _int(env, "MASTER_PORT", least=1, most=65535) if _get(env, "MASTER_PORT") is not None else None
+        return LaunchEnv("torchrun", rank, world, local, None, _get(env, "MASTER_ADDR"), port,
+                         local_world_size=lsize)
+    for names in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                   "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                  ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")):
+        if _get(env, names[0]) is not None and _get(env, names[1]) is not None:
+            rank, world, local, lsize = _ranks(env, *names)
+            return LaunchEnv("mpi", rank, world, local, local_world_size=lsize)
     return LaunchEnv(None)

@@ -13,14 +13,14 @@ from typing import Iterable
 
 import numpy as np
 
-from . import backends, compiler, targets
+from . import backends, compiler, targets, validate
 from .config import settings
 from .errors import NoDeviceError, ShimrtError, UsageError
 from .kernel import Module
 from .lifetime import Closing, finalizer
-from .memory import Buffer, as_shape
+from .memory import Buffer, as_dtype, as_shape, nbytes_of
 from .program import Program
-from .stream import Event, Stream
+from .stream import Event, Stream, timeout_seconds
 from .targets import Target
 
 
@@ -32,9 +32,9 @@ class Device(Closing):
     """
 
     def __init__(self, index: int = 0, backend: str | None = None):
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
-            raise UsageError(f"device index must be a non-negative int, not {index!r}")
-        index = int(index)
+        index = validate.integer(index, "device index", least=0)
+        if backend is not None:
+            validate.one_of(backend, "backend", backends.NAMES)
         requested = backend or settings().backend
         reasons = []
         for name in ([requested] if requested else list(backends.NAMES)):
@@ -89,7 +89,9 @@ class Device(Closing):
         return self._drv.device_count()
 
     def synchronize(self, timeout: float | None = None) -> None:
-        """Wait for all work on the device (at most ``timeout`` seconds when given)."""
+        """Wait for all work on the device (at most ``timeout`` seconds when given: a positive number)."""
+        if timeout is not None:
+            timeout = timeout_seconds(timeout)
         self.activate()
         if timeout is None:
             self._drv.synchronize()
@@ -122,7 +124,7 @@ class Device(Closing):
     def load(self, program: Program) -> Module:
         """Load a compiled program; its kernels are ``module["name"]``."""
         if not isinstance(program, Program):
-            raise UsageError(f"load() takes a Program from shimrt.compile, not {type(program).__name__}")
+            raise UsageError(f"load() takes a Program from shimrt.compile, not {program!r:.100}")
         _check_compatible(program.target, self.target)
         self.activate()
         return Module(self, self._drv.module_load(program.binary), program)
@@ -130,20 +132,23 @@ class Device(Closing):
     # --- memory ---
     def alloc(self, nbytes: int) -> Buffer:
         """``nbytes`` of uninitialised device memory (a uint8 Buffer)."""
-        return self.empty(nbytes, np.uint8)
+        return self.empty(validate.integer(nbytes, "nbytes", least=0), np.uint8)
 
     def empty(self, shape, dtype=np.float32) -> Buffer:
-        """An uninitialised device array of ``shape`` and ``dtype``."""
-        shape = as_shape(shape)
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        """An uninitialised device array of ``shape`` (an int or a sequence of ints) and ``dtype`` (a
+        numeric numpy dtype)."""
+        shape, dtype = as_shape(shape), as_dtype(dtype)
+        nbytes = nbytes_of(shape, dtype)
+        if nbytes > self.total_memory:  # refused here, before a size the driver cannot even take
+            raise UsageError(f"an array must fit in the {self.total_memory} bytes of {self.name}, not shape {shape} "
+                             f"of {dtype}: it needs {nbytes} bytes")
         self.activate()
         ptr = self._drv.mem_alloc(nbytes) if nbytes else 0
         return Buffer(self, ptr, nbytes, shape, dtype, owner=None)
 
     def to_device(self, array, stream: Stream | None = None) -> Buffer:
-        """A device copy of a host array (same dtype and shape)."""
-        host = np.ascontiguousarray(array)
+        """A device copy of a host array of numbers (same dtype and shape)."""
+        host = host_array(array)
         buf = self.empty(host.shape, host.dtype)
         buf.copy_from_host(host, stream=stream)
         return buf
@@ -162,23 +167,13 @@ class Device(Closing):
         return Stream(self, self._drv.stream_create(value))
 
     def _priority(self, priority) -> int:
-        least, greatest = self.priority_range
-        if priority == "high":
-            return greatest
-        if priority == "low":
-            return least
-        if isinstance(priority, (int, np.integer)) and not isinstance(priority, bool):
-            value = int(priority)
-            if not min(least, greatest) <= value <= max(least, greatest):
-                raise UsageError(f"stream priority {value} is outside this device's range "
-                                 f"[{greatest} (greatest), {least} (least)]")
-            return value
-        raise UsageError(f"priority must be 'high', 'low' or an int, not {priority!r}")
+        return stream_priority(priority, self.priority_range)
 
     def event(self, timing: bool = True) -> Event:
         """An event; ``timing=False`` makes it cheaper but unusable for elapsed time."""
+        timing = validate.boolean(timing, "timing")
         self.activate()
-        return Event(self, self._drv.event_create(bool(timing)), bool(timing))
+        return Event(self, self._drv.event_create(timing), timing)
 
     def stream_handle(self, stream) -> int:
         """The integer handle of ``stream``: a shimrt Stream of this device, None (the legacy
@@ -205,7 +200,7 @@ class Device(Closing):
             return int(stream.__cuda_stream__()[1])
         if hasattr(stream, "cuda_stream"):
             return int(stream.cuda_stream)
-        raise UsageError(f"stream must be a shimrt Stream, None or a CUDA stream object, not {type(stream).__name__}")
+        raise UsageError(f"stream must be a shimrt Stream, None or a CUDA stream object, not {stream!r:.100}")
 
     # --- SM partitions ---
     def partition(self, sms: int) -> tuple["Partition", "Partition"]:
@@ -213,10 +208,9 @@ class Device(Closing):
         granularity) and the rest. Returns (the split, the rest) as :class:`Partition` objects:
         kernels loaded into one and launched on its streams run only on its SMs. CUDA uses green
         contexts, HIP CU-masked streams. Memory from this device is usable in both."""
-        if isinstance(sms, bool) or not isinstance(sms, (int, np.integer)) or not 0 < sms < self.target.num_sms:
-            raise UsageError(f"sms must be an int in 1..{self.target.num_sms - 1}, not {sms!r}")
+        sms = partition_sms(sms, self.target.num_sms)
         self.activate()
-        parts = self._drv.sm_partition(self._dev, int(sms))
+        parts = self._drv.sm_partition(self._dev, sms)
         self.activate()
         return tuple(Partition(self, handle, ctx, count) for handle, ctx, count in parts)
 
@@ -229,6 +223,41 @@ class Device(Closing):
         return backends.load(self.backend, "trace").KernelRecorder()
 
 
+def stream_priority(priority, priority_range: tuple[int, int]) -> int:
+    """The driver's value of a stream ``priority``: "high" (the greatest of ``priority_range``,
+    which is (least, greatest)), "low" (the least), or an int within the range."""
+    least, greatest = priority_range
+    low, high = min(least, greatest), max(least, greatest)
+    allowed = f"'high', 'low' or an int in {low}..{high} ({greatest} is the greatest priority)"
+    if isinstance(priority, str) and priority in ("high", "low"):
+        return greatest if priority == "high" else least
+    if isinstance(priority, (int, np.integer)) and not isinstance(priority, (bool, np.bool_)) \
+            and low <= priority <= high:
+        return int(priority)
+    raise UsageError(f"stream priority must be {allowed}, not {priority!r}")
+
+
+def partition_sms(sms, num_sms: int) -> int:
+    """``sms`` as the size of an SM partition of a device of ``num_sms``: 1..num_sms - 1, so that both
+    sides keep at least one."""
+    return validate.integer(sms, "sms", least=1, most=num_sms - 1)
+
+
+def host_array(array) -> np.ndarray:
+    """``array`` as a C-contiguous host array of numbers (a numpy array, or a list of numbers)."""
+    allowed = "a host array of numbers (numpy, or a list of numbers)"
+    if array is None or np.isscalar(array) or isinstance(array, np.ndarray) and array.ndim == 0 \
+            or hasattr(array, "__cuda_array_interface__"):  # a scalar would become a one-element array unasked
+        raise UsageError(f"array must be {allowed}, not {array!r:.100}")
+    try:
+        host = np.ascontiguousarray(array)
+    except (TypeError, ValueError, RuntimeError) as exc:  # device tensors, ragged lists
+        raise UsageError(f"array must be {allowed}, not {array!r:.100} ({exc})") from None
+    if host.dtype.kind not in "biufc":
+        raise UsageError(f"array must be {allowed}, not {array!r:.100} of {host.dtype}")
+    return host
+
+
 def _target_from(props: dict, backend: str) -> Target:
     """A Target filled from a real device's attributes; granularities from the arch's profile."""
     try:
@@ -239,12 +268,13 @@ def _target_from(props: dict, backend: str) -> Target:
             "smem_per_block_optin", "reserved_smem_per_block", "max_threads_per_block", "max_smem_per_block_default",
             "regs_per_block")
     fields = {k: props[k] for k in keys if props.get(k) is not None}  # None: the driver cannot say
+    name = props["name"] or props["arch"]  # a driver may leave the name empty
     if base is not None:
-        return base.with_(name=props["name"], **fields)
+        return base.with_(name=name, **fields)
     missing = sorted(set(keys) - set(fields))
     if missing:
         raise ShimrtError(f"no profile for {props['arch']} and the driver does not report {', '.join(missing)}")
-    return Target(name=props["name"], backend=backend, arch=props["arch"], max_regs_per_thread=255, **fields)
+    return Target(name=name, backend=backend, arch=props["arch"], max_regs_per_thread=255, **fields)
 
 
 def _check_compatible(built: Target, device: Target) -> None:

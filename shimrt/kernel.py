@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import occupancy
+from . import occupancy, validate
 from .args import Packer, encode, pointer_getters
 from .errors import ShimrtError, UsageError
 from .lifetime import Closing, finalizer
@@ -35,19 +35,27 @@ if TYPE_CHECKING:
     from .device import Device
 
 _MAX_GRID = (2**31 - 1, 65535, 65535)
+# Per dimension; x is bounded by the kernel's own limit on the product (at most 1024 threads).
+_MAX_BLOCK = (None, 1024, 64)
 #: The carveout a shaped kernel needs: all of the SM's L1/shared split as shared memory.
 SHAPED_CARVEOUT = 100
 
 
-def _dim3(value, what: str) -> tuple[int, int, int]:
+def _dim3(value, what: str, most: tuple) -> tuple[int, int, int]:
+    """``value`` (an int or a tuple of 1-3 ints) as 3 dimensions, each positive and at most ``most``
+    (None: no bound of its own)."""
     parts = value if isinstance(value, (tuple, list)) else (value,)
-    if not 1 <= len(parts) <= 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+    if not 1 <= len(parts) <= 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
                                             for v in parts):
         raise UsageError(f"{what} must be an int or a tuple of 1-3 ints, not {value!r}")
     dims = tuple(int(v) for v in parts)
     dims = dims + (1,) * (3 - len(dims))
+    bounds = "(" + ", ".join("-" if m is None else str(m) for m in most) + ")"
     if any(d < 1 for d in dims):
-        raise UsageError(f"{what} dimensions must be positive, got {dims}")
+        raise UsageError(f"{what} must be positive in every dimension (and at most {bounds}), not {value!r}")
+    if any(m is not None and d > m for d, m in zip(dims, most, strict=True)):
+        raise UsageError(f"{what} must be at most {bounds} in each dimension, not {value!r}: {dims} exceeds the "
+                         "limits")
     return dims
 
 
@@ -63,12 +71,12 @@ class Module(Closing):
         return f"<shimrt.Module {self.program.name} on device {self.device.index}>"
 
     def __getitem__(self, name: str) -> "Kernel":
-        kernel = self._kernels.get(name)
+        kernel = self._kernels.get(name) if type(name) is str else None  # an unhashable name must not raise here
         if kernel is None:
             if self._handle is None:
                 raise UsageError("the module is closed")
-            if not isinstance(name, str):
-                raise UsageError(f"kernel names are strings, not {type(name).__name__}")
+            if not isinstance(name, str) or not name or "\0" in name:  # the driver would stop at a NUL
+                raise UsageError(f"kernel name must be one of {', '.join(self.program.kernels)}, not {name!r}")
             self.device.activate()
             fn = self.device._drv.module_function(self._handle, name)
             if fn is None:
@@ -78,7 +86,7 @@ class Module(Closing):
         return kernel
 
     def __contains__(self, name: str) -> bool:
-        return name in self.program.resources
+        return isinstance(name, str) and name in self.program.resources
 
     @property
     def kernels(self) -> list[str]:
@@ -142,16 +150,14 @@ class Kernel:
     def _opt_in(self, dynamic_smem) -> None:
         """Raise the kernel's dynamic smem limit to ``dynamic_smem`` (needed above 48 KiB): the one
         check of the padding against the device's per-block limit."""
-        if isinstance(dynamic_smem, bool) or not isinstance(dynamic_smem, (int, np.integer)) or dynamic_smem < 0:
-            raise UsageError(f"dynamic_smem must be a non-negative int of bytes, not {dynamic_smem!r}")
-        smem = int(dynamic_smem)
+        smem = validate.integer(dynamic_smem, "dynamic_smem", least=0)
         if smem <= self._smem_limit:
             return
         static = self.attributes["static_smem"]
         limit = self.device.target.smem_per_block_optin
         if static + smem > limit:
-            raise UsageError(f"kernel {self.name}: {smem} B of dynamic shared memory + {static} B static exceeds "
-                             f"the device's {limit} B per block (so at most {limit - static} B dynamic)")
+            raise UsageError(f"dynamic_smem must be an int of at most {limit - static} bytes for kernel {self.name}, "
+                             f"not {smem}: with {static} B static it exceeds the device's {limit} B per block")
         self.device.activate()
         self.device._drv.function_set_max_dynamic_smem(self._fn, smem)
         self._smem_limit = smem
@@ -160,9 +166,8 @@ class Kernel:
         """Prefer ``percent`` of the SM's L1/shared-memory split as shared memory for this kernel
         (100: all of it, what shaping needs so that room is left beside it; None: the driver's
         default, no preference). A no-op when this process already set the same value."""
-        if percent is not None and (isinstance(percent, bool) or not isinstance(percent, int)
-                                    or not 0 <= percent <= 100):
-            raise UsageError(f"carveout must be a percentage 0..100 or None, not {percent!r}")
+        if percent is not None:
+            percent = validate.integer(percent, "carveout percent (or None)", least=0, most=100)
         if percent == self._carveout:
             return
         self.device.activate()
@@ -171,9 +176,7 @@ class Kernel:
 
     def max_active_blocks(self, block_size: int, dynamic_smem: int = 0) -> int:
         """Blocks of this kernel that fit on one SM at once (the driver's occupancy query)."""
-        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
-                or not 1 <= block_size <= self._max_threads:
-            raise UsageError(f"block_size must be 1..{self._max_threads} for kernel {self.name}, not {block_size!r}")
+        self._block_size(block_size)
         self._opt_in(dynamic_smem)
         self.device.activate()
         return self.device._drv.occupancy(self._fn, int(block_size), int(dynamic_smem))
@@ -181,6 +184,7 @@ class Kernel:
     def shape(self, block_size: int, *, resident_blocks: int | None = None, reserve=None) -> occupancy.Shaping:
         """:func:`shimrt.occupancy.shape` for this kernel on this device, confirmed with the driver
         (:meth:`confirm`). Launch with ``dynamic_smem=shaping.dynamic_smem``."""
+        self._block_size(block_size)
         shaping = occupancy.shape(self.device.target, self.occupancy_resources, block_size,
                                   resident_blocks=resident_blocks, reserve=reserve)
         self.confirm(block_size, shaping.dynamic_smem, shaping.resident_blocks)
@@ -194,6 +198,9 @@ class Kernel:
         # The SM's shared memory is split from L1 per launch, and a kernel that needs little gets
         # a small split: its SMs then have no room for a communication block until they drain
         # (seen on the H200).
+        block_size = self._block_size(block_size)
+        dynamic_smem = validate.integer(dynamic_smem, "dynamic_smem", least=0)
+        resident_blocks = validate.integer(resident_blocks, "resident_blocks", least=1)
         self.set_carveout(SHAPED_CARVEOUT)
         key = (int(block_size), int(dynamic_smem))
         got = self._confirmed.get(key)
@@ -202,6 +209,10 @@ class Kernel:
         if got != resident_blocks:
             raise ShimrtError(f"kernel {self.name}: the driver fits {got} blocks per SM with {dynamic_smem} B "
                               f"of dynamic smem, the occupancy model promised {resident_blocks}")
+
+    def _block_size(self, block_size) -> int:
+        """``block_size`` as threads per block of this kernel: 1 up to its limit."""
+        return validate.integer(block_size, f"block_size of kernel {self.name}", least=1, most=self._max_threads)
 
     def launch(self, grid, block, *args, stream=None, dynamic_smem: int = 0) -> None:
         """Launch on ``stream`` (None: the legacy default stream) with ``dynamic_smem`` bytes of
@@ -228,15 +239,14 @@ class Kernel:
         """(grid, block, dynamic smem, stream handle) of a launch after every check, dims as 3-tuples."""
         if self._fn is None:
             raise UsageError(f"kernel {self.name}: its module is closed")
-        grid, block = _dim3(grid, "grid"), _dim3(block, "block")
-        if any(g > m for g, m in zip(grid, _MAX_GRID, strict=True)):
-            raise UsageError(f"grid {grid} exceeds the limits {_MAX_GRID}")
-        threads = block[0] * block[1] * block[2]
+        dims = _dim3(grid, "grid", _MAX_GRID), _dim3(block, "block", _MAX_BLOCK)
+        threads = dims[1][0] * dims[1][1] * dims[1][2]
         if threads > self._max_threads:
-            raise UsageError(f"kernel {self.name}: a block of {threads} threads exceeds its limit of "
-                             f"{self._max_threads} (from its registers and launch bounds)")
+            raise UsageError(f"block must have at most {self._max_threads} threads for kernel {self.name}, not "
+                             f"{block!r}: a block of {threads} threads exceeds its limit of {self._max_threads} "
+                             "(from its registers and launch bounds)")
         self._opt_in(dynamic_smem)
-        return grid, block, int(dynamic_smem), self.device._stream_ref(stream)
+        return dims[0], dims[1], int(dynamic_smem), self.device._stream_ref(stream)
 
     def prepare(self, grid, block, *args, stream=None, dynamic_smem: int = 0):
         """Check and pack a launch once; return a function that repeats it with no further work.

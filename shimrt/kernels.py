@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from .errors import ShimrtError
+from .errors import ShimrtError, UsageError
 
 _HERE = Path(__file__).resolve().parent
 # A wheel carries the folder inside the package; a checkout (or editable install) has it beside.
@@ -30,11 +31,14 @@ def names() -> list[str]:
 def path(name: str) -> Path:
     """Path of one source; ``name`` may omit the ``.cu``."""
     base = directory()
-    for candidate in (name, name + ".cu"):
-        p = base / candidate
-        if p.is_file() and p.parent == base:
-            return p
-    raise ShimrtError(f"no kernel source {name!r} in {base}; there are: {', '.join(names())}")
+    usable = isinstance(name, str) and name and "\0" not in name
+    if usable:
+        for candidate in (name, name + ".cu"):
+            p = base / candidate
+            if p.suffix in SUFFIXES and p.is_file() and p.parent == base:
+                return p
+    raise UsageError(f"kernel source name must name a source in {base} (the .cu may be left out), not {name!r}; "
+                     f"there are: {', '.join(names())}")
 
 
 def source(name: str) -> str:
@@ -42,11 +46,30 @@ def source(name: str) -> str:
     return path(name).read_text()
 
 
-def headers(include_dirs) -> list[Path]:
-    """Every header in the include folders, sorted (their contents key the compile cache)."""
-    found = []
+def include_folders(include_dirs) -> list[Path]:
+    """The include folders of a compile, resolved: ``kernels_src/`` for None, one folder for a str
+    or path, else each item of a list; each must be an existing folder."""
+    if include_dirs is None:
+        return [directory()]
+    if isinstance(include_dirs, (str, os.PathLike)):
+        include_dirs = [include_dirs]  # one folder, not a sequence of one-character ones
+    elif not isinstance(include_dirs, (list, tuple)):
+        raise UsageError(f"include_dirs must be a folder or a list of folders, not {include_dirs!r}")
+    dirs = []
     for d in include_dirs:
-        d = Path(d)
-        if d.is_dir():
-            found.extend(sorted(p for p in d.rglob("*") if p.suffix in HEADER_SUFFIXES and p.is_file()))
+        if not isinstance(d, (str, os.PathLike)) or isinstance(os.fspath(d), bytes):
+            raise UsageError(f"each include dir must be a folder path (str or pathlib.Path), not {d!r}")
+        path = os.fspath(d)
+        if not path or "\0" in path or not Path(path).is_dir():
+            raise UsageError(f"each include dir must be an existing folder, not {path!r}")
+        dirs.append(Path(path).resolve())
+    return dirs
+
+
+def headers(include_dirs) -> list[Path]:
+    """Every header in the include folders (one folder, or a list of them), sorted (their contents key
+    the compile cache)."""
+    found = []
+    for d in include_folders(include_dirs):
+        found.extend(sorted(p for p in d.rglob("*") if p.suffix in HEADER_SUFFIXES and p.is_file()))
     return found

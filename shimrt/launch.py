@@ -1,10 +1,31 @@
-"""python -m shimrt.launch --nproc N script.py [args] (or -m module [args]): one process per local GPU, and the
-rendezvous each process uses to join one communicator.
+"""Start one process per local GPU, all running one Python script or module, and give each what it
+needs to join one communicator: its rank and NCCL's unique id.
 
-The launcher makes the ncclUniqueId itself (no GPU needed for that) and hands every process
-its rank, the world size, its local rank and the id through the environment. Across machines,
-use an existing launcher: torchrun (rank 0 shares the id through torch.distributed's TCPStore
-at MASTER_ADDR:MASTER_PORT) or MPI (mpi4py broadcasts it). In the script::
+Usage: ``python -m shimrt.launch --nproc N script.py [args]`` (or ``-m module [args]``); in the
+script, :func:`init` (or :func:`rendezvous` for the rank and id alone).
+
+The launcher makes the ncclUniqueId itself (no GPU needed for that) and hands every process its
+rank, the world size, its local rank and the id through the environment: ``SHIMRT_RANK``,
+``SHIMRT_WORLD_SIZE``, ``SHIMRT_LOCAL_RANK``, ``SHIMRT_LOCAL_WORLD_SIZE`` and
+``SHIMRT_NCCL_UNIQUE_ID``, and torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+``LOCAL_WORLD_SIZE`` too, for code written against torch.distributed. It does not set
+``MASTER_ADDR``/``MASTER_PORT``: shimrt shares the NCCL id itself and needs no store. A script
+that also calls ``torch.distributed.init_process_group()`` (``env://``) must have them set
+around the launcher, e.g. ``MASTER_ADDR=localhost MASTER_PORT=29500 python -m shimrt.launch ...``.
+
+When NCCL does not load in the launcher, the ranks still start, without an id but with the
+reason in ``SHIMRT_NCCL_UNIQUE_ID_ERROR``: a script that never calls :func:`init` runs as usual,
+and one that does gets a CollectiveError saying what to install.
+
+The launcher passes SIGTERM, SIGINT and SIGHUP on to every rank (each rank runs in its own
+process group, as under torchrun, so what the rank started gets the signal too), gives them
+5 s to exit, kills what is left, and exits with 128 + the signal number. When a rank fails it
+stops the others the same way and exits with that rank's code; after ``--timeout`` it exits
+with 124.
+
+Across machines, use an existing launcher: torchrun (rank 0 shares the id through
+torch.distributed's TCPStore at MASTER_ADDR:MASTER_PORT) or MPI (mpi4py broadcasts it). In the
+script::
 
     comm = shimrt.launch.init()          # Device(local_rank) and its Communicator
 """
@@ -12,16 +33,20 @@ at MASTER_ADDR:MASTER_PORT) or MPI (mpi4py broadcasts it). In the script::
 from __future__ import annotations
 
 import argparse
-import os
+import datetime
 import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
-from .config import LaunchEnv, launch_env
-from .errors import ShimrtError
+from . import validate
+from .config import BACKENDS, LaunchEnv, launch_env, settings
+from .errors import CollectiveError, ShimrtError, UsageError
+from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
+
+_INSTALL_HINT = ("install NCCL (pip install 'shimrt[nccl]') or set SHIMRT_NCCL_LIBRARY to the path of "
+                 "libnccl.so.2 (librccl.so under ROCm), then launch again")
 
 
 @dataclass(frozen=True)
@@ -44,7 +69,7 @@ def _torch_store_share(env: LaunchEnv, uid_maker) -> bytes:
         raise ShimrtError("torchrun's environment lacks MASTER_ADDR/MASTER_PORT")
     # torchrun's own store listens on MASTER_PORT; shimrt's sits on the next port.
     store = TCPStore(env.master_addr, env.master_port + 1, env.world_size, env.rank == 0,
-                     timeout=__import__("datetime").timedelta(seconds=300))
+                     timeout=datetime.timedelta(seconds=300))
     if env.rank == 0:
         store.set("shimrt_nccl_unique_id", uid_maker().hex())
     uid = bytes.fromhex(store.get("shimrt_nccl_unique_id").decode())
@@ -70,9 +95,17 @@ def _mpi_share(env: LaunchEnv, uid_maker) -> bytes:
 def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> Rendezvous:
     """Rank, world size, local rank and the shared ncclUniqueId of this process. The id is made
     (by rank 0 where ranks share it) with the collective library of ``backend`` (NCCL for
-    "cuda", RCCL for "hip"; default: see :func:`shimrt.nccl.unique_id`)."""
+    "cuda", RCCL for "hip"; default: see :func:`shimrt.nccl.unique_id`).
+
+    ``env`` defaults to :func:`shimrt.config.launch_env`. Under python -m shimrt.launch the id
+    comes from the launcher; CollectiveError, with the reason and what to install, when the
+    launcher could not load NCCL to make it."""
+    if env is not None and not isinstance(env, LaunchEnv):
+        raise UsageError(f"env must be a shimrt.config.LaunchEnv or None, not {type(env).__name__}")
+    if backend is not None:
+        validate.one_of(backend, "backend", BACKENDS)
     from .nccl import unique_id
-    env = env or launch_env()
+    env = launch_env() if env is None else env
 
     def make() -> bytes:
         return unique_id(backend=backend)
@@ -81,6 +114,9 @@ def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> R
         return Rendezvous(0, 1, 0, make(), "single process")
     if env.source == "shimrt":
         if env.unique_id is None:
+            if env.unique_id_error:
+                raise CollectiveError("this rank needs a communicator, but python -m shimrt.launch could not "
+                                      f"make the shared unique id: {env.unique_id_error}; {_INSTALL_HINT}")
             raise ShimrtError("SHIMRT_RANK is set but SHIMRT_NCCL_UNIQUE_ID is not "
                               "(start with python -m shimrt.launch)")
         uid = env.unique_id
@@ -92,94 +128,103 @@ def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> R
 
 
 def init(device=None, *, options=None):
-    """The Communicator of this process: on ``device`` (default Device(local_rank)), with the
-    collective library of the device's backend."""
+    """The Communicator of this process: on ``device`` (a :class:`shimrt.Device`; default
+    Device(local_rank)), with the collective library of the device's backend and ``options``
+    (a :class:`shimrt.nccl.CommOptions`). The device is opened before the rendezvous, since its
+    backend says which library makes the id."""
     from .device import Device
-    from .nccl import Communicator
-    device = device or Device(launch_env().local_rank)
+    from .nccl import CommOptions, Communicator
+    if device is not None and not isinstance(device, Device):
+        raise UsageError(f"device must be a shimrt.Device or None, not {type(device).__name__}")
+    if options is not None and not isinstance(options, CommOptions):
+        raise UsageError(f"options must be a shimrt.nccl.CommOptions or None, not {type(options).__name__}")
+    if device is None:
+        device = Device(launch_env().local_rank)
     r = rendezvous(backend=device.backend)
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)
 
 
-# --- the launcher ----------------------------------------------------------------------------
-
-def _pump(stream, prefix: str, out) -> None:
-    for line in iter(stream.readline, b""):
-        out.write(prefix + line.decode(errors="replace"))
-        out.flush()
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=36)
 
 
-def run(nproc: int, argv: list[str], timeout: float | None = None) -> int:
-    """Start ``nproc`` copies of ``python argv...``; stop them all when one fails; return the
-    first non-zero exit code (or 0)."""
-    from .nccl import unique_id
-    if nproc < 1:
-        raise ShimrtError("--nproc must be at least 1")
-    uid = unique_id().hex()
-    procs, pumps = [], []
-    for rank in range(nproc):
-        env = dict(os.environ, SHIMRT_RANK=str(rank), SHIMRT_WORLD_SIZE=str(nproc), SHIMRT_LOCAL_RANK=str(rank),
-                   SHIMRT_NCCL_UNIQUE_ID=uid, PYTHONUNBUFFERED="1")
-        p = subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        procs.append(p)
-        t = threading.Thread(target=_pump, args=(p.stdout, f"[rank {rank}] ", sys.stdout), daemon=True)
-        t.start()
-        pumps.append(t)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    code = 0
+_DESCRIPTION = """\
+Start one process per local GPU, each running the same Python script (or module, with -m), and
+let them join one NCCL communicator with shimrt.launch.init().
+
+The launcher makes NCCL's unique id and gives every process its rank through the environment:
+SHIMRT_RANK, SHIMRT_WORLD_SIZE, SHIMRT_LOCAL_RANK, SHIMRT_LOCAL_WORLD_SIZE and
+SHIMRT_NCCL_UNIQUE_ID, plus torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE. It sets
+no MASTER_ADDR or MASTER_PORT, which shimrt does not need. If NCCL does not load here, the
+processes still start, and only those that call shimrt.launch.init() fail, saying why.
+
+Every line a process prints is prefixed with its rank. When one process fails, the others are
+stopped and the launcher exits with the failed process's code. SIGTERM, SIGINT and SIGHUP are
+passed on to every process; those still running after 5 s are killed, and the launcher exits
+with 128 + the signal's number (143 for SIGTERM)."""
+
+_EPILOG = """\
+examples:
+  python -m shimrt.launch --nproc 8 train.py --epochs 3
+  python -m shimrt.launch --nproc-per-node 2 --timeout 600 -m shimrt.bench collectives"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+    parser = argparse.ArgumentParser(
+        prog="python -m shimrt.launch", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_HelpFormatter,
+        usage="python -m shimrt.launch --nproc N [--timeout SECONDS] (script | -m module) [args ...]")
+    parser.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", metavar="N", required=True,
+                        type=validate.argument(validate.integer, "--nproc", least=1),
+                        help="how many processes to start (one per local GPU); the names are torchrun's too")
+    parser.add_argument("--timeout", metavar="SECONDS", default=None,
+                        type=validate.argument(validate.number, "--timeout", positive=True),
+                        help="stop every process after this many seconds and exit with 124 (default: no limit)")
+    parser.add_argument("--version", action="version", version=f"shimrt {__version__}",
+                        help="print shimrt's version and exit")
+    # Everything after -m belongs to the module, as with python -m.
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="module",
+                        help="-m MODULE [args]: run MODULE as a script, as python -m does (e.g. -m shimrt.bench); "
+                             "the rest of the command line is its arguments")
+    parser.add_argument("script", nargs="?", help="the Python script every process runs")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: parse ``argv`` (default ``sys.argv[1:]``), run, and return the exit
+    code instead of raising SystemExit. A refused argument exits 2 with argparse's message, a
+    ShimrtError or OSError 2 with "shimrt.launch: <message>", never with a traceback."""
+    parser = _parser()
     try:
-        while True:
-            states = [p.poll() for p in procs]  # every one, so each exit is seen
-            if all(s is not None for s in states):
-                break
-            failed = [s for s in states if s not in (None, 0)]
-            if failed:
-                code = failed[0]
-                print(f"shimrt.launch: a rank exited with {code}; stopping the others", file=sys.stderr)
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                code = 124
-                print(f"shimrt.launch: ranks still running after {timeout} s; stopping them", file=sys.stderr)
-                break
-            time.sleep(0.05)
-    finally:
-        _stop([p for p in procs if p.poll() is None])
-        for t in pumps:
-            t.join(5)
-    return code or next((p.returncode for p in procs if p.returncode), 0)
-
-
-def _stop(procs, grace: float = 5.0) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    end = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(max(end - time.monotonic(), 0.01))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shimrt.launch", description=__doc__.splitlines()[0],
-                                     usage="python -m shimrt.launch --nproc N [--timeout S] (script | -m module) ...")
-    parser.add_argument("--nproc", type=int, required=True, help="processes to start (one per local GPU)")
-    parser.add_argument("--timeout", type=float, default=None, help="stop every rank after this many seconds")
-    parser.add_argument("-m", dest="module", help="run a module as a script (python -m module), e.g. shimrt.bench")
-    parser.add_argument("script", nargs="?", help="the Python script to run in every process")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
-    args = parser.parse_args(argv)
-    if args.module is None and args.script is None:
-        parser.error("give a script or -m module")
-    # With -m, what argparse took for the script is the module's first argument.
-    target = ["-m", args.module, *([args.script] if args.script else []), *args.args] if args.module else \
-        [args.script, *args.args]
+        args = parser.parse_args(argv)
+        if args.module is not None:
+            if not args.module:
+                parser.error("-m needs a module name, e.g. -m shimrt.bench")
+            target = ["-m", *args.module]
+        elif args.script is None:
+            parser.error("give a script or -m module")
+        else:
+            try:
+                validate.readable_file(args.script, "script")
+            except UsageError as exc:
+                parser.error(str(exc))
+            target = [args.script, *args.args]
+    except SystemExit as exc:  # --help, --version (0) or a refused argument (2): argparse said why
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
+        settings()  # a bad SHIMRT_* value is refused here, before any process starts
         return run(args.nproc, target, args.timeout)
     except ShimrtError as exc:
-        print(f"shimrt.launch: {exc}", file=sys.stderr)
+        say(str(exc))
         return 2
+    except OSError as exc:
+        say(f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc))
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C before any rank started
+        say("interrupted")
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ on it (and still return when done).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import validate
 from .errors import UsageError
 from .lifetime import Closing, finalizer
 
@@ -20,13 +22,44 @@ if TYPE_CHECKING:
 
 def as_shape(shape) -> tuple[int, ...]:
     """``shape`` (an int or a sequence of ints) as a tuple of non-negative ints."""
-    parts = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in parts):
-        raise UsageError(f"shape must be an int or a sequence of ints, not {shape!r}")
-    dims = tuple(int(s) for s in parts)
-    if any(s < 0 for s in dims):
-        raise UsageError(f"shape must be non-negative, got {dims}")
-    return dims
+    allowed = "an int or a sequence of ints, each >= 0"
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
+        parts: tuple = (shape,)
+    elif shape is None or isinstance(shape, (str, bytes, dict, set, frozenset)):  # unordered or not sizes at all
+        raise UsageError(f"shape must be {allowed}, not {shape!r}")
+    else:
+        try:
+            parts = tuple(shape)
+        except TypeError:
+            raise UsageError(f"shape must be {allowed}, not {shape!r}") from None
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, (bool, np.bool_)) and s >= 0 for s in parts):
+        raise UsageError(f"shape must be {allowed}, not {shape!r}")
+    return tuple(int(s) for s in parts)
+
+
+#: numpy kinds a device array may have: booleans, integers, floats, complex numbers.
+_DTYPE_KINDS = "biufc"
+
+
+def as_dtype(dtype) -> np.dtype:
+    """``dtype`` (a numpy dtype, a scalar type such as ``np.float32``, or a name such as "int64") as a
+    numpy dtype of plain numbers; objects, strings, records and None are refused."""
+    allowed = "a numeric numpy dtype such as np.float32 or 'int64'"
+    # np.dtype(None) is float64 and np.dtype(np.True_) bool: neither is what was meant.
+    if dtype is None or isinstance(dtype, (bool, int, float, np.generic)):
+        raise UsageError(f"dtype must be {allowed}, not {dtype!r}")
+    try:
+        found = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise UsageError(f"dtype must be {allowed}, not {dtype!r}") from None
+    if found.kind not in _DTYPE_KINDS or found.itemsize == 0:
+        raise UsageError(f"dtype must be {allowed}, not {dtype!r} ({found})")
+    return found
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes of an array, in Python ints (numpy's int64 product would wrap around silently)."""
+    return math.prod(shape) * dtype.itemsize
 
 
 class Buffer(Closing):
@@ -56,31 +89,43 @@ class Buffer(Closing):
 
     def view(self, dtype=None, shape=None) -> "Buffer":
         """The same memory as another dtype and/or shape (same number of bytes)."""
-        dtype = np.dtype(dtype or self.dtype)
+        dtype = self.dtype if dtype is None else as_dtype(dtype)
         if shape is None:
             if self.nbytes % dtype.itemsize:
-                raise UsageError(f"{self.nbytes} bytes are not a whole number of {dtype}")
+                raise UsageError(f"dtype must fit the buffer's {self.nbytes} bytes a whole number of times, "
+                                 f"not {dtype}")
             shape = (self.nbytes // dtype.itemsize,)
         shape = as_shape(shape)
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != self.nbytes:
-            raise UsageError(f"a view of shape {shape} and dtype {dtype} is not {self.nbytes} bytes")
+        if nbytes_of(shape, dtype) != self.nbytes:
+            raise UsageError(f"a view must have the buffer's {self.nbytes} bytes, not shape {shape} of {dtype} "
+                             f"({nbytes_of(shape, dtype)} bytes)")
         return Buffer(self.device, self.ptr, self.nbytes, shape, dtype, owner=self._owner or self)
 
     def __getitem__(self, index: slice) -> "Buffer":
         """A view of a contiguous range of a 1-D buffer: ``buf[start:stop]`` (no step)."""
-        if len(self.shape) != 1 or not isinstance(index, slice) or index.step not in (None, 1):
-            raise UsageError("buffers can be sliced as buf[start:stop] when one-dimensional")
+        if len(self.shape) != 1:
+            raise UsageError(f"a buffer index must be a slice of a one-dimensional buffer, not {index!r} of one of "
+                             f"shape {self.shape} (view(shape=...) it first)")
+        bounds = (index.start, index.stop, index.step) if isinstance(index, slice) else ()
+        if not isinstance(index, slice) or index.step not in (None, 1) or not all(
+                b is None or isinstance(b, (int, np.integer)) and not isinstance(b, (bool, np.bool_)) for b in bounds):
+            raise UsageError(f"a buffer index must be a slice buf[start:stop] of ints (no step), not {index!r}")
         start, stop, _ = index.indices(self.shape[0])
         count = max(stop - start, 0)
         return Buffer(self.device, self.ptr + start * self.dtype.itemsize, count * self.dtype.itemsize, (count,),
                       self.dtype, owner=self._owner or self)
 
     def _host(self, array, writable: bool) -> np.ndarray:
-        usable = isinstance(array, np.ndarray) and array.flags.c_contiguous
-        if not usable or (writable and not array.flags.writeable):
-            raise UsageError("host array must be a C-contiguous" + (" writable" if writable else "") + " numpy array")
+        # An object array holds pointers to Python objects: copying those bytes is never meant.
+        if not isinstance(array, np.ndarray) or array.dtype.kind == "O":
+            shown = f"an array of {array.dtype}" if isinstance(array, np.ndarray) else f"{array!r:.100}"
+            raise UsageError(f"host array must be a numpy array of numbers, not {shown}")
+        if not array.flags.c_contiguous:
+            raise UsageError("host array must be C-contiguous (np.ascontiguousarray), not a strided view")
+        if writable and not array.flags.writeable:
+            raise UsageError("host array must be writable, not read-only")
         if array.nbytes != self.nbytes:
-            raise UsageError(f"host array has {array.nbytes} bytes, the buffer {self.nbytes}")
+            raise UsageError(f"host array must have the buffer's {self.nbytes} bytes, not {array.nbytes}")
         return array
 
     def _copy(self, fn, a, b, stream) -> None:
@@ -117,7 +162,7 @@ class Buffer(Closing):
     def copy_from(self, other: "Buffer", stream=None) -> "Buffer":
         """Copy another device buffer of the same byte size into this one."""
         if not isinstance(other, Buffer):
-            raise UsageError(f"copy_from() takes a shimrt Buffer, not {type(other).__name__}")
+            raise UsageError(f"copy_from() takes a shimrt Buffer, not {other!r:.100}")
         if other.nbytes != self.nbytes:
             raise UsageError(f"source has {other.nbytes} bytes, the buffer {self.nbytes}")
         if self.nbytes:
@@ -126,8 +171,7 @@ class Buffer(Closing):
 
     def memset(self, value: int, stream=None) -> "Buffer":
         """Set every byte to ``value`` (0-255)."""
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
-            raise UsageError(f"memset takes a byte value 0-255, not {value!r}")
+        value = validate.integer(value, "memset value", least=0, most=255)
         if self.nbytes:
             self._copy(self.device._drv.memset_d8, self.ptr, int(value), stream)
         return self

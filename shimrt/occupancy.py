@@ -18,8 +18,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from . import validate
 from .errors import ShimrtError, UsageError
 from .program import KernelResources
 from .targets import Target
@@ -34,9 +36,7 @@ def _round_up(x: int, unit: int) -> int:
 
 
 def _count(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UsageError(f"{name} must be an int >= {minimum}, not {value!r}")
-    return value
+    return validate.integer(value, name, least=minimum)
 
 
 @dataclass(frozen=True)
@@ -158,14 +158,16 @@ class Footprint:
     sgprs: int = 0
 
     def __post_init__(self):
-        _count("blocks", self.blocks, 1)
-        _count("threads", self.threads, 1)
-        for f in ("registers", "static_smem", "dynamic_smem", "sgprs"):
-            _count(f, getattr(self, f))
+        validate.text(self.name, "Footprint.name")
+        # numpy integers become ints, so equal footprints compare and hash alike.
+        for f, least in (("blocks", 1), ("threads", 1), ("registers", 0), ("static_smem", 0), ("dynamic_smem", 0),
+                         ("sgprs", 0)):
+            object.__setattr__(self, f, _count(f"Footprint.{f}", getattr(self, f), least))
 
     def with_threads(self, threads: int) -> "Footprint":
         """The same kernel launched with another thread count (NCCL_NTHREADS, for example)."""
         base = self.name.split(", ")[0]  # the kernel's own name, without an earlier thread count
+        threads = _count("threads", threads, 1)
         return Footprint(f"{base}, {threads} threads", self.blocks, threads, self.registers,
                          self.static_smem, self.dynamic_smem, self.sgprs)
 
@@ -208,13 +210,33 @@ class Shaping:
         return self.explanation
 
 
-def _resources(resources) -> tuple[int, int, int]:
-    """(registers, static smem, sgprs) from KernelResources or a Kernel-like mapping."""
+#: The keys a resources mapping may have: what the model reads, and the rest of KernelResources.to_dict().
+RESOURCE_KEYS = ("registers", "static_smem", "sgprs", "local_bytes", "spill_bytes", "max_threads_per_block", "extra")
+
+
+def resource_counts(resources) -> tuple[int, int, int]:
+    """(registers, static smem, sgprs) from KernelResources or a mapping with ``registers`` (and
+    optionally ``static_smem``, ``sgprs``); UsageError naming a missing key or a bad value."""
     if isinstance(resources, KernelResources):
         return resources.registers, resources.static_smem, resources.sgprs
-    if isinstance(resources, dict):
-        return int(resources["registers"]), int(resources.get("static_smem", 0)), int(resources.get("sgprs", 0))
-    raise UsageError(f"resources must be KernelResources or a dict, not {type(resources).__name__}")
+    if not isinstance(resources, Mapping):
+        raise UsageError(f"resources must be KernelResources or a dict with 'registers' (and optionally "
+                         f"'static_smem', 'sgprs'), not {resources!r}")
+    if "registers" not in resources:
+        raise UsageError(f"resources must have the key 'registers' (and optionally 'static_smem', 'sgprs'); "
+                         f"missing 'registers' in {dict(resources)!r}")
+    unknown = sorted(map(str, set(resources) - set(RESOURCE_KEYS)))
+    if unknown:  # a misspelt key would otherwise be read as 0
+        raise UsageError(f"resources keys must be among {', '.join(RESOURCE_KEYS)}, not {', '.join(unknown)}")
+    return (_count("resources['registers']", resources["registers"]),
+            _count("resources['static_smem']", resources.get("static_smem", 0)),
+            _count("resources['sgprs']", resources.get("sgprs", 0)))
+
+
+def _reserve(reserve) -> Footprint:
+    if not isinstance(reserve, Footprint):
+        raise UsageError(f"reserve must be a Footprint (e.g. occupancy.NCCL_2_28_SM90), not {reserve!r}")
+    return reserve
 
 
 def _min_smem_for(t: Target, n: int, static_smem: int) -> int:
@@ -277,21 +299,22 @@ def shape(target: "Target | str", resources, block_size: int, *, resident_blocks
     A request that cannot be met raises :class:`ShimrtError` naming the resource and numbers.
     """
     t = _get_target(target)
-    registers, static_smem, sgprs = _resources(resources)
+    registers, static_smem, sgprs = resource_counts(resources)
     block_size = _count("block_size", block_size, 1)
-    if reserve is not None and not isinstance(reserve, Footprint):
-        raise UsageError(f"reserve must be a Footprint, not {type(reserve).__name__}")
+    if reserve is not None:
+        _reserve(reserve)
+    if resident_blocks is not None:
+        resident_blocks = _count("resident_blocks", resident_blocks, 1)
     if reserve is None and resident_blocks is None:
         raise UsageError("shape() needs resident_blocks, a reserve Footprint, or both")
     natural = occupancy(t, block_size=block_size, registers=registers, static_smem=static_smem, sgprs=sgprs)
     if natural.blocks == 0:
-        raise ShimrtError(f"a block of {block_size} threads cannot run on {t.name} at all "
-                          f"(limited by {', '.join(natural.limited_by)})")
+        raise UsageError(f"a block of {block_size} threads with {registers} registers and {static_smem} B static "
+                         f"smem cannot run on {t.name} at all (limited by {', '.join(natural.limited_by)})")
     if resident_blocks is not None:
-        _count("resident_blocks", resident_blocks, 1)
         if resident_blocks > natural.blocks:
-            raise ShimrtError(f"resident_blocks={resident_blocks} is more than fit unshaped ({natural.blocks}, "
-                              f"limited by {', '.join(natural.limited_by)})")
+            raise UsageError(f"resident_blocks must be an int in 1..{natural.blocks}, not {resident_blocks}: that is "
+                             f"more than fit unshaped ({natural.blocks}, limited by {', '.join(natural.limited_by)})")
         candidates = [resident_blocks]
     else:
         candidates = range(natural.blocks, 0, -1)
@@ -328,10 +351,9 @@ def coresident(target: "Target | str", resources, block_size: int, reserve: Foot
     """Unshaped compute blocks that fit on one SM beside ``reserve`` (0: none, the footprint
     takes the SM for itself). How much compute an SM that hosts communication keeps."""
     t = _get_target(target)
-    registers, static_smem, sgprs = _resources(resources)
+    registers, static_smem, sgprs = resource_counts(resources)
     block_size = _count("block_size", block_size, 1)
-    if not isinstance(reserve, Footprint):
-        raise UsageError(f"reserve must be a Footprint, not {type(reserve).__name__}")
+    _reserve(reserve)
     natural = occupancy(t, block_size=block_size, registers=registers, static_smem=static_smem, sgprs=sgprs)
     for n in range(natural.blocks, -1, -1):
         if _fits(t, natural, n, block_size, registers, reserve) is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import validate
+from .errors import UsageError
 from .targets import Target
 
 
@@ -25,6 +27,14 @@ class KernelResources:
     max_threads_per_block: int
     extra: dict = field(default_factory=dict, compare=False)
 
+    def __post_init__(self):
+        for name in ("registers", "static_smem", "local_bytes", "spill_bytes"):
+            object.__setattr__(self, name, validate.integer(getattr(self, name), f"KernelResources.{name}", least=0))
+        object.__setattr__(self, "max_threads_per_block", validate.integer(
+            self.max_threads_per_block, "KernelResources.max_threads_per_block", least=1))
+        if not isinstance(self.extra, dict):
+            raise UsageError(f"KernelResources.extra must be a dict, not {self.extra!r}")
+
     @property
     def sgprs(self) -> int:
         """Scalar registers per wave (AMD code objects; 0 where the compiler reports none)."""
@@ -37,8 +47,14 @@ class KernelResources:
 
     @classmethod
     def from_dict(cls, d: dict) -> "KernelResources":
-        return cls(int(d["registers"]), int(d["static_smem"]), int(d["local_bytes"]),
-                   int(d["spill_bytes"]), int(d["max_threads_per_block"]), dict(d.get("extra", {})))
+        """The inverse of :meth:`to_dict`; UsageError naming a missing or bad entry."""
+        if not isinstance(d, dict):
+            raise UsageError(f"KernelResources.from_dict takes a dict, not {d!r}")
+        names = ("registers", "static_smem", "local_bytes", "spill_bytes", "max_threads_per_block")
+        missing = [n for n in names if n not in d]
+        if missing:
+            raise UsageError(f"KernelResources.from_dict needs {', '.join(names)}; missing {', '.join(missing)}")
+        return cls(*(d[n] for n in names), dict(d.get("extra", {})))
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,25 @@ class Program:
     # kernel -> ((offset, size), ...) of its explicit parameters, where the compiler's metadata
     # says (AMDGPU code objects); CUDA asks the driver instead (cuFuncGetParamInfo).
     params: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        # A Program is loaded as it is (Device.load): what is not a binary for ``target`` must not get there.
+        if not isinstance(self.binary, bytes) or not self.binary:
+            shown = self.binary[:16] if isinstance(self.binary, (bytes, bytearray, str)) else self.binary
+            raise UsageError(f"Program.binary must be non-empty bytes (a CUBIN or code object), not {shown!r}")
+        if not isinstance(self.target, Target):
+            raise UsageError(f"Program.target must be a Target, not {self.target!r}")
+        if not isinstance(self.log, str):
+            raise UsageError(f"Program.log must be a str, not {self.log!r}")
+        validate.text(self.name, "Program.name")
+        if not isinstance(self.resources, dict) or not all(
+                isinstance(k, str) and isinstance(v, KernelResources) for k, v in self.resources.items()):
+            raise UsageError(f"Program.resources must be a dict of kernel name -> KernelResources, "
+                             f"not {self.resources!r}")
+        if not isinstance(self.options, tuple) or not all(isinstance(o, str) for o in self.options):
+            raise UsageError(f"Program.options must be a tuple of strings, not {self.options!r}")
+        if not isinstance(self.params, dict):
+            raise UsageError(f"Program.params must be a dict, not {self.params!r}")
 
     @property
     def kernels(self) -> list[str]:

@@ -1,8 +1,10 @@
-"""python -m shimrt.selftest: can this machine compile, launch, and (later) overlap? If not, why.
+"""Check what this machine can do with shimrt (compile, launch, overlap, communicate) and, where it cannot, why.
 
-Sections: environment, compile (every kernel for every target), device (only with a GPU).
-Each check passes, fails, or is skipped with the reason and what would fix it. The exit code
-is 0 only when nothing failed (``--strict``: and nothing was skipped).
+Sections: environment, compile (every kernel for every target), device and communication
+(only with a GPU). Each check passes, fails, or is skipped with the reason and what would fix
+it; a reason or fix shared by consecutive checks is printed once (``--json`` repeats it on
+every check). The exit code is 0 when nothing failed (``--strict``: and nothing was skipped),
+1 when something did, 2 for a bad option or environment variable.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass
+from itertools import groupby
+from typing import Sequence
 
 import numpy as np
 
-from . import __version__, backends, compiler, kernels, occupancy, targets
+from . import __version__, backends, cli, compiler, kernels, occupancy, targets
 from .errors import CollectiveError, NoDeviceError, ShimrtError
 
 COMPILE_TARGETS = ("sm_80", "sm_86", "sm_90", "gfx90a")
@@ -153,6 +157,12 @@ def _device(results, progress):
         for name in DEVICE_CHECKS + COMMUNICATION_CHECKS:
             section = "communication" if name in COMMUNICATION_CHECKS else sec
             results.append(Check(section, name, "skip", f"no GPU: {exc}", "run on a machine with a GPU and its driver"))
+        return None
+    except ShimrtError as exc:  # a GPU is there but would not open: that is a failure, not a skip
+        results.append(Check(sec, "open device", "fail", str(exc)))
+        for name in DEVICE_CHECKS[1:] + COMMUNICATION_CHECKS:
+            section = "communication" if name in COMMUNICATION_CHECKS else sec
+            results.append(Check(section, name, "skip", "the device did not open (see above)"))
         return None
     results.append(Check(sec, "open device", "pass", f"{dev!r}: {dev.target.num_sms} SMs, "
                          f"{dev.target.smem_per_sm} B smem/SM, priorities {dev.priority_range}"))
@@ -324,29 +334,44 @@ def _communication(dev, results, progress):
 # --- output ---------------------------------------------------------------------------------
 
 def table(results: list[Check]) -> str:
+    """The results for a person, a block per section. Where consecutive skipped checks share
+    their fix, it is printed once after them, and so is their reason when that is shared too."""
     lines = []
-    section = None
-    for r in results:
-        if r.section != section:
-            section = r.section
-            lines.append(f"\n== {section}")
-        detail = r.detail.splitlines()[0] if r.detail else ""
-        lines.append(f"  [{r.status.upper():4s}] {r.name}: {detail}")
-        if r.status == "skip" and r.fix:
-            lines.append(f"         fix: {r.fix}")
-        if r.status == "fail" and "\n" in r.detail:
-            lines.extend("         " + line for line in r.detail.splitlines()[1:])
+    for section, rows in groupby(results, key=lambda r: r.section):
+        lines.append(f"\n== {section}")
+        for (status, fix), run in groupby(rows, key=lambda r: (r.status, r.fix if r.status == "skip" else "")):
+            run = list(run)
+            reasons = {_first_line(r.detail) for r in run}
+            shared = status == "skip" and len(run) > 1 and len(reasons) == 1 and reasons != {""}
+            for r in run:
+                detail = "" if shared else _first_line(r.detail)
+                lines.append(f"  [{r.status.upper():4s}] {r.name}" + (f": {detail}" if detail else ""))
+                if r.status == "fail" and "\n" in r.detail:
+                    lines.extend("         " + line for line in r.detail.splitlines()[1:])
+            every = f" (all {len(run)} above)" if len(run) > 1 else ""
+            if shared:
+                lines.append(f"         why{every}: {reasons.pop()}")
+            if fix:
+                lines.append(f"         fix{every}: {fix}")
     counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
     lines.append(f"\n{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shimrt.selftest", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m shimrt.selftest [--json] [--strict] [--quiet]``; returns the exit code."""
+    parser = cli.parser("python -m shimrt.selftest", __doc__)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON (every check with its fix)")
     parser.add_argument("--strict", action="store_true", help="count skipped checks as failures")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    args = parser.parse_args(argv)
+    return cli.main(parser, argv, _selftest)
+
+
+def _selftest(args: argparse.Namespace) -> int:
     results: list[Check] = []
     progress = not args.quiet
     _environment(results, progress)

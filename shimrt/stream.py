@@ -7,14 +7,27 @@ what did not finish instead of hanging.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Any
 
-from . import waiting
+from . import validate, waiting
 from .errors import ShimrtError, UsageError
 from .lifetime import Closing, finalizer
 
 if TYPE_CHECKING:
     from .device import Device
+
+#: The longest wait shimrt takes, in seconds (the threading module's limit, about 292 years): a
+#: longer one would fail deep inside the wait instead of where it is given.
+MAX_TIMEOUT = float(threading.TIMEOUT_MAX)
+
+
+def timeout_seconds(value: Any, what: str = "timeout") -> float:
+    """``value`` as a wait in seconds: a positive, finite number (never a bool) up to MAX_TIMEOUT."""
+    seconds = validate.number(value, what, positive=True)
+    if seconds > MAX_TIMEOUT:
+        raise UsageError(f"{what} must be a positive number of seconds up to {MAX_TIMEOUT:.0f}, not {value!r}")
+    return seconds
 
 
 def wait_until(query, timeout: float, what: str) -> None:
@@ -57,7 +70,10 @@ class Stream(Closing):
         return self._handle
 
     def synchronize(self, timeout: float | None = None) -> None:
-        """Wait for the stream's work (ShimrtError after ``timeout`` seconds when given)."""
+        """Wait for the stream's work (ShimrtError after ``timeout`` seconds, a positive number, when
+        given)."""
+        if timeout is not None:
+            timeout = timeout_seconds(timeout)
         self.device.activate()
         if timeout is not None:
             wait_until(self.query, timeout, "the stream's work")
@@ -70,12 +86,14 @@ class Stream(Closing):
     def wait(self, event: "Event") -> None:
         """Make later work on this stream wait for ``event``."""
         if not isinstance(event, Event):
-            raise UsageError(f"wait() takes a shimrt Event, not {type(event).__name__}")
+            raise UsageError(f"wait() takes a shimrt Event, not {event!r:.100}")
         self.device._drv.stream_wait_event(self._live(), event._live())
 
     def record(self, event: "Event | None" = None) -> "Event":
         """Record ``event`` (or a new timing event) on this stream and return it."""
-        event = event or self.device.event()
+        if event is not None and not isinstance(event, Event):
+            raise UsageError(f"record() takes a shimrt Event or None, not {event!r:.100}")
+        event = event if event is not None else self.device.event()
         event.record(self)
         return event
 
@@ -108,13 +126,16 @@ class Event(Closing):
         return self.device._drv.event_query(self._live())
 
     def synchronize(self, timeout: float | None = None) -> None:
-        """Wait for the event (ShimrtError after ``timeout`` seconds when given)."""
+        """Wait for the event (ShimrtError after ``timeout`` seconds, a positive number, when given)."""
         if timeout is not None:
+            timeout = timeout_seconds(timeout)
             wait_until(self.query, timeout, "the event")
         self.device._drv.event_synchronize(self._live())
 
     def elapsed_ms(self, end: "Event") -> float:
         """Milliseconds from this event to ``end`` (both recorded, both with timing)."""
+        if not isinstance(end, Event):
+            raise UsageError(f"elapsed_ms() takes a shimrt Event, not {end!r:.100}")
         if not (self.timing and end.timing):
             raise UsageError("elapsed time needs events created with timing=True")
         return self.device._drv.event_elapsed_ms(self._live(), end._live())

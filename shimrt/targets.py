@@ -18,10 +18,12 @@ Sources for the NVIDIA numbers:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, replace
 
-from .errors import ShimrtError
+from . import validate
+from .errors import UsageError
 
 _KIB = 1024
 
@@ -56,16 +58,23 @@ class Target:
     sgpr_alloc_unit: int = 0       # AMD: scalar register allocation granule
 
     def __post_init__(self):
-        if self.backend not in ("cuda", "hip"):
-            raise ShimrtError(f"Target.backend must be 'cuda' or 'hip', not {self.backend!r}")
-        for field in ("num_sms", "warp_size", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm",
-                      "max_regs_per_thread", "smem_per_sm", "smem_per_block_optin",
-                      "max_threads_per_block", "reg_alloc_unit", "smem_alloc_unit"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                raise ShimrtError(f"Target.{field} must be a positive int, got {value!r}")
-        if self.reserved_smem_per_block < 0:
-            raise ShimrtError("Target.reserved_smem_per_block must be >= 0")
+        for name in ("name", "arch"):
+            validate.text(getattr(self, name), f"Target.{name}")
+        validate.one_of(self.backend, "Target.backend", ("cuda", "hip"))
+        for name in ("num_sms", "warp_size", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm",
+                     "max_regs_per_thread", "smem_per_sm", "smem_per_block_optin", "max_threads_per_block",
+                     "max_smem_per_block_default", "reg_alloc_unit", "smem_alloc_unit", "warp_alloc_granularity",
+                     "subpartitions_per_sm", "regs_per_block"):
+            self._set_int(name, 1)
+        for name in ("reserved_smem_per_block", "sgprs_per_simd", "sgpr_alloc_unit"):
+            self._set_int(name, 0)
+        if self.sgprs_per_simd and not self.sgpr_alloc_unit:  # the occupancy model divides by it
+            raise UsageError(f"Target.sgpr_alloc_unit must be an int >= 1 when sgprs_per_simd is set, "
+                             f"not {self.sgpr_alloc_unit!r}")
+
+    def _set_int(self, name: str, least: int) -> None:
+        # numpy integers (a driver's attributes) become ints, so equal targets compare and hash alike.
+        object.__setattr__(self, name, validate.integer(getattr(self, name), f"Target.{name}", least=least))
 
     @property
     def compute_capability(self) -> tuple[int, int] | None:
@@ -75,6 +84,10 @@ class Target:
 
     def with_(self, **changes) -> "Target":
         """A copy with some fields changed (for example a device's measured values)."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise UsageError(f"Target has no field {', '.join(unknown)}; its fields are {', '.join(sorted(known))}")
         return replace(self, **changes)
 
 
@@ -156,7 +169,8 @@ def get(name: "str | Target") -> Target:
     if isinstance(name, Target):
         return name
     if not isinstance(name, str):
-        raise ShimrtError(f"a target is a name like 'H200' or 'sm_90', not {type(name).__name__}")
+        raise UsageError(f"target must be a Target or a name such as 'H200' or 'sm_90' (known: {', '.join(names())}), "
+                         f"not {name!r}")
     key = _key(name)
     for pname in PROFILES:
         if _key(pname) == key:
@@ -166,4 +180,4 @@ def get(name: "str | Target") -> Target:
     for arch, pname in _BY_ARCH.items():
         if _key(arch) == key:
             return PROFILES[pname]
-    raise ShimrtError(f"unknown target {name!r}; known: {', '.join(names())}")
+    raise UsageError(f"target must be one of {', '.join(names())} (or a Target), not {name!r}: unknown target")

@@ -105,6 +105,33 @@ def readable_file(value: Any, what: str) -> Path:
     return path
 
 
+def available_host_memory() -> int | None:
+    """Bytes of host memory available now: MemAvailable of /proc/meminfo (free memory and what the
+    kernel can reclaim), else the free pages sysconf reports; None when neither can say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _bytes(nbytes: int) -> str:
+    return f"{nbytes} bytes ({nbytes / 2**30:.1f} GiB)"
+
+
+def require_memory(needed: int, available: int | None, what: str, where: str) -> None:
+    """UsageError naming both sizes when ``needed`` bytes exceed ``available`` (None: unknown, taken)."""
+    if available is not None and needed > available:
+        raise UsageError(f"{what} must fit in {where} memory: it needs {_bytes(needed)}, and {_bytes(available)} "
+                         "are available")
+
+
 def argument(check: Callable[..., Any], name: str, **limits) -> Callable[[str], Any]:
     """An argparse ``type=`` for ``check`` (one of this module's functions): the command-line
     string is converted (ints and floats as written) and refused with the check's message."""

@@ -15,7 +15,7 @@ from conftest import skip_or_fail
 from shimrt import CollectiveError, UsageError
 from shimrt.arrays import ArrayInfo
 from shimrt.nccl import COLLECTIVES, Communicator, buffer_counts, library, nccl_count, unique_id
-from shimrt.nccl import communicator as comm_mod
+from shimrt.nccl import collectives as comm_mod
 
 SIZES = (1, 2, 3, 8)
 COUNTS = (0, 1, 5, 1000)
@@ -177,31 +177,31 @@ class DeviceArray:
 def test_buffers_options_and_ranks_are_checked_per_row():
     ar, ag, send, bc = (COLLECTIVES[n] for n in ("all_reduce", "all_gather", "send", "broadcast"))
     x = DeviceArray(8)
-    s, r = comm_mod._buffers("all_reduce", ar, x, None)
+    s, r = comm_mod.buffers_of("all_reduce", ar, x, None)
     assert s is r and s.count == 8
     with pytest.raises(UsageError, match=r"all_gather needs a receive buffer \(recv=None, in place, is for "
                                          "all_reduce, broadcast, reduce\\)"):
-        comm_mod._buffers("all_gather", ag, x, None)
+        comm_mod.buffers_of("all_gather", ag, x, None)
     with pytest.raises(UsageError, match="send takes one buffer"):
-        comm_mod._buffers("send", send, x, DeviceArray(8))
+        comm_mod.buffers_of("send", send, x, DeviceArray(8))
     with pytest.raises(UsageError, match="float32 but receive is int32"):
-        comm_mod._buffers("all_reduce", ar, x, DeviceArray(8, "<i4", 0x2000))
-    assert comm_mod._op("all_reduce", ar, None) == library.REDOPS["sum"]
+        comm_mod.buffers_of("all_reduce", ar, x, DeviceArray(8, "<i4", 0x2000))
+    assert comm_mod.op_of("all_reduce", ar, None) == library.REDOPS["sum"]
     with pytest.raises(UsageError, match="op must be one of sum, prod, max, min, avg, not 'mean'"):
-        comm_mod._op("all_reduce", ar, "mean")
+        comm_mod.op_of("all_reduce", ar, "mean")
     with pytest.raises(UsageError, match="all_gather takes no op"):
-        comm_mod._op("all_gather", ag, "sum")
-    assert comm_mod._rank("broadcast", bc, 4, None, None) == 0
+        comm_mod.op_of("all_gather", ag, "sum")
+    assert comm_mod.rank_of("broadcast", bc, 4, None, None) == 0
     with pytest.raises(UsageError, match=r"root must be a rank in 0..3, not 4"):
-        comm_mod._rank("broadcast", bc, 4, 4, None)
+        comm_mod.rank_of("broadcast", bc, 4, 4, None)
     with pytest.raises(UsageError, match=r"root must be a rank in 0..3, not True"):
-        comm_mod._rank("broadcast", bc, 4, True, None)
+        comm_mod.rank_of("broadcast", bc, 4, True, None)
     with pytest.raises(UsageError, match=r"peer must be a rank in 0..1, not None"):
-        comm_mod._rank("send", send, 2, None, None)
+        comm_mod.rank_of("send", send, 2, None, None)
     with pytest.raises(UsageError, match="broadcast takes no peer"):
-        comm_mod._rank("broadcast", bc, 2, None, 1)
+        comm_mod.rank_of("broadcast", bc, 2, None, 1)
     with pytest.raises(UsageError, match="all_gather takes no root"):
-        comm_mod._rank("all_gather", ag, 2, 0, None)
+        comm_mod.rank_of("all_gather", ag, 2, 0, None)
 
 
 # --- the library: loaded once per path ----------------------------------------------------------
@@ -241,11 +241,13 @@ def test_threads_loading_at_once_share_one_library(nccl, monkeypatch):
 def test_a_failing_path_is_still_reported_after_a_load(nccl, monkeypatch, tmp_path):
     monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(tmp_path / "libnccl-nope.so"))
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))
-    with pytest.raises(CollectiveError, match="RCCL.*libnccl-nope.so.*rocm/lib/librccl.so.*librccl.so"):
+    with pytest.raises(CollectiveError, match="SHIMRT_NCCL_LIBRARY=.*libnccl-nope.so"):
         library.load("hip")
-    assert library.load("cuda") is nccl  # NCCL's search goes on past a missing SHIMRT_NCCL_LIBRARY
-    monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(tmp_path / "libnccl-other.so"))
-    with pytest.raises(CollectiveError, match="libnccl-other.so"):
+    with pytest.raises(CollectiveError, match="SHIMRT_NCCL_LIBRARY=.*libnccl-nope.so"):
+        library.load("cuda")  # the one place searched while it is set: no fall back to the wheel's NCCL
+    monkeypatch.delenv("SHIMRT_NCCL_LIBRARY")
+    assert library.load("cuda") is nccl
+    with pytest.raises(CollectiveError, match="RCCL.*rocm/lib/librccl.so.*librccl.so"):
         library.load("hip")
 
 
@@ -263,7 +265,7 @@ def test_unique_id_comes_from_the_wheels_nccl(nccl, monkeypatch):
 
 
 def test_unique_id_under_hip_looks_for_rccl(monkeypatch, tmp_path):
-    monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(tmp_path / "libnccl-nope.so"))
+    monkeypatch.delenv("SHIMRT_NCCL_LIBRARY", raising=False)
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))
     with pytest.raises(CollectiveError, match=r"RCCL \(librccl.so\) not found.*rocm/lib/librccl.so"):
         unique_id(backend="hip")

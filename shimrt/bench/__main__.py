@@ -1,28 +1,34 @@
-"""python -m shimrt.bench SUBCOMMAND [options]"""
+"""Run shimrt's benchmarks, each printing ratios measured side by side in one run.
+
+python -m shimrt.bench COMMAND --help says what a command measures and takes.
+"""
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
+from types import ModuleType
+from typing import Sequence
 
-from ..errors import ShimrtError
+from .. import cli
+
+#: subcommand -> its module in shimrt.bench, in the order --help lists them.
+COMMANDS = {"launch": "launch", "collectives": "collectives", "gemm": "gemm", "overlap": "overlap", "plot": "plots"}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shimrt.bench", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    from . import collectives, gemm, launch, overlap, plots
-    launch.add_arguments(sub.add_parser("launch", help=launch.__doc__.splitlines()[0]))
-    collectives.add_arguments(sub.add_parser("collectives", help=collectives.__doc__.splitlines()[0]))
-    gemm.add_arguments(sub.add_parser("gemm", help=gemm.__doc__.splitlines()[0]))
-    overlap.add_arguments(sub.add_parser("overlap", help=overlap.__doc__.splitlines()[0]))
-    plots.add_arguments(sub.add_parser("plot", help=plots.__doc__.splitlines()[0]))
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except ShimrtError as exc:
-        print(f"shimrt.bench {args.command}: {exc}", file=sys.stderr)
-        return 2
+def module(command: str) -> ModuleType:
+    """The module of a subcommand: its docstring, ``add_arguments`` and ``run``."""
+    return importlib.import_module(f"{__package__}.{COMMANDS[command]}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m shimrt.bench COMMAND [options]``; returns the exit code."""
+    parser = cli.parser("python -m shimrt.bench", __doc__)
+    sub = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        command = module(name)
+        command.add_arguments(cli.subcommand(sub, name, command.__doc__))
+    return cli.main(parser, argv)
 
 
 if __name__ == "__main__":

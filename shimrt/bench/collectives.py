@@ -1,5 +1,10 @@
-"""NCCL collectives through shimrt, nccl-tests style: size, count, type, redop, root, then time,
-algbw and busbw out-of-place and in-place, for each collective; JSON too.
+"""Time NCCL collectives through shimrt over a range of message sizes, as nccl-tests does.
+
+For each collective and size: size, count, type, redop, root, then time, algbw and busbw
+out-of-place and in-place, as nccl-tests prints them; JSON too (--json). The options follow
+nccl-tests: -b/--minbytes and -e/--maxbytes take sizes with K, M or G suffixes (powers of 1024),
+-f/--stepfactor multiplies, -n/--iters and -w/--warmup_iters count iterations per size, e.g.
+-b 8 -e 256M -f 2.
 
 Runs one rank per local GPU in this process (Communicator.local), or one rank per process under
 python -m shimrt.launch / torchrun / MPI. busbw = algbw x nccl-tests' factor: AllReduce
@@ -9,31 +14,73 @@ Broadcast and Reduce 1. Times are device-event medians.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 
 import numpy as np
 
+from .. import cli, validate
 from ..config import launch_env
 from ..device import Device
+from ..errors import UsageError
 from ..nccl import buffer_counts
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+MAX_BYTES = 1 << 40  # 1 TiB: more than any GPU holds, and the sizes stay within what drivers take
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--min-bytes", type=int, default=8, help="smallest size (default 8)")
-    p.add_argument("--max-bytes", type=int, default=256 << 20, help="largest size (default 256 MiB)")
-    p.add_argument("--factor", type=int, default=4, help="size step factor (default 4)")
-    p.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
-    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size (default 5)")
-    p.add_argument("--ops", default=",".join(COLLECTIVES), help="comma-separated collectives")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    p.set_defaults(run=run)
+def byte_count(value, what: str = "size") -> int:
+    """A message size from 1 byte to 1T: an int, or a string with a K/M/G/T suffix."""
+    return cli.nbytes(value, what, least=1, most=MAX_BYTES)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench collectives``: nccl-tests' short flags beside the long names."""
+    p.add_argument("-b", "--min-bytes", "--minbytes", dest="min_bytes", metavar="BYTES", default="8",
+                   type=validate.argument(byte_count, "-b/--min-bytes"),
+                   help="smallest size, 1 to 1T, e.g. 8, 64K, 1M (default 8)")
+    p.add_argument("-e", "--max-bytes", "--maxbytes", dest="max_bytes", metavar="BYTES", default="256M",
+                   type=validate.argument(byte_count, "-e/--max-bytes"),
+                   help="largest size, from the smallest to 1T (default 256M)")
+    p.add_argument("-f", "--factor", "--stepfactor", dest="factor", metavar="N", default=4,
+                   type=validate.argument(validate.integer, "-f/--factor", least=2),
+                   help="each size is the previous one times N, N >= 2 (default 4)")
+    p.add_argument("-n", "--iters", dest="iters", metavar="N", default=20,
+                   type=validate.argument(validate.integer, "-n/--iters", least=1),
+                   help="timed iterations per size, at least 1 (default 20)")
+    p.add_argument("-w", "--warmup", "--warmup_iters", dest="warmup", metavar="N", default=5,
+                   type=validate.argument(validate.integer, "-w/--warmup", least=0),
+                   help="untimed iterations per size first, at least 0 (default 5)")
+    p.add_argument("--ops", metavar="OP[,OP...]", default=list(COLLECTIVES),
+                   type=cli.distinct(validate.one_of, "--ops", allowed=COLLECTIVES),
+                   help=f"comma-separated collectives among {', '.join(COLLECTIVES)} (default: all)")
+    cli.add_json(p)
+    p.set_defaults(run=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Relations between options, refused before any device is opened."""
+    sizes(args.min_bytes, args.max_bytes, args.factor)
+
+
+def sizes(min_bytes, max_bytes, factor: int = 2) -> list[int]:
+    """The message sizes, nccl-tests style: ``min_bytes``, times ``factor``, up to ``max_bytes``
+    (byte counts as ints or strings with K/M/G suffixes: ``sizes(8, "256M", 2)``)."""
+    low, high = byte_count(min_bytes, "-b/--min-bytes"), byte_count(max_bytes, "-e/--max-bytes")
+    factor = validate.integer(factor, "-f/--factor", least=2)
+    if high < low:
+        raise UsageError(f"-e/--max-bytes must be at least -b/--min-bytes ({low}), not {high}")
+    out, size = [], low
+    while size <= high:  # factor >= 2: at most 41 sizes from 1 to 1T
+        out.append(size)
+        size *= factor
+    return out
 
 
 def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for ``op`` on ``n`` ranks."""
     return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(op, 1.0)
 
 
@@ -53,7 +100,16 @@ def _buffers(comm, op, nbytes):
     return comm.device.empty(send, np.float32).memset(0), comm.device.empty(recv, np.float32)
 
 
-def measure(comms, ops, sizes, iters=20, warmup=5, progress=True) -> list[dict]:
+def measure(comms: list, ops: list[str], sizes: list[int], iters: int = 20, warmup: int = 5,
+            progress: bool = True) -> list[dict]:
+    """Time each of ``ops`` at each of ``sizes`` bytes on every communicator of ``comms`` (one
+    per rank in this process): ``warmup`` untimed then ``iters`` timed iterations, medians."""
+    for op in ops:
+        validate.one_of(op, "op", COLLECTIVES)
+    for nbytes in sizes:
+        byte_count(nbytes)
+    iters = validate.integer(iters, "iters", least=1)
+    warmup = validate.integer(warmup, "warmup", least=0)
     rows = []
     total = len(ops) * len(sizes)
     step = 0
@@ -99,7 +155,8 @@ def _in_place(comm, pair):
     return send, send
 
 
-def report(rows) -> str:
+def report(rows: list[dict]) -> str:
+    """nccl-tests' table of ``rows`` (from :func:`measure`)."""
     lines = [f"# {rows[0]['ranks'] if rows else 0} rank(s); times in us, bandwidths in GB/s",
              f"{'op':>14s} {'size':>12s} {'count':>10s} {'type':>8s} {'redop':>6s} {'root':>5s} "
              f"{'time':>9s} {'algbw':>7s} {'busbw':>7s}   {'time':>9s} {'algbw':>7s} {'busbw':>7s}",
@@ -112,19 +169,12 @@ def report(rows) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    bad = [o for o in ops if o not in COLLECTIVES]
-    if bad:
-        print(f"unknown collective(s): {', '.join(bad)}; choose from {', '.join(COLLECTIVES)}", file=sys.stderr)
-        return 2
-    sizes, s = [], args.min_bytes
-    while s <= args.max_bytes:
-        sizes.append(s)
-        s *= args.factor
+def run(args: argparse.Namespace) -> int:
+    """``bench collectives``: measure, print nccl-tests' table, write --json."""
+    steps = sizes(args.min_bytes, args.max_bytes, args.factor)
     comms = _communicators()
     try:
-        rows = measure(comms, ops, sizes, args.iters, args.warmup)
+        rows = measure(comms, args.ops, steps, args.iters, args.warmup)
     finally:
         for c in comms:
             c.close()

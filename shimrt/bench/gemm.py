@@ -1,32 +1,48 @@
-"""SGEMM: shimrt's sgemm (kernels_src/workloads.cu) beside the vendor BLAS in FP32, in one run.
+"""Compare shimrt's SGEMM with the vendor BLAS (cuBLAS or rocBLAS) in FP32, side by side in one run.
 
-The vendor column is cuBLAS (rocBLAS on HIP) through torch.matmul with TF32 off, or through
-cupy.matmul when torch is missing (CuPy computes float32 products in FP32 unless CUPY_TF32 is
-set). Both multiply the same device matrices, on the same shimrt stream, and are timed with
-device events around each launch, the two methods alternating; medians over the repeats. Before
-timing, shimrt's result is checked against the vendor's.
+shimrt's sgemm is kernels_src/workloads.cu's; the vendor column is cuBLAS (rocBLAS on HIP)
+through torch.matmul with TF32 off, or through cupy.matmul when torch is missing (CuPy computes
+float32 products in FP32 unless CUPY_TF32 is set). Both multiply the same device matrices, on
+the same shimrt stream, and are timed with device events around each launch, the two methods
+alternating; medians over the repeats. Before timing, shimrt's result is checked against the
+vendor's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 
 import numpy as np
 
+from .. import cli, validate
 from ..device import Device
-from ..errors import ShimrtError
+from ..errors import ShimrtError, UsageError
 from ..overlap import workloads
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--size", type=int, default=4096, help="M = N = K, a multiple of 128 (default 4096)")
-    p.add_argument("--repeats", type=int, default=20, help="timed launches per method (default 20)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed launches per method first (default 3)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench gemm``."""
+    p.add_argument("--size", metavar="N", type=validate.argument(sgemm_size, "--size"), default=4096,
+                   help="M = N = K, a positive multiple of 128 (default 4096)")
+    p.add_argument("--repeats", metavar="N", type=validate.argument(validate.integer, "--repeats", least=1),
+                   default=20, help="timed launches per method, at least 1 (default 20)")
+    p.add_argument("--warmup", metavar="N", type=validate.argument(validate.integer, "--warmup", least=0),
+                   default=3, help="untimed launches per method first, at least 0 (default 3)")
+    cli.add_json(p)
     p.set_defaults(run=run)
+
+
+def sgemm_size(value, what: str = "size") -> int:
+    """``value`` (an int, or its command-line text) when ComputeSpec takes it as an sgemm size."""
+    size = cli.integer_text(value, what) if isinstance(value, str) else value
+    try:
+        return ComputeSpec("sgemm", size).size
+    except UsageError as exc:
+        raise cli.renamed(exc, "size", what) from None
 
 
 def _library():
@@ -80,7 +96,10 @@ def _vendor(dev: Device, wl: ComputeWorkload, stream, library):
 
 
 def measure(size: int = 4096, repeats: int = 20, warmup: int = 3, device: Device | None = None) -> dict:
+    """Median times and TFLOP/s of shimrt's sgemm and the vendor's on ``size`` x ``size`` matrices."""
     spec = ComputeSpec("sgemm", size)  # bad sizes and a missing library fail before the GPU is touched
+    repeats = validate.integer(repeats, "repeats", least=1)
+    warmup = validate.integer(warmup, "warmup", least=0)
     library = _library()
     dev = device or Device()
     wl = ComputeWorkload(dev, spec)
@@ -121,6 +140,7 @@ def measure(size: int = 4096, repeats: int = 20, warmup: int = 3, device: Device
 
 
 def report(result: dict) -> str:
+    """The table of a :func:`measure` result."""
     n = result["size"]
     lines = [f"sgemm {n} x {n} x {n} float32 on {result['device']}: median of {result['repeats']} "
              f"(device events); results agree to {result['normalised_difference']:.2g} (normalised)",
@@ -131,9 +151,8 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    if args.repeats < 1 or args.warmup < 0:
-        raise ShimrtError("--repeats must be at least 1 and --warmup at least 0")
+def run(args: argparse.Namespace) -> int:
+    """``bench gemm``: measure, print, write --json."""
     result = measure(args.size, args.repeats, args.warmup)
     print(report(result))
     if args.json:

@@ -1,7 +1,8 @@
-"""Per-launch overhead of Kernel.launch beside cuda.bindings (pre-packed and packing per launch)
-and CuPy RawKernel, all launching the same CUBIN on one stream: an empty kernel taking one
-pointer, and ``add_i64`` taking three pointers and an int, passed as shimrt Buffers, torch
-tensors and CuPy arrays (against CuPy RawKernel with CuPy arrays).
+"""Measure the per-launch cost of shimrt's Kernel.launch beside cuda.bindings and CuPy's RawKernel.
+
+cuda.bindings both pre-packed and packing per launch; all launch the same CUBIN on one stream:
+an empty kernel taking one pointer, and ``add_i64`` taking three pointers and an int, passed as
+shimrt Buffers, torch tensors and CuPy arrays (against CuPy RawKernel with CuPy arrays).
 
 Two figures per method, measured side by side with the methods interleaved:
 - enqueue: host time to issue a batch of launches small enough never to fill the driver's
@@ -14,6 +15,7 @@ Medians over batches (enqueue) and rounds (throughput).
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -25,16 +27,20 @@ import time
 
 import numpy as np
 
-from .. import kernels
+from .. import cli, kernels, validate
 from ..device import Device
 
+#: option -> (default, what it counts); each must be at least 1.
+COUNTS = {"batch": (200, "launches per enqueue batch"), "batches": (200, "enqueue batches per method"),
+          "launches": (20000, "launches per throughput round"), "rounds": (5, "throughput rounds")}
 
-def add_arguments(p) -> None:
-    p.add_argument("--batch", type=int, default=200, help="launches per enqueue batch (default 200)")
-    p.add_argument("--batches", type=int, default=200, help="enqueue batches per method (default 200)")
-    p.add_argument("--launches", type=int, default=20000, help="launches per throughput round (default 20000)")
-    p.add_argument("--rounds", type=int, default=5, help="throughput rounds (default 5)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench launch``."""
+    for name, (default, what) in COUNTS.items():
+        p.add_argument(f"--{name}", metavar="N", type=validate.argument(validate.integer, f"--{name}", least=1),
+                       default=default, help=f"{what}, at least 1 (default {default})")
+    cli.add_json(p)
     p.set_defaults(run=run)
 
 
@@ -169,6 +175,9 @@ def _methods(dev: Device, stream):
 
 def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds: int = 5,
             device: Device | None = None, progress: bool = True) -> dict:
+    """Per-launch enqueue and throughput times of every method, and their ratios to baselines."""
+    for name, value in zip(COUNTS, (batch, batches, launches, rounds), strict=True):
+        validate.integer(value, name, least=1)
     dev = device or Device()
     stream = dev.stream()
     methods, base, keep = _methods(dev, stream)
@@ -215,6 +224,7 @@ def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds:
 
 
 def report(result: dict) -> str:
+    """The table of a :func:`measure` result."""
     lines = [f"launch overhead on {result['device']} (median us per launch; ratio to the row's baseline)",
              f"  enqueue: {result['batches']} batches of {result['batch']}; "
              f"throughput: {result['rounds']} rounds of {result['launches']}",
@@ -225,7 +235,8 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
+    """``bench launch``: measure, print, write --json."""
     result = measure(args.batch, args.batches, args.launches, args.rounds)
     print(report(result))
     if args.json:

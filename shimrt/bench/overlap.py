@@ -1,91 +1,156 @@
-"""Compute beside communication under every policy: makespan, overlap efficiency and ratio.
+"""Measure compute beside communication under every overlap policy: makespan, overlap efficiency and ratio.
 
 For each workload (a compute kernel and size x a collective and message size) the schedule
 "compute of layer i-1 beside the collective of layer i" runs under sequential, concurrent,
-priority, shaping, shaping+priority, partition and auto, ``--repeats`` times each; times come
+priority, shaping, shaping+priority, partition and auto, --repeats times each; times come
 from the kernels' per-block device timestamps. On one GPU the collective is the stand-in with
 NCCL's footprint (shimrt.overlap.standin); every report says which communication was used.
-Under ``python -m shimrt.launch --nproc N -m shimrt.bench overlap`` (or torchrun/MPI) with 2+
-ranks the collectives are real NCCL/RCCL ones (``--comm auto``), timed through CUPTI, and rank
-0 reports. ``--comm-ratios`` sizes the collective so that T_comm is that multiple of T_comp (1
+Under python -m shimrt.launch --nproc N -m shimrt.bench overlap (or torchrun/MPI) with 2+
+ranks the collectives are real NCCL/RCCL ones (--comm auto), timed through CUPTI, and rank
+0 reports. --comm-ratios sizes the collective so that T_comm is that multiple of T_comp (1
 is the balanced point; with NCCL every rank takes the slowest rank's times, so all agree on the
-sizes); ``--bytes`` gives message sizes instead. Prints a table per workload, a
-summary (auto against the best fixed policy, the reduction against sequential), and writes JSON
-(``--json``) and PNG plots (``--plots DIR``: timelines per policy, makespan per policy).
+sizes); --bytes gives message sizes instead. Prints a table per workload, a summary (auto
+against the best fixed policy, the reduction against sequential), and writes JSON (--json)
+and PNG plots (--plots DIR: timelines per policy, makespan per policy).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
+import re
 import sys
 
 import numpy as np
 
-from ..config import launch_env, settings
+from .. import cli, validate
+from ..config import LaunchEnv, launch_env, settings
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..overlap import planner
 from ..overlap.auto import ChoiceCache
+from ..overlap.collective import COLLECTIVES
 from ..overlap.engine import Engine, Schedule
-from ..overlap.standin import CommStandIn, StandInSpec
+from ..overlap.standin import STEPS, CommStandIn, StandInSpec
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
 from .progress import Progress
 
 SCHEMA = "shimrt.bench.overlap/1"
 _PROBE_BYTES = 64 << 20
+_MIB = 1 << 20
+_SPEC = re.compile(r"^([A-Za-z_]+):([0-9]+)(?::([0-9]+))?$")
+
+
+def compute_spec(item: str, what: str = "compute") -> ComputeSpec:
+    """One "kind:size[:block]" item as a ComputeSpec, refused with ComputeSpec's own rules."""
+    m = _SPEC.match(validate.text(item, what).strip())
+    if m is None:
+        raise UsageError(f"{what} must be kind:size[:block] items such as sgemm:4096 or softmax:8192:1024, "
+                         f"not {item!r}")
+    kind, size, block = m.groups()
+    try:
+        return ComputeSpec(kind, int(size), *([int(block)] if block else []))
+    except UsageError as exc:
+        raise UsageError(f"{what} {m.group(0)!r}: {exc}") from None
+
+
+def _stand_in(field: str):
+    """A check of one StandInSpec field with the spec's own rules (threads, blocks, ranks)."""
+    def check(value, what: str) -> int:
+        value = cli.integer_text(value, what) if isinstance(value, str) else value
+        try:
+            StandInSpec(nbytes=_MIB, **{field: value})
+        except UsageError as exc:
+            raise cli.renamed(exc, field, what) from None
+        return value
+    return check
+
+
+def message_bytes(value, what: str = "bytes") -> int:
+    """A collective's message size: whole MiB (the sizes the benchmark runs), e.g. 16M or 256MiB."""
+    nbytes = validate.nbytes(value, what, least=1)
+    if nbytes % _MIB:
+        raise UsageError(f"{what} must be whole MiB such as 1M, 16MiB or 1G, not {value!r}")
+    return nbytes
+
+
+# The list forms of the checks above, for callers outside argparse (tests/test_overlap_plan.py).
+def _computes(text: str) -> list[ComputeSpec]:
+    return [compute_spec(item, "--compute") for item in text.split(",")]
 
 
 def _ints(text: str) -> list[int]:
-    return [_size(v) for v in text.split(",") if v.strip()]
+    return [validate.nbytes(v, "size") for v in text.split(",") if v.strip()]
 
 
-def _size(text: str) -> int:
-    text = text.strip()
-    for suffix, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10), ("G", 30), ("M", 20), ("K", 10)):
-        if text.endswith(suffix):
-            return int(float(text[: -len(suffix)]) * (1 << shift))
-    return int(text)
-
-
-def _computes(text: str) -> list[ComputeSpec]:
-    specs = []
-    for item in text.split(","):
-        parts = item.strip().split(":")
-        if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[1:]):
-            raise UsageError(f"--compute takes kind:size[:block] items (e.g. sgemm:4096, softmax:8192:1024), "
-                             f"not {item!r}")
-        specs.append(ComputeSpec(parts[0], int(parts[1]), *(int(b) for b in parts[2:])))
-    return specs
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--compute", default="sgemm:4096,bias_gelu:8192,softmax:8192",
-                   help="compute kernels as kind:size[:block], comma-separated (default %(default)s)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench overlap``, each checked as it is parsed."""
+    p.add_argument("--compute", metavar="KIND:SIZE[:BLOCK],...", default="sgemm:4096,bias_gelu:8192,softmax:8192",
+                   type=cli.distinct(compute_spec, "--compute"),
+                   help="compute kernels, comma-separated; KIND one of sgemm (SIZE a multiple of 128), bias_gelu, "
+                        "softmax, layernorm (BLOCK 1..1024) (default %(default)s)")
     p.add_argument("--comm", choices=("auto", "stand-in", "nccl"), default="auto",
                    help="the communication: the stand-in, real NCCL collectives, or auto (NCCL when launched "
                         "with 2+ ranks, else the stand-in)")
-    p.add_argument("--collective", default="all_reduce",
-                   help="all_reduce, all_gather or reduce_scatter (NCCL also send_recv: on one rank the only "
-                        "operation NCCL runs as a kernel)")
-    p.add_argument("--comm-ratios", default="0.25,1,4",
-                   help="size the collective so T_comm = ratio x T_comp (default %(default)s)")
-    p.add_argument("--bytes", help="message sizes instead of ratios, e.g. 16MiB,256MiB")
-    p.add_argument("--policies", default=",".join(planner.POLICIES), help="policies to run (default: all)")
-    p.add_argument("--ranks", type=int, default=8, help="ring size the stand-in plays (default 8)")
-    p.add_argument("--comm-blocks", type=int, default=16, help="stand-in blocks (NCCL channels, default 16)")
-    p.add_argument("--comm-threads", type=int, default=512, help="stand-in threads per block (default 512)")
-    p.add_argument("--link-gbps", type=float, default=25.0,
-                   help="stand-in bandwidth per channel in GB/s, as NVLink sets NCCL's (16 x 25 = 400 GB/s, "
-                        "about an H200 node's all-reduce bus bandwidth); 0: unpaced, as fast as local memory allows")
-    p.add_argument("--auto-threads", default="256,128",
-                   help="lower thread counts auto may give the collective (default %(default)s)")
-    p.add_argument("--auto-blocks", default="8", help="lower block (CTA) counts auto may give the collective")
-    p.add_argument("--repeats", type=int, default=5, help="runs per policy; medians are reported (default 5)")
+    p.add_argument("--collective", default="all_reduce", type=validate.argument(
+                       validate.one_of, "--collective", allowed=COLLECTIVES),
+                   help=f"one of {', '.join(STEPS)} (NCCL also send_recv: on one rank the only operation NCCL "
+                        "runs as a kernel) (default %(default)s)")
+    sizing = p.add_mutually_exclusive_group()
+    sizing.add_argument("--comm-ratios", metavar="R,...", default="0.25,1,4",
+                        type=cli.distinct(validate.number, "--comm-ratios", positive=True),
+                        help="size the collective so T_comm = ratio x T_comp, ratios > 0 (default %(default)s)")
+    sizing.add_argument("--bytes", metavar="SIZE,...", type=cli.distinct(message_bytes, "--bytes"),
+                        help="message sizes instead of ratios, whole MiB, e.g. 16M,256MiB,1G")
+    p.add_argument("--policies", metavar="POLICY,...", default=list(planner.POLICIES),
+                   type=cli.distinct(validate.one_of, "--policies", allowed=planner.POLICIES),
+                   help=f"policies to run among {', '.join(planner.POLICIES)} (default: all)")
+    p.add_argument("--ranks", metavar="N", type=validate.argument(_stand_in("ranks"), "--ranks"), default=8,
+                   help="ring size the stand-in plays, at least 2 (default 8)")
+    p.add_argument("--comm-blocks", metavar="N", type=validate.argument(_stand_in("blocks"), "--comm-blocks"),
+                   default=16, help="stand-in blocks (NCCL channels), at least 1; all must fit on the GPU at once "
+                                    "(default 16)")
+    p.add_argument("--comm-threads", metavar="N", type=validate.argument(_stand_in("threads"), "--comm-threads"),
+                   default=512, help="stand-in threads per block, a multiple of 32 from 32 to 640 (default 512)")
+    p.add_argument("--link-gbps", metavar="GBPS", default=25.0,
+                   type=validate.argument(validate.number, "--link-gbps", least=0),
+                   help="stand-in bandwidth per channel in GB/s, as NVLink sets NCCL's (16 x 25 = 400 GB/s, about "
+                        "an H200 node's all-reduce bus bandwidth); 0: unpaced, as fast as local memory allows "
+                        "(default 25)")
+    p.add_argument("--auto-threads", metavar="N,...", default="256,128",
+                   type=cli.distinct(_stand_in("threads"), "--auto-threads"),
+                   help="lower thread counts auto may give the collective; those not below --comm-threads are "
+                        "left out (default %(default)s)")
+    p.add_argument("--auto-blocks", metavar="N,...", default="8",
+                   type=cli.distinct(_stand_in("blocks"), "--auto-blocks"),
+                   help="lower block (CTA) counts auto may give the collective; those not below --comm-blocks are "
+                        "left out (default %(default)s)")
+    p.add_argument("--repeats", metavar="N", type=validate.argument(validate.integer, "--repeats", least=1),
+                   default=5, help="runs per policy, at least 1; medians are reported (default 5)")
     p.add_argument("--fresh", action="store_true", help="ignore auto's cached choices")
-    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    p.add_argument("--plots", metavar="DIR", help="write PNG plots there (needs matplotlib)")
+    cli.add_json(p, "write the results as JSON")
+    p.add_argument("--plots", metavar="DIR", type=validate.argument(cli.writable_folder, "--plots"),
+                   help="write PNG plots there (needs matplotlib); made if missing")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, check=check)
+
+
+def _comm_kind(comm: str, env: LaunchEnv) -> str:
+    """"stand-in" or "nccl": --comm auto is NCCL when launched with 2+ ranks."""
+    if comm != "auto":
+        return comm
+    return "nccl" if env.source is not None and env.world_size >= 2 else "stand-in"
+
+
+def check(args: argparse.Namespace) -> None:
+    """What depends on more than one option or on the launch, refused before any device is opened."""
+    if _comm_kind(args.comm, launch_env()) == "stand-in" and args.collective not in STEPS:
+        raise UsageError(f"--collective must be one of {', '.join(STEPS)} with the stand-in (send_recv needs "
+                         f"--comm nccl or 2+ ranks under python -m shimrt.launch), not {args.collective!r}")
+    if args.plots is not None and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]' (or leave --plots out and plot the "
+                         "--json results elsewhere with python -m shimrt.bench plot)")
 
 
 class _Communication:
@@ -94,8 +159,7 @@ class _Communication:
     def __init__(self, dev, args):
         self.dev, self.args = dev, args
         env = launch_env()
-        self.kind = args.comm if args.comm != "auto" else \
-            ("nccl" if env.source is not None and env.world_size >= 2 else "stand-in")
+        self.kind = _comm_kind(args.comm, env)
         self.comm = None
         if self.kind == "nccl":
             from ..launch import init
@@ -182,8 +246,8 @@ def measure_workload(dev, engine: Engine, policies, args, progress: Progress) ->
             # None is the collective's own setting. Auto may only lower its threads and blocks, to
             # make room beside compute: more of them would make the collective itself faster and
             # measure a different collective than the one T_comm was taken for.
-            threads = [None] + [t for t in _ints(args.auto_threads) if t < args.comm_threads]
-            blocks = [None] + [b for b in _ints(args.auto_blocks) if b < args.comm_blocks]
+            threads = [None] + [t for t in args.auto_threads if t < args.comm_threads]
+            blocks = [None] + [b for b in args.auto_blocks if b < args.comm_blocks]
             choice, times, rejected = engine.auto(cache, threads=threads, blocks=blocks)
             auto = {"choice": choice.describe(), "cached": not times,
                     "measured": {c.describe(): round(t, 4) for c, t in sorted(times.items(), key=lambda x: x[1])},
@@ -243,14 +307,24 @@ def summary(label: str, results, model) -> dict:
     return out
 
 
-def run(args) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in planner.POLICIES]
-    if bad:
-        raise UsageError(f"unknown policies {bad}; known: {', '.join(planner.POLICIES)}")
-    computes = _computes(args.compute)
-    ratios = [float(r) for r in args.comm_ratios.split(",")] if not args.bytes else []
-    sizes = _ints(args.bytes) if args.bytes else []
+def _summary_line(s: dict) -> str:
+    if s["best_fixed"] is None:  # only auto was asked for, or every fixed policy was infeasible
+        line = f"  {s['workload']:44s} no fixed policy ran"
+    else:
+        line = f"  {s['workload']:44s} best fixed {s['best_fixed']} {s['best_fixed_ms']:.3f} ms"
+    if "auto_ms" in s:
+        line += (f"; auto {s['auto_ms']:.3f} ms = {s['auto_vs_best']:.3f}x best, R {s['auto_ratio']:.3f}, "
+                 f"{s['auto_reduction']:.1%} less than sequential (T_comm/T_comp {s['balance']:.2f}; "
+                 f"occupancy model R {s['model_ratio']:.3f})")
+    if "seed_efficiency" in s:
+        line += f"; shaping+priority E {s['seed_efficiency']:.2f}"
+    return line
+
+
+def run(args: argparse.Namespace) -> int:
+    """``bench overlap``: the matrix, its tables and summary, --json and --plots."""
+    policies, computes = args.policies, args.compute
+    ratios, sizes = ([], args.bytes) if args.bytes else (args.comm_ratios, [])
     env = launch_env()
     dev = Device(env.local_rank if env.source is not None else 0)
     communication = _Communication(dev, args)
@@ -267,35 +341,30 @@ def run(args) -> int:
         print(f"shimrt overlap on {dev.name} ({dev.target.arch}, {dev.target.num_sms} SMs): communication = "
               f"{communication.describe()}; {args.repeats} repeats, medians; device timestamps")
     tables = []
-    for spec, ratio, nbytes in workloads:
-        compute = ComputeWorkload(dev, spec)
-        comm = communication.sized(compute, ratio) if ratio is not None else communication.make(nbytes)
-        engine = Engine(dev, Schedule.pair(compute, comm), repeats=args.repeats)
-        label = engine.schedule.label
-        try:
-            results, infeasible, auto, model = measure_workload(dev, engine, policies, args, progress)
-        finally:
-            engine.close()
-        tables.append(table(label, comm_kind, comm.nbytes, results, infeasible, model))
-        out["runs"] += [_row(label, r, comm_kind, comm.nbytes) for r in results]
-        out["infeasible"] += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]
-        out["summary"].append(summary(label, results, model))
-        out["auto"][label] = auto
-    progress.close()
-    communication.close()
+    try:
+        for spec, ratio, nbytes in workloads:
+            compute = ComputeWorkload(dev, spec)
+            comm = communication.sized(compute, ratio) if ratio is not None else communication.make(nbytes)
+            engine = Engine(dev, Schedule.pair(compute, comm), repeats=args.repeats)
+            label = engine.schedule.label
+            try:
+                results, infeasible, auto, model = measure_workload(dev, engine, policies, args, progress)
+            finally:
+                engine.close()
+            tables.append(table(label, comm_kind, comm.nbytes, results, infeasible, model))
+            out["runs"] += [_row(label, r, comm_kind, comm.nbytes) for r in results]
+            out["infeasible"] += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]
+            out["summary"].append(summary(label, results, model))
+            out["auto"][label] = auto
+    finally:
+        progress.close()
+        communication.close()
     if not root:  # rank 0 reports for all
         return 0
     print("\n\n".join(tables))
     print("\nsummary (auto vs the best fixed policy; reduction = time saved against sequential):")
     for s in out["summary"]:
-        line = f"  {s['workload']:44s} best fixed {s['best_fixed']} {s['best_fixed_ms']:.3f} ms"
-        if "auto_ms" in s:
-            line += (f"; auto {s['auto_ms']:.3f} ms = {s['auto_vs_best']:.3f}x best, R {s['auto_ratio']:.3f}, "
-                     f"{s['auto_reduction']:.1%} less than sequential (T_comm/T_comp {s['balance']:.2f}; "
-                     f"occupancy model R {s['model_ratio']:.3f})")
-        if "seed_efficiency" in s:
-            line += f"; shaping+priority E {s['seed_efficiency']:.2f}"
-        print(line)
+        print(_summary_line(s))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

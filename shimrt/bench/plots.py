@@ -1,4 +1,4 @@
-"""PNG plots of overlap benchmark results: per-SM block timelines and makespans per policy.
+"""Draw PNG plots of overlap benchmark results: per-SM block timelines and makespans per policy.
 
 Reads the results of the overlap benchmark (schema ``shimrt.bench.overlap/1``) and writes
 makespan.png (one panel per workload: the makespan of each policy beside T_comp + T_comm and
@@ -9,6 +9,7 @@ pip install 'shimrt[plot]'.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import cli
 from ..errors import ShimrtError
+from ..validate import argument  # this module's own validate() checks results
 
 SCHEMA = "shimrt.bench.overlap/1"
 # Panels follow the order in which the controls build on one another; unknown policies go last.
@@ -50,12 +53,29 @@ def validate(results) -> None:
         if not isinstance(metrics, dict):
             raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}) has no 'metrics'")
         for key in _METRICS:
-            if not isinstance(metrics.get(key), (int, float)):
-                raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}) has no metrics.{key}")
+            if not _finite(metrics.get(key)):
+                raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}) has no metrics.{key} "
+                                  "(a finite number)")
+        for key in ("timeline", "timeline_blocks", "choice"):
+            if run.get(key) is not None and not isinstance(run[key], dict):
+                raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}): {key} is not an object")
         key = (run["workload"], run["policy"])
         if key in seen:
             raise ShimrtError(f"results have two runs of workload {key[0]!r} with policy {key[1]!r}")
         seen.add(key)
+    device = results.get("device")
+    if device is not None and not isinstance(device, dict):
+        raise ShimrtError("results 'device' is not an object")
+    sms = (device or {}).get("num_sms")
+    if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms < 1):
+        raise ShimrtError(f"results device.num_sms must be a positive int, not {sms!r}")
+    summary = results.get("summary")
+    if summary is not None and not (isinstance(summary, list) and all(isinstance(s, dict) for s in summary)):
+        raise ShimrtError("results 'summary' is not a list of objects")
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def workloads(results) -> list[str]:
@@ -163,6 +183,9 @@ def makespan_png(results, path) -> Path:
 def write_all(results, out_dir) -> list[Path]:
     """Write makespan.png and one timeline_<slug>.png per workload into ``out_dir``; return the paths."""
     validate(results)
+    for run in results["runs"]:  # every timeline readable before any file is written
+        for kind in ("compute", "comm"):
+            _blocks(run, kind)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [makespan_png(results, out / "makespan.png")]
@@ -180,26 +203,38 @@ def write_all(results, out_dir) -> list[Path]:
 
 def load(path) -> dict:
     """Read and validate a results JSON file."""
+    if Path(path).exists() and not Path(path).is_file():  # a folder, or a device or pipe read forever
+        raise ShimrtError(f"cannot read {path}: not a regular file")
     try:
         with open(path) as f:
             results = json.load(f)
     except OSError as exc:
         raise ShimrtError(f"cannot read {path}: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise ShimrtError(f"{path} is not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested beyond reason
+        raise ShimrtError(f"{path} is not a JSON file: {exc}") from exc
     validate(results)
     return results
 
 
-def add_arguments(p) -> None:
-    p.add_argument("results", metavar="RESULTS.json", help="results of the overlap benchmark")
-    p.add_argument("--out", metavar="DIR", help="folder for the PNGs (default: the folder of RESULTS.json)")
-    p.set_defaults(run=run)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench plot``."""
+    p.add_argument("results", metavar="RESULTS.json", help="results of the overlap benchmark (its --json)")
+    p.add_argument("--out", metavar="DIR", type=argument(cli.writable_folder, "--out"),
+                   help="folder for the PNGs, made if missing (default: the folder of RESULTS.json)")
+    p.set_defaults(run=run, check=check)
 
 
-def run(args) -> int:
-    results = load(args.results)
-    for path in write_all(results, args.out or Path(args.results).parent):
+def check(args: argparse.Namespace) -> None:
+    """The results are read and checked, and the folder the PNGs go to (RESULTS.json's own by
+    default), before anything is drawn."""
+    args.loaded = load(args.results)
+    if args.out is None:
+        args.out = cli.writable_folder(str(Path(args.results).parent), "the folder of RESULTS.json (--out)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``bench plot``: write the PNGs, print their paths."""
+    for path in write_all(args.loaded, args.out):
         print(path)
     return 0
 

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TextIO
+
+from .. import validate
 
 
 class Progress:
     """``step(label)`` before each of ``total`` units of work; ``close()`` at the end."""
 
-    def __init__(self, total: int, enabled: bool = True, width: int = 24, stream=None):
-        self.total, self.enabled, self.width = max(int(total), 1), enabled, width
+    def __init__(self, total: int, enabled: bool = True, width: int = 24, stream: TextIO | None = None):
+        # max(1): a run of no work still draws a bar without dividing by zero.
+        self.total = max(validate.integer(total, "total", least=0), 1)
+        self.enabled = validate.boolean(enabled, "enabled")
+        self.width = validate.integer(width, "width", least=1)
         self.stream = stream or sys.stderr
         self.done = 0
         self.start = time.monotonic()

@@ -1,8 +1,10 @@
 """NCCL and RCCL through ctypes: ``library.py`` finds the library and declares its functions,
-``config.py`` lays out ncclConfig_t per version, ``communicator.py`` holds the Communicator,
-its table of collectives and their buffer-size rule (``buffer_counts``, ``nccl_count``)."""
+``config.py`` lays out ncclConfig_t per version, ``collectives.py`` holds the table of
+collectives and their buffer-size rule (``buffer_counts``, ``nccl_count``), ``communicator.py``
+the Communicator."""
 
-from .communicator import COLLECTIVES, Communicator, buffer_counts, nccl_count, unique_id
+from .collectives import COLLECTIVES, buffer_counts, nccl_count
+from .communicator import Communicator, unique_id
 from .config import CommOptions
 from .library import load
 

@@ -1,9 +1,10 @@
 """``Communicator``: one rank of an NCCL (or RCCL) communicator, its collectives, and no hangs.
 
-Every collective goes one way: a row of :data:`COLLECTIVES` says which NCCL function it
-calls and what it takes, :func:`nccl_count` checks the buffers' sizes against
-:func:`buffer_counts` (the one place the size rules live), and :meth:`Communicator.collective`
-makes the call. The named methods (``all_reduce``, ``broadcast``, ...) only name their row.
+Every collective goes one way: a row of :data:`~shimrt.nccl.collectives.COLLECTIVES` says
+which NCCL function it calls and what it takes, :func:`~shimrt.nccl.collectives.nccl_count`
+checks the buffers' sizes against ``buffer_counts`` (the one place the size rules live), and
+:meth:`Communicator.collective` makes the call. The named methods (``all_reduce``,
+``broadcast``, ...) only name their row.
 
 By default communicators are non-blocking (``ncclConfig_t.blocking = 0``): every call that
 answers ``ncclInProgress`` is polled with ``ncclCommGetAsyncError`` for at most the options'
@@ -16,111 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from dataclasses import dataclass
 
-from .. import arrays, waiting
+from .. import validate, waiting
 from ..config import settings
+from ..device import Device
 from ..errors import CollectiveError, UsageError
+from ..stream import timeout_seconds
 from . import library
+from .collectives import MAX_RANKS, buffers_of, datatype_of, nccl_count, op_of, rank_of, row_of
 from .config import MIN_VERSION, CommOptions
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One row of the table: a Communicator operation and the NCCL function that does it.
-
-    ``ranks_in``: the buffer that holds one block per rank, "recv" (all_gather) or "send"
-    (reduce_scatter); None when send and receive hold the same count. ``reduces``: takes a
-    reduction op. ``rank``: takes a "root" or a "peer". ``in_place``: recv may be None (the send
-    buffer is then the receive buffer too). ``buffers``: 2, or 1 for send and recv.
-    """
-
-    function: str
-    ranks_in: str | None = None
-    reduces: bool = False
-    rank: str | None = None
-    in_place: bool = False
-    buffers: int = 2
-
-    def arguments(self, send: int, recv: int, count: int, datatype: int, op: int | None, rank: int | None,
-                  comm, stream) -> tuple:
-        """The C arguments in the order of the function's prototype: the buffers, count,
-        datatype, [op], [root or peer], comm, stream."""
-        return ((send, recv)[:self.buffers] + (count, datatype) + ((op,) if self.reduces else ())
-                + ((rank,) if self.rank else ()) + (comm, stream))
-
-
-#: Communicator method -> its row. Each method of that name is a thin call of
-#: :meth:`Communicator.collective`.
-COLLECTIVES: dict[str, Collective] = {
-    "all_reduce": Collective("ncclAllReduce", reduces=True, in_place=True),
-    "broadcast": Collective("ncclBroadcast", rank="root", in_place=True),
-    "reduce": Collective("ncclReduce", reduces=True, rank="root", in_place=True),
-    "all_gather": Collective("ncclAllGather", ranks_in="recv"),
-    "reduce_scatter": Collective("ncclReduceScatter", ranks_in="send", reduces=True),
-    "send": Collective("ncclSend", rank="peer", buffers=1),
-    "recv": Collective("ncclRecv", rank="peer", buffers=1),
-}
-
-#: What the ``count`` of :func:`buffer_counts` is: NCCL's count argument, the send buffer's
-#: count, or the larger buffer's (nccl-tests' size convention).
-GIVEN = ("nccl", "send", "largest")
-
-
-def _row(collective: str) -> Collective:
-    row = COLLECTIVES.get(collective)
-    if row is None:
-        raise UsageError(f"collective must be one of {', '.join(COLLECTIVES)}, not {collective!r}")
-    return row
-
-
-def _whole(value, what: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise UsageError(f"{what} must be an int >= {least}, not {value!r}")
-    return value
-
-
-def buffer_counts(collective: str, count: int, size: int, *, given: str = "nccl") -> tuple[int, int]:
-    """(send, receive) element counts of ``collective`` over ``size`` ranks.
-
-    ``count`` is, by ``given``: "nccl", the count NCCL takes (all_gather's send count,
-    reduce_scatter's receive count, the one count of the others); "send", the send buffer's;
-    "largest", the larger buffer's. A count that does not split into ``size`` blocks where one
-    buffer holds a block per rank is rounded down. all_gather receives ``size`` x its send,
-    reduce_scatter sends ``size`` x its receive, the others (send and recv: their one buffer)
-    hold the same count on both sides.
-    """
-    row = _row(collective)
-    _whole(count, "count", 0)
-    _whole(size, "size", 1)
-    if given not in GIVEN:
-        raise UsageError(f"given must be one of {', '.join(GIVEN)}, not {given!r}")
-    per_send = size if row.ranks_in == "send" else 1  # elements per element of NCCL's count
-    per_recv = size if row.ranks_in == "recv" else 1
-    per = {"nccl": 1, "send": per_send, "largest": max(per_send, per_recv)}[given]
-    n = count // per
-    return n * per_send, n * per_recv
-
-
-def nccl_count(collective: str, send: arrays.ArrayInfo, recv: arrays.ArrayInfo, size: int) -> int:
-    """The count NCCL takes for ``collective`` over ``size`` ranks with these buffers (for
-    send and recv, pass their one buffer twice); UsageError naming the counts when the buffers
-    do not fit :func:`buffer_counts`. A gathering receive or a scattered send may be larger
-    than needed; where both sides hold one count they must be equal."""
-    row = _row(collective)
-    _whole(size, "size", 1)
-    count = recv.count if row.ranks_in == "send" else send.count  # NCCL counts the per-rank side
-    need_send, need_recv = buffer_counts(collective, count, size)
-    if row.ranks_in is None:
-        if recv.count != send.count:
-            raise UsageError(f"{collective}: receive holds {recv.count} elements, send {send.count}; "
-                             "they must be equal")
-        return count
-    which, have, need = (("receive", recv.count, need_recv) if row.ranks_in == "recv" else
-                         ("send", send.count, need_send))
-    if have < need:
-        raise UsageError(f"{collective}: {which} holds {have} elements, needs {count} x {size} ranks = {need}")
-    return count
 
 
 def unique_id(lib: library.Library | None = None, *, backend: str | None = None) -> bytes:
@@ -131,6 +36,8 @@ def unique_id(lib: library.Library | None = None, *, backend: str | None = None)
     without a Device has no better signal. A Device's owner should pass ``device.backend``
     (Communicator.local and footprint do).
     """
+    if lib is not None and not isinstance(lib, library.Library):
+        raise UsageError(f"lib must be a shimrt.nccl.library.Library (library.load()) or None, not {lib!r}")
     if lib is not None and backend is not None:
         raise UsageError(f"unique_id takes a lib or a backend, not both (lib={lib.path}, backend={backend!r})")
     lib = lib or library.load(backend if backend is not None else settings().backend or "cuda")
@@ -143,62 +50,11 @@ def _uid(value) -> library.UniqueId:
     if isinstance(value, library.UniqueId):
         return value
     if not isinstance(value, (bytes, bytearray)) or len(value) != 128:
-        raise UsageError("the unique id must be the 128 bytes from shimrt.nccl.unique_id()")
+        shown = f"{len(value)} bytes" if isinstance(value, (bytes, bytearray)) else repr(value)
+        raise UsageError(f"unique_id must be the 128 bytes from shimrt.nccl.unique_id(), not {shown}")
     uid = library.UniqueId()
     ctypes.memmove(ctypes.addressof(uid), bytes(value), 128)
     return uid
-
-
-def _datatype(info: arrays.ArrayInfo, what: str) -> int:
-    code = library.DATATYPES.get(info.dtype)
-    if code is None:
-        raise UsageError(f"{what} has dtype {info.dtype}, which NCCL cannot carry "
-                         f"(it takes {', '.join(library.DATATYPES)})")
-    return code
-
-
-def _buffers(name: str, row: Collective, send, recv) -> tuple[arrays.ArrayInfo, arrays.ArrayInfo]:
-    """(send, receive) ArrayInfo of a call, the same one twice for one buffer or in place."""
-    if row.buffers == 1:
-        if recv is not None:
-            raise UsageError(f"{name} takes one buffer, not a receive buffer as well")
-        one = arrays.describe(send, f"{name}: buffer")
-        return one, one
-    s = arrays.describe(send, f"{name}: send buffer")
-    if recv is None:
-        if not row.in_place:
-            in_place = ", ".join(n for n, r in COLLECTIVES.items() if r.in_place)
-            raise UsageError(f"{name} needs a receive buffer (recv=None, in place, is for {in_place})")
-        return s, s
-    r = s if recv is send else arrays.describe(recv, f"{name}: receive buffer")
-    if r.dtype != s.dtype:
-        raise UsageError(f"{name}: send is {s.dtype} but receive is {r.dtype}")
-    return s, r
-
-
-def _op(name: str, row: Collective, op: str | None) -> int | None:
-    if not row.reduces:
-        if op is not None:
-            raise UsageError(f"{name} takes no op (it reduces nothing)")
-        return None
-    op = "sum" if op is None else op
-    if op not in library.REDOPS:
-        raise UsageError(f"op must be one of {', '.join(library.REDOPS)}, not {op!r}")
-    return library.REDOPS[op]
-
-
-def _rank(name: str, row: Collective, size: int, root: int | None, peer: int | None) -> int | None:
-    for kind, value in (("root", root), ("peer", peer)):
-        if value is not None and row.rank != kind:
-            raise UsageError(f"{name} takes no {kind}")
-    if row.rank is None:
-        return None
-    value = root if row.rank == "root" else peer
-    if value is None and row.rank == "root":
-        value = 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-        raise UsageError(f"{row.rank} must be a rank in 0..{size - 1}, not {value!r}")
-    return value
 
 
 class Communicator:
@@ -211,11 +67,16 @@ class Communicator:
 
     def __init__(self, device, unique_id: bytes, rank: int, size: int, *, options: CommOptions | None = None,
                  library_: library.Library | None = None, _handle=None):
-        if (isinstance(size, bool) or not isinstance(size, int) or size < 1 or isinstance(rank, bool)
-                or not isinstance(rank, int) or not 0 <= rank < size):
-            raise UsageError(f"rank must be in 0..size-1 and size >= 1, got rank={rank!r}, size={size!r}")
+        # Everything is checked before anything is made.
+        size = validate.integer(size, "size", least=1, most=MAX_RANKS)
+        rank = validate.integer(rank, "rank", least=0, most=size - 1)
         if options is not None and not isinstance(options, CommOptions):
-            raise UsageError(f"options must be a CommOptions, not {type(options).__name__}")
+            raise UsageError(f"options must be a CommOptions, not {options!r:.100}")
+        uid = _uid(unique_id) if _handle is None else None
+        if library_ is not None and not isinstance(library_, library.Library):
+            raise UsageError(f"library_ must be a shimrt.nccl.library.Library or None, not {library_!r}")
+        if not isinstance(device, Device):
+            raise UsageError(f"device must be a shimrt Device, not {device!r:.100}")
         self.device, self.rank, self.size = device, rank, size
         self.options = options or CommOptions()
         self.lib = library_ or library.load(device.backend)
@@ -224,7 +85,7 @@ class Communicator:
         if _handle is None:
             try:
                 device.activate()
-                self._poll(self._init_call(_uid(unique_id)), "ncclCommInitRankConfig")
+                self._poll(self._init_call(uid), "ncclCommInitRankConfig")
             except BaseException:
                 self.stream.close()
                 raise
@@ -242,9 +103,10 @@ class Communicator:
     @classmethod
     def local(cls, devices, *, options: CommOptions | None = None) -> list["Communicator"]:
         """One communicator per device of this process (ranks in the order given), made together."""
+        if not isinstance(devices, (list, tuple)) or not devices \
+                or not all(isinstance(d, Device) for d in devices):
+            raise UsageError(f"devices must be a non-empty list of shimrt Devices, not {devices!r}")
         devices = list(devices)
-        if not devices:
-            raise UsageError("local() needs at least one Device")
         backends = {d.backend for d in devices}
         if len(backends) > 1:
             raise UsageError(f"local() needs devices of one backend, got {', '.join(sorted(backends))}")
@@ -292,9 +154,7 @@ class Communicator:
         """Wait for the work on ``stream`` (default: the communicator's) for at most ``timeout``
         seconds (default: the options'); an asynchronous NCCL error or the timeout aborts the
         communicator and raises CollectiveError."""
-        timeout = self.options.timeout if timeout is None else timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise UsageError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        timeout = self.options.timeout if timeout is None else timeout_seconds(timeout)
         target = self._target(stream)
 
         def finished() -> bool:
@@ -328,12 +188,12 @@ class Communicator:
         ``recv`` None runs in place where the collective allows it. ``op`` (default "sum") only
         for reducing collectives, ``root`` (default 0) only for broadcast and reduce, ``peer``
         for send and recv. Everything is checked before NCCL sees it."""
-        row = _row(name)
-        s, r = _buffers(name, row, send, recv)
-        datatype = _datatype(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
+        row = row_of(name)
+        s, r = buffers_of(name, row, send, recv)
+        datatype = datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
         count = nccl_count(name, s, r, self.size)
-        args = row.arguments(s.pointer, r.pointer, count, datatype, _op(name, row, op),
-                             _rank(name, row, self.size, root, peer), self._live(),
+        args = row.arguments(s.pointer, r.pointer, count, datatype, op_of(name, row, op),
+                             rank_of(name, row, self.size, root, peer), self._live(),
                              ctypes.c_void_p(self.device.stream_handle(self._target(stream))))
         self._poll(getattr(self.lib, row.function)(*args), row.function)
 

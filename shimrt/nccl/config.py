@@ -13,7 +13,9 @@ import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .. import validate
 from ..errors import UsageError
+from ..stream import timeout_seconds
 
 MAGIC = 0xCAFEBEEF        # NCCL_API_MAGIC
 UNDEF_INT = -(2**31)      # NCCL_CONFIG_UNDEF_INT = INT_MIN
@@ -38,9 +40,18 @@ FIELDS = (
 MIN_VERSION = FIELDS[0][2]
 
 
-@lru_cache(maxsize=None)
 def structure(version: int) -> type[ctypes.Structure]:
     """The ncclConfig_t ctypes Structure of NCCL ``version`` (X*10000 + Y*100 + Z)."""
+    return _structure(_version(version))
+
+
+def _version(version) -> int:
+    # ncclConfig_t.version is a 32-bit unsigned int: a larger value would be cut short, not refused.
+    return validate.integer(version, "NCCL version (X*10000 + Y*100 + Z, e.g. 22809)", least=0, most=2**31 - 1)
+
+
+@lru_cache(maxsize=None)
+def _structure(version: int) -> type[ctypes.Structure]:
     if version < MIN_VERSION:
         raise UsageError(f"NCCL {version} predates ncclConfig_t as shimrt knows it (2.17)")
     fields = [(name, ctype) for name, ctype, since in FIELDS if since <= version]
@@ -48,6 +59,8 @@ def structure(version: int) -> type[ctypes.Structure]:
 
 
 def has_field(version: int, name: str) -> bool:
+    """Whether NCCL ``version``'s ncclConfig_t has the field ``name``."""
+    version = _version(version)
     return any(n == name and since <= version for n, _, since in FIELDS)
 
 
@@ -55,10 +68,11 @@ def has_field(version: int, name: str) -> bool:
 class CommOptions:
     """Communicator options. ``None`` leaves NCCL's default.
 
-    ``blocking=False`` (the default) lets shimrt bound every wait by ``timeout`` seconds and
-    abort the communicator instead of hanging when a peer is gone. ``min_ctas``/``max_ctas``
-    bound NCCL's channels (one block each), ``cta_policy`` is "default", "efficiency" or "zero"
-    (NCCL 2.27+), ``cga_cluster_size`` 0-8.
+    ``blocking=False`` (the default) lets shimrt bound every wait by ``timeout`` seconds (a
+    positive number) and abort the communicator instead of hanging when a peer is gone.
+    ``min_ctas``/``max_ctas`` bound NCCL's channels (one block each, 1-64), ``cta_policy`` is
+    "default", "efficiency" or "zero" (NCCL 2.27+), ``cga_cluster_size`` 0-8, ``net_name`` the
+    network plugin NCCL must use (e.g. "IB", "Socket"). Every field is checked here, when made.
     """
 
     blocking: bool = False
@@ -70,22 +84,31 @@ class CommOptions:
     net_name: str | None = None
 
     def __post_init__(self):
-        if not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
-            raise UsageError(f"timeout must be a positive number of seconds, not {self.timeout!r}")
+        # Checked values are stored as plain Python values (numpy integers become ints).
+        def put(name, value):
+            object.__setattr__(self, name, value)
+
+        put("blocking", validate.boolean(self.blocking, "blocking"))
+        put("timeout", timeout_seconds(self.timeout, "timeout"))
         for name in ("min_ctas", "max_ctas"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 64):
-                raise UsageError(f"{name} must be an int in 1..64 (NCCL's MAXCHANNELS), not {v!r}")
+            if getattr(self, name) is not None:
+                put(name, validate.integer(getattr(self, name), name, least=1, most=64))
         if self.min_ctas is not None and self.max_ctas is not None and self.min_ctas > self.max_ctas:
-            raise UsageError(f"min_ctas ({self.min_ctas}) exceeds max_ctas ({self.max_ctas})")
-        if self.cta_policy is not None and self.cta_policy not in CTA_POLICIES:
-            raise UsageError(f"cta_policy must be one of {', '.join(CTA_POLICIES)}, not {self.cta_policy!r}")
-        c = self.cga_cluster_size
-        if c is not None and (not isinstance(c, int) or isinstance(c, bool) or not 0 <= c <= 8):
-            raise UsageError(f"cga_cluster_size must be an int in 0..8, not {c!r}")
+            raise UsageError(f"min_ctas must be at most max_ctas ({self.max_ctas}), not {self.min_ctas}")
+        if self.cta_policy is not None:
+            validate.one_of(self.cta_policy, "cta_policy", CTA_POLICIES)
+        if self.cga_cluster_size is not None:
+            put("cga_cluster_size", validate.integer(self.cga_cluster_size, "cga_cluster_size", least=0, most=8))
+        if self.net_name is not None:
+            # NCCL reads a C string: a NUL would cut it short, and non-ASCII names match no plugin.
+            validate.text(self.net_name, "net_name")
+            if not self.net_name.isascii():
+                raise UsageError(f"net_name must be an ASCII network name such as 'IB' or 'Socket', "
+                                 f"not {self.net_name!r}")
 
     def build(self, version: int) -> ctypes.Structure:
         """An ncclConfig_t for NCCL ``version`` holding these options."""
+        version = _version(version)
         cls = structure(version)
         cfg = cls()
         for name, ctype, since in FIELDS:

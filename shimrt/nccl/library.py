@@ -1,6 +1,8 @@
 """Finding libnccl / librccl and binding its C API with ctypes, from one declarative table.
 
-Search order: ``SHIMRT_NCCL_LIBRARY``; the ``nvidia-nccl-cu13``/``-cu12`` wheel's
+``SHIMRT_NCCL_LIBRARY``, when set, is the one library loaded: if it cannot be, CollectiveError
+says why (nothing else is tried, so a run never uses another NCCL than the one it was told to).
+Otherwise the search order is: the ``nvidia-nccl-cu13``/``-cu12`` wheel's
 ``nvidia/nccl/lib/libnccl.so.2``; the system's ``libnccl.so.2``. Under the HIP backend:
 ``$ROCM_PATH/lib/librccl.so``, then the system's ``librccl.so``. A symbol an older library
 lacks is left unbound, and only what uses it is unavailable.
@@ -114,16 +116,19 @@ TABLE = {
 
 
 def _backend(backend: str) -> str:
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise UsageError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     return backend
 
 
 def candidates(backend: str = "cuda") -> list[str]:
-    """Where the library of ``backend`` ("cuda": NCCL, "hip": RCCL) is looked for, in order."""
+    """Where the library of ``backend`` ("cuda": NCCL, "hip": RCCL) is looked for, in order: only
+    ``SHIMRT_NCCL_LIBRARY`` when it is set."""
     _backend(backend)
     cfg = settings()
-    found = [cfg.nccl_library] if cfg.nccl_library else []
+    if cfg.nccl_library:
+        return [cfg.nccl_library]
+    found: list[str] = []
     if backend == "hip":
         if cfg.rocm_path:
             found.append(str(Path(cfg.rocm_path) / "lib" / "librccl.so"))
@@ -184,6 +189,8 @@ def _bind(path: str, handle: ctypes.CDLL) -> Library:
         fn.restype, fn.argtypes = restype, argtypes
         setattr(lib, name, fn)
     lib.missing = tuple(missing)
+    if "ncclGetVersion" in lib.missing:
+        raise CollectiveError(f"{path} is not an NCCL or RCCL library: it has no ncclGetVersion")
     version = ctypes.c_int()
     lib.check(lib.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion")
     lib.version = version.value
@@ -205,6 +212,7 @@ def load(backend: str = "cuda") -> Library:
     module docstring) that loads, opened and bound once per process and then shared.
     CollectiveError naming every place searched when none loads."""
     tried = []
+    chosen = settings().nccl_library
     with _lock:  # one thread binds a library; the others get its Library
         for path in candidates(backend):
             key = _key(path)
@@ -213,9 +221,17 @@ def load(backend: str = "cuda") -> Library:
             try:
                 handle = ctypes.CDLL(path)
             except OSError as exc:
-                tried.append(f"{path} ({str(exc).split(':')[-1].strip()})")
-                continue
-            _loaded[key] = _bind(path, handle)
-            return _loaded[key]
+                reason = str(exc)
+            else:
+                try:
+                    _loaded[key] = _bind(path, handle)
+                except CollectiveError as exc:  # loaded, but not an NCCL/RCCL it can use
+                    reason = str(exc)
+                else:
+                    return _loaded[key]
+            if chosen:
+                raise CollectiveError(f"SHIMRT_NCCL_LIBRARY={path!r} could not be loaded, and nothing else is "
+                                      f"tried while it is set: {reason}")
+            tried.append(f"{path} ({reason})")
     what = "RCCL (librccl.so)" if backend == "hip" else "NCCL (libnccl.so.2)"
     raise CollectiveError(f"{what} not found; searched: " + "; ".join(tried))

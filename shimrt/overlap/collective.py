@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import validate
 from ..errors import ShimrtError, UsageError
-from ..nccl import buffer_counts
+from ..nccl import Communicator, buffer_counts
 from ..occupancy import NCCL_2_28_SM90, Footprint
+from ..validate import available_host_memory, require_memory
 from .standin import _size_label
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
 # send_recv is a grouped send and recv of one buffer each: the Communicator's "send" sizes it.
 _SIZED_AS = {"send_recv": "send"}
 
@@ -37,18 +40,26 @@ class NcclCollective:
 
     def __init__(self, communicator, collective: str = "all_reduce", nbytes: int = 64 << 20, *,
                  footprint: Footprint | None = None, channels: int = 16):
-        if collective not in COLLECTIVES:
-            raise UsageError(f"collective must be one of {', '.join(COLLECTIVES)}, not {collective!r}")
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4 * communicator.size:
-            raise UsageError(f"nbytes must be an int of at least {4 * communicator.size}, not {nbytes!r}")
+        if not isinstance(communicator, Communicator):
+            raise UsageError(f"communicator must be a shimrt.nccl.Communicator, not {communicator!r:.100}")
+        validate.one_of(collective, "collective", COLLECTIVES)
+        nbytes = validate.integer(nbytes, "nbytes", least=4 * communicator.size)
+        if footprint is not None and not isinstance(footprint, Footprint):
+            raise UsageError(f"footprint must be a Footprint or None, not {footprint!r}")
+        channels = validate.integer(channels, "channels", least=1, most=MAX_CHANNELS)
         self.comm, self.collective, self.nbytes = communicator, collective, nbytes
         self.device = communicator.device
         send_count, recv_count = buffer_counts(_SIZED_AS.get(collective, collective), nbytes // 4,
                                                communicator.size, given="send")
+        # The device's send and receive buffers, then the host input, before anything is allocated.
+        device_bytes = 4 * (send_count + recv_count)
+        require_memory(device_bytes, self.device.mem_info()[0], f"the buffers of nccl {collective}",
+                       f"{self.device.name}'s free device")
+        require_memory(4 * send_count, available_host_memory(), f"the input of nccl {collective}", "host")
         threads = 640 if collective == "send_recv" else 512
         self._footprint = footprint or NCCL_2_28_SM90.with_threads(threads)
         self.channels = channels
-        self.max_blocks = 64  # NCCL's MAXCHANNELS
+        self.max_blocks = MAX_CHANNELS
         rank = communicator.rank
         self.host = np.full(send_count, rank + 1, np.float32)
         self.send = self.device.to_device(self.host)
@@ -62,10 +73,13 @@ class NcclCollective:
         return f"nccl {self.collective}-{_size_label(self.nbytes)}"
 
     def footprint(self, threads: int | None = None) -> Footprint:
+        """NCCL's kernel per SM, with ``threads`` per block when given."""
         return self._footprint if threads is None else self._footprint.with_threads(threads)
 
     def blocks(self, blocks: int | None = None) -> int:
-        return blocks or self.channels
+        """The blocks (channels) of a launch: ``blocks``, or NCCL's when None."""
+        return self.channels if blocks is None else validate.integer(blocks, "blocks (or None)", least=1,
+                                                                      most=MAX_CHANNELS)
 
     def launch(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
                threads: int | None = None) -> None:

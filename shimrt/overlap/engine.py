@@ -1,9 +1,8 @@
 """Run a schedule of compute launches and collectives under a policy, timed on the device.
 
-A :class:`Schedule` lists operations in launch order: compute launches, and collectives that
-may wait for a compute launch (an event dependency: the all-reduce of layer i's gradients
-waits for layer i's backward compute, and runs beside layer i-1's). An :class:`Engine` runs it
-under a :class:`~shimrt.overlap.planner.Choice`:
+A :class:`~shimrt.overlap.schedule.Schedule` lists operations in launch order (compute
+launches, and collectives that may wait for one); an :class:`Engine` runs it under a
+:class:`~shimrt.overlap.planner.Choice`:
 
 - ``sequential``: one stream, everything in order;
 - ``concurrent``: compute on one stream, collectives on another, both at the least priority;
@@ -23,74 +22,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import kernel as kernel_module
-from .. import occupancy
+from .. import occupancy, validate
+from ..device import Device
 from ..errors import ShimrtError, UsageError
+from ..stream import timeout_seconds
 from . import metrics, planner
 from .planner import Choice
+from .schedule import KINDS, Op, Schedule
 
-KINDS = ("compute", "comm")
+#: The most repeats a run takes: more is a typo, not a measurement (each repeat runs the schedule).
+MAX_REPEATS = 10_000
 
 
 def _threads(work) -> int:
     """Threads per block of a compute workload."""
     return int(np.prod(work.block))
-
-
-@dataclass(frozen=True)
-class Op:
-    """One launch: ``work`` is a compute workload or a communication (stand-in or NCCL);
-    ``after`` the index of an earlier compute op it must wait for (None: none)."""
-
-    kind: str
-    work: object
-    after: int | None = None
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise UsageError(f"op kind must be 'compute' or 'comm', not {self.kind!r}")
-
-
-class Schedule:
-    """Operations in launch order. See :meth:`pair` and :meth:`backward`."""
-
-    def __init__(self, ops: list[Op]):
-        ops = list(ops)
-        for i, op in enumerate(ops):
-            if not isinstance(op, Op):
-                raise UsageError(f"op {i} must be an Op, not {type(op).__name__}")
-            if op.after is not None and not (0 <= op.after < i and ops[op.after].kind == "compute"):
-                raise UsageError(f"op {i} waits for op {op.after}, which is not an earlier compute op")
-        if not any(o.kind == "compute" for o in ops) or not any(o.kind == "comm" for o in ops):
-            raise UsageError("a schedule needs at least one compute op and one comm op")
-        self.ops = ops
-
-    @classmethod
-    def pair(cls, compute, comm) -> "Schedule":
-        """Layer i-1's compute beside layer i's collective, whose input is ready: the compute is
-        launched first (it takes every SM it can), the collective right after, independent."""
-        return cls([Op("compute", compute), Op("comm", comm)])
-
-    @classmethod
-    def backward(cls, computes, comms) -> "Schedule":
-        """A backward pass: layer by layer, compute, then its collective waiting for it; the
-        next layer's compute is launched at once, beside the collective."""
-        if len(computes) != len(comms) or not computes:
-            raise UsageError("backward() takes as many collectives as compute launches (at least one)")
-        ops = []
-        for c, a in zip(computes, comms, strict=True):
-            ops.append(Op("compute", c))
-            ops.append(Op("comm", a, after=len(ops) - 1))
-        return cls(ops)
-
-    def of(self, kind: str) -> list[Op]:
-        return [o for o in self.ops if o.kind == kind]
-
-    @property
-    def label(self) -> str:
-        c = "+".join(dict.fromkeys(o.work.label for o in self.of("compute")))
-        a = "+".join(dict.fromkeys(o.work.label for o in self.of("comm")))
-        n = len(self.of("compute"))
-        return f"{c} + {a}" + (f" x{n} layers" if n > 1 else "")
 
 
 @dataclass
@@ -143,6 +89,7 @@ class Result:
     def timeline(self, max_blocks: int = 3000) -> dict:
         """The median run's rows per kind, in ms to 0.1 us; a kind with more than ``max_blocks``
         blocks keeps an even sample of them, always with its first start and last end."""
+        max_blocks = validate.integer(max_blocks, "max_blocks", least=2)
         out = {}
         for kind, rows in self.median_timing().rows.items():
             if len(rows) > max_blocks:
@@ -151,6 +98,12 @@ class Result:
                 rows = rows[sorted(keep)]
             out[kind] = np.round(rows, 4).tolist()
         return out
+
+
+def _choice(choice) -> Choice:
+    if not isinstance(choice, Choice):
+        raise UsageError(f"choice must be a planner.Choice (planner.plan(...)), not {choice!r}")
+    return choice
 
 
 class _Setup:
@@ -218,9 +171,11 @@ class Engine:
 
     def __init__(self, device, schedule: Schedule, *, repeats: int = 5, timeout_s: float = 30.0):
         if not isinstance(schedule, Schedule):
-            raise UsageError(f"schedule must be a Schedule, not {type(schedule).__name__}")
-        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-            raise UsageError(f"repeats must be a positive int, not {repeats!r}")
+            raise UsageError(f"schedule must be a Schedule, not {schedule!r:.100}")
+        repeats = validate.integer(repeats, "repeats", least=1, most=MAX_REPEATS)
+        timeout_s = timeout_seconds(timeout_s, "timeout_s")
+        if not isinstance(device, Device):
+            raise UsageError(f"device must be a shimrt Device, not {device!r:.100}")
         self.device, self.schedule, self.repeats, self.timeout_s = device, schedule, repeats, timeout_s
         self.hz = device.timestamp_hz
         # Enough stamp words for any grid an op may be launched with.
@@ -259,6 +214,9 @@ class Engine:
 
     def run_once(self, choice: Choice, only: str | None = None) -> Timing:
         """One run of the schedule (or of its ``only`` = "compute"/"comm" ops, alone)."""
+        _choice(choice)
+        if only is not None:
+            validate.one_of(only, "only (or None)", KINDS)
         s = self._setup(choice)
         ops = [(i, op) for i, op in enumerate(self.schedule.ops) if only in (None, op.kind)]
         self.device.synchronize(self.timeout_s)
@@ -353,9 +311,17 @@ class Engine:
 
     def run(self, choice: Choice, repeats: int | None = None, only: str | None = None,
             warmup: int = 1) -> list[Timing]:
+        """``warmup`` untimed runs, then ``repeats`` timed ones (default: the engine's) of ``choice``
+        (``only``: "compute" or "comm" ops alone)."""
+        _choice(choice)
+        repeats = self.repeats if repeats is None else validate.integer(repeats, "repeats", least=1,
+                                                                         most=MAX_REPEATS)
+        warmup = validate.integer(warmup, "warmup", least=0, most=MAX_REPEATS)
+        if only is not None:
+            validate.one_of(only, "only (or None)", KINDS)
         for _ in range(warmup):
             self.run_once(choice, only)
-        return [self.run_once(choice, only) for _ in range(repeats or self.repeats)]
+        return [self.run_once(choice, only) for _ in range(repeats)]
 
     def alone(self) -> tuple[float, float]:
         """(T_comp, T_comm): the medians of each side run by itself, unshaped (ms)."""
@@ -369,6 +335,9 @@ class Engine:
     def measure(self, choice: Choice, t_seq: float | None = None) -> Result:
         """Run ``choice`` ``repeats`` times; metrics against the sequential time ``t_seq``
         (measured now when not given)."""
+        _choice(choice)
+        if t_seq is not None:
+            t_seq = validate.number(t_seq, "t_seq (ms)", positive=True)
         t_comp, t_comm = self.alone()
         timings = self.run(choice)
         result = Result(choice.policy, choice, timings)
@@ -384,6 +353,13 @@ class Engine:
         """Auto's choice (see :func:`shimrt.overlap.auto.search`): a cached one, or the fastest of
         the planner's candidates. Returns (choice, {choice: makespan}, rejected)."""
         from . import auto
+        if cache is not None and not isinstance(cache, auto.ChoiceCache):
+            raise UsageError(f"cache must be an auto.ChoiceCache or None, not {cache!r}")
+        if key is not None:
+            validate.text(key, "key")
+        if progress is not None and not callable(progress):
+            raise UsageError(f"progress must be a function of a Choice, or None, not {progress!r:.100}")
+        planner.sweeps(self.problem(), threads, blocks)  # checked here too: a cached choice skips the planner
         return auto.search(self, cache, key, threads=threads, blocks=blocks, progress=progress)
 
     def key(self) -> str:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Sequence
 
 import numpy as np
 
+from .. import cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..nccl import CommOptions, Communicator, unique_id
@@ -81,16 +83,19 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shimrt.overlap.footprint", description=__doc__.splitlines()[0])
-    parser.add_argument("--bytes", type=int, default=64 << 20, help="message size (default 64 MiB)")
-    parser.add_argument("--json", metavar="PATH", help="also write the records as JSON")
-    args = parser.parse_args(argv)
-    try:
-        result = measure(nbytes=args.bytes)
-    except ShimrtError as exc:
-        print(f"footprint: {exc}", file=sys.stderr)
-        return 2
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m shimrt.overlap.footprint [--bytes SIZE] [--json PATH]``; returns the exit code."""
+    parser = cli.parser("python -m shimrt.overlap.footprint", __doc__)
+    # At most 4G: the message is staged through host memory, filled with ones.
+    parser.add_argument("--bytes", metavar="SIZE", default="64M",
+                        type=validate.argument(cli.nbytes, "--bytes", least=4, most=1 << 32),
+                        help="message size from 4 (one float32) to 4G, e.g. 4096, 64K, 64M (default 64M)")
+    cli.add_json(parser, "also write the records as JSON")
+    return cli.main(parser, argv, _run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    result = measure(nbytes=args.bytes)
     print(report(result))
     if args.json:
         with open(args.json, "w") as f:

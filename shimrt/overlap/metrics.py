@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .. import validate
 from ..errors import UsageError
 
 
@@ -31,6 +32,11 @@ def blocks(stamps: np.ndarray, hz: float, origin: int) -> np.ndarray:
     """Per-block ``[start_ms, end_ms, sm]`` rows from raw stamps (3 words per block: start, end,
     SM id, in ticks of ``hz``), relative to ``origin`` ticks. Every block must have written its
     stamps (start > 0, end >= start): a block that did not run means a broken measurement."""
+    hz = validate.number(hz, "hz (timestamp ticks per second)", positive=True)
+    origin = validate.integer(origin, "origin (ticks)", least=0, most=2**64 - 1)
+    if not isinstance(stamps, np.ndarray) or stamps.dtype.kind not in "ui" or stamps.size % 3:
+        raise UsageError(f"stamps must be a numpy integer array of 3 words per block, not {stamps!r:.100}"
+                         + (f" of {stamps.size} {stamps.dtype}" if isinstance(stamps, np.ndarray) else ""))
     rows = np.asarray(stamps, dtype=np.uint64).reshape(-1, 3)
     if rows.size == 0:
         raise UsageError("no blocks to measure")
@@ -48,6 +54,8 @@ def blocks(stamps: np.ndarray, hz: float, origin: int) -> np.ndarray:
 
 def span(rows: np.ndarray) -> Span:
     """The Span of per-block rows from :func:`blocks`."""
+    if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.shape[1] < 2 or not len(rows):
+        raise UsageError(f"rows must be the non-empty [start_ms, end_ms, sm] rows from blocks(), not {rows!r}")
     return Span(float(rows[:, 0].min()), float(rows[:, 1].max()))
 
 
@@ -80,10 +88,11 @@ class Metrics:
 def compute(t_comp: float, t_comm: float, t_seq: float, makespan: float, comp_span: float,
             comm_start_delay: float) -> Metrics:
     """The metrics of one run from its times in ms (see :class:`Metrics`)."""
-    for name, value in (("t_comp", t_comp), ("t_comm", t_comm), ("t_seq", t_seq), ("makespan", makespan),
-                        ("comp_span", comp_span)):
-        if not value > 0:
-            raise UsageError(f"{name} must be a positive time in ms, not {value!r}")
+    t_comp, t_comm, t_seq, makespan, comp_span = (
+        validate.number(value, f"{name} (ms)", positive=True)
+        for name, value in (("t_comp", t_comp), ("t_comm", t_comm), ("t_seq", t_seq), ("makespan", makespan),
+                            ("comp_span", comp_span)))
+    comm_start_delay = validate.number(comm_start_delay, "comm_start_delay (ms)")  # may be negative
     return Metrics(t_comp_ms=t_comp, t_comm_ms=t_comm, t_seq_ms=t_seq, makespan_ms=makespan,
                    efficiency=(t_seq - makespan) / min(t_comp, t_comm), ratio=makespan / max(t_comp, t_comm),
                    compute_slowdown=comp_span / t_comp, comm_start_delay_ms=comm_start_delay,
@@ -93,7 +102,8 @@ def compute(t_comp: float, t_comm: float, t_seq: float, makespan: float, comp_sp
 def median_run(makespans: list[float]) -> int:
     """Index of the repeat whose makespan is the median (the lower one for an even count), the
     repeat whose timeline a report shows."""
-    if not makespans:
-        raise UsageError("no repeats")
+    if not isinstance(makespans, (list, tuple)) or not makespans:
+        raise UsageError(f"makespans must be a non-empty list of times, not {makespans!r}")
+    makespans = [validate.number(m, "each makespan") for m in makespans]
     target = statistics.median_low(makespans)
     return makespans.index(target)

@@ -11,9 +11,10 @@ what it picked.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .. import occupancy
+from .. import occupancy, validate
 from ..errors import ShimrtError, UsageError
 from ..occupancy import Footprint
 from ..targets import Target
@@ -44,16 +45,14 @@ class Choice:
     comm_threads: int | None = None
 
     def __post_init__(self):
-        if self.policy not in FIXED:
-            raise UsageError(f"policy must be one of {', '.join(FIXED)}, not {self.policy!r}")
-        if self.comm_priority not in PRIORITIES:
-            raise UsageError(f"comm_priority must be 'low' or 'high', not {self.comm_priority!r}")
+        validate.one_of(self.policy, "policy", FIXED)
+        validate.one_of(self.comm_priority, "comm_priority", PRIORITIES)
+        # numpy integers become ints: a Choice is a dict key (auto's times) and goes to JSON.
         for name in ("resident_blocks", "partition_sms", "comm_blocks", "comm_threads"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise UsageError(f"{name} must be a positive int or None, not {value!r}")
-        if isinstance(self.dynamic_smem, bool) or not isinstance(self.dynamic_smem, int) or self.dynamic_smem < 0:
-            raise UsageError(f"dynamic_smem must be a non-negative int, not {self.dynamic_smem!r}")
+            if value is not None:
+                object.__setattr__(self, name, validate.integer(value, f"{name} (or None)", least=1))
+        object.__setattr__(self, "dynamic_smem", validate.integer(self.dynamic_smem, "dynamic_smem", least=0))
         if self.resident_blocks is None and self.dynamic_smem:
             raise UsageError("dynamic_smem is set only with resident_blocks")
 
@@ -66,8 +65,16 @@ class Choice:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Choice":
+        """The inverse of :meth:`as_dict`; UsageError for anything else (unknown keys included)."""
         fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        if not isinstance(data, Mapping):
+            raise UsageError(f"Choice.from_dict takes a dict of {', '.join(sorted(fields))}, not {data!r}")
+        unknown = sorted(map(str, set(data) - fields))
+        if unknown:
+            raise UsageError(f"Choice keys must be among {', '.join(sorted(fields))}, not {', '.join(unknown)}")
+        if "policy" not in data:
+            raise UsageError(f"Choice.from_dict needs a 'policy', not {dict(data)!r}")
+        return cls(**data)
 
     def describe(self) -> str:
         """The choice in a few words, e.g. "partition: comm on 16 SMs, high priority"."""
@@ -103,18 +110,29 @@ class Problem:
 
     def __post_init__(self):
         if not isinstance(self.target, Target):
-            raise UsageError(f"target must be a shimrt Target, not {type(self.target).__name__}")
+            raise UsageError(f"target must be a shimrt Target (shimrt.targets.get('H200')), not {self.target!r}")
         if not isinstance(self.comm, Footprint):
-            raise UsageError(f"comm must be a Footprint, not {type(self.comm).__name__}")
-        if not {"registers", "static_smem"} <= set(self.compute):
-            raise UsageError("compute needs 'registers' and 'static_smem'")
-        for name in ("compute_block", "comm_blocks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UsageError(f"{name} must be a positive int, not {value!r}")
+            raise UsageError(f"comm must be a Footprint, not {self.comm!r:.100}")
+        if not isinstance(self.compute, Mapping) or not {"registers", "static_smem"} <= set(self.compute):
+            raise UsageError(f"compute must be a dict with 'registers' and 'static_smem' (and optionally 'sgprs'), "
+                             f"not {self.compute!r}")
+        occupancy.resource_counts(self.compute)  # every value checked
+        object.__setattr__(self, "compute", dict(self.compute))  # a copy: the caller's may change later
+        object.__setattr__(self, "compute_block", validate.integer(
+            self.compute_block, "compute_block", least=1, most=self.target.max_threads_per_block))
+        object.__setattr__(self, "comm_blocks", validate.integer(self.comm_blocks, "comm_blocks", least=1))
 
     def footprint(self, threads: int | None = None) -> Footprint:
-        return self.comm if threads is None else self.comm.with_threads(threads)
+        """The communication kernel's footprint, with ``threads`` per block when given."""
+        return self.comm if threads is None else self.comm.with_threads(self.comm_threads(threads))
+
+    def comm_threads(self, threads) -> int:
+        """``threads`` as the communication kernel's threads per block: 1 up to the target's limit."""
+        return validate.integer(threads, "threads", least=1, most=self.target.max_threads_per_block)
+
+    def comm_grid(self, blocks) -> int:
+        """``blocks`` as the communication kernel's blocks (channels): a positive int."""
+        return validate.integer(blocks, "blocks", least=1)
 
     def compute_per_sm(self) -> int:
         """Compute blocks one otherwise idle SM holds (unshaped)."""
@@ -129,16 +147,23 @@ class Problem:
                                            static_smem=fp.static_smem, dynamic_smem=fp.dynamic_smem, sgprs=fp.sgprs)
 
 
+def _problem(problem) -> Problem:
+    if not isinstance(problem, Problem):
+        raise UsageError(f"problem must be a planner.Problem, not {problem!r:.100}")
+    return problem
+
+
 def shaped(problem: Problem, threads: int | None = None, resident_blocks: int | None = None) -> occupancy.Shaping:
     """shape() of the compute kernel with room for one block of the communication kernel."""
-    fp = problem.footprint(threads)
+    fp = _problem(problem).footprint(threads)
     return occupancy.shape(problem.target, problem.compute, problem.compute_block, reserve=fp,
                            resident_blocks=resident_blocks)
 
 
 def partition_sms(problem: Problem, threads: int | None = None, blocks: int | None = None) -> int:
     """The fewest SMs that hold every communication block at once (they must all be resident)."""
-    per_sm = problem.comm_per_sm(threads)
+    blocks = None if blocks is None else _problem(problem).comm_grid(blocks)
+    per_sm = _problem(problem).comm_per_sm(threads)
     if per_sm == 0:
         raise ShimrtError(f"{problem.footprint(threads).name} does not fit on one SM of {problem.target.name}")
     need = -(-(blocks or problem.comm_blocks) // per_sm)
@@ -152,12 +177,14 @@ def spread_sms(problem: Problem) -> int:
     """The partition's SMs: one per communication block, as NCCL's channels spread (blocks
     that share an SM share its load/store bandwidth), or the fewest that hold them all where one
     each would take half the device or more."""
-    need = partition_sms(problem)
+    need = partition_sms(_problem(problem))
     return problem.comm_blocks if need < problem.comm_blocks < problem.target.num_sms // 2 else need
 
 
 def plan(policy: str, problem: Problem) -> Choice:
     """The choice a fixed policy makes for ``problem``; ShimrtError if it cannot work (why)."""
+    validate.one_of(policy, "policy", POLICIES)
+    _problem(problem)
     if policy in ("sequential", "concurrent"):
         return Choice(policy)
     if policy == "priority":
@@ -198,8 +225,9 @@ class Estimate:
 
 def estimate(problem: Problem, t_comp: float, t_comm: float) -> Estimate:
     """The makespan and R the occupancy model expects at best for ``problem`` (see :class:`Estimate`)."""
-    if not (t_comp > 0 and t_comm > 0):
-        raise UsageError(f"t_comp and t_comm must be positive times in ms, not {t_comp!r}, {t_comm!r}")
+    _problem(problem)
+    t_comp = validate.number(t_comp, "t_comp (ms)", positive=True)
+    t_comm = validate.number(t_comm, "t_comm (ms)", positive=True)
     t = problem.target
     res, block = problem.compute, problem.compute_block
     natural = problem.compute_per_sm()
@@ -237,8 +265,13 @@ def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_s
     room for a communication block, partitions from the fewest SMs that hold every
     communication block upward, and priority alone, each for every communication thread count
     in ``threads`` and block count in ``blocks`` (None: the default). Returns (feasible
-    choices, rejected ones)."""
-    t = problem.target
+    choices, rejected ones). ``partition_steps`` (1 up to the target's SMs) partition sizes are
+    tried, each rounded up to a multiple of ``partition_granularity`` SMs (1 up to the target's SMs)."""
+    t = _problem(problem).target
+    threads, blocks = sweeps(problem, threads, blocks)
+    partition_steps = validate.integer(partition_steps, "partition_steps", least=1, most=t.num_sms)
+    partition_granularity = validate.integer(partition_granularity, "partition_granularity", least=1,
+                                             most=t.num_sms)
     feasible: list[Choice] = []
     rejected: list[Rejected] = []
 
@@ -281,3 +314,17 @@ def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_s
                 if sms >= need:
                     add(Choice("partition", partition_sms=sms, comm_priority="high", comm_blocks=nb, comm_threads=th))
     return feasible, rejected
+
+
+def sweeps(problem: Problem, threads=(None,), blocks=(None,)) -> tuple[tuple, tuple]:
+    """``threads`` and ``blocks`` of :func:`candidates`, checked against ``problem``."""
+    _problem(problem)
+    return _sweep(threads, "threads", problem.comm_threads), _sweep(blocks, "blocks", problem.comm_grid)
+
+
+def _sweep(values, what: str, check) -> tuple:
+    """``values`` (a non-empty list or tuple of ints and None, None meaning the default) checked by
+    ``check``, without repeats."""
+    if not isinstance(values, (list, tuple)) or not values:
+        raise UsageError(f"{what} must be a non-empty list or tuple of ints or None (the default), not {values!r}")
+    return tuple(dict.fromkeys(None if v is None else check(v) for v in values))

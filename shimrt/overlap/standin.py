@@ -14,14 +14,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels
+from .. import kernels, validate
+from ..device import Device
 from ..errors import ShimrtError, UsageError
+from ..memory import Buffer
 from ..occupancy import NCCL_2_28_SM90, Footprint
+from ..stream import timeout_seconds
+from ..validate import available_host_memory, require_memory
 
 #: Ring steps per rank count: an all-reduce is a reduce-scatter then an all-gather.
 STEPS = {"all_reduce": lambda r: 2 * (r - 1), "all_gather": lambda r: r - 1, "reduce_scatter": lambda r: r - 1}
 _KERNEL = "comm_ring"
 _MAX_THREADS = 640  # the kernel's launch bounds, NCCL's largest block
+_MAX_INT32 = 2**31 - 1
 
 
 def _size_label(nbytes: int) -> str:
@@ -51,20 +56,28 @@ class StandInSpec:
     timeout_s: float = 10.0
 
     def __post_init__(self):
-        if self.collective not in STEPS:
-            raise UsageError(f"collective must be one of {', '.join(STEPS)}, not {self.collective!r}")
-        for name, low in (("nbytes", 16), ("ranks", 2), ("blocks", 1), ("threads", 32)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UsageError(f"{name} must be an int >= {low}, not {value!r}")
+        validate.one_of(self.collective, "collective", STEPS)
+        # numpy integers become ints, so equal specs compare and hash alike.
+        # The kernel takes its step count, 2 (ranks - 1) at most, and its blocks as int32s.
+        for name, low, high in (("nbytes", 16, None), ("ranks", 2, 2**30), ("blocks", 1, _MAX_INT32),
+                                ("threads", 32, None)):
+            object.__setattr__(self, name, validate.integer(getattr(self, name), name, least=low, most=high))
+        # The kernel takes each block's float4s per step as an int32: with one block, nbytes / ranks / 16.
+        most = _MAX_INT32 * 16 * self.ranks
+        if self.nbytes > most:
+            raise UsageError(f"nbytes must be at most {most} for {self.ranks} ranks, not {self.nbytes}")
         if self.threads > _MAX_THREADS or self.threads % 32:
             raise UsageError(f"threads must be a multiple of 32 up to {_MAX_THREADS}, not {self.threads}")
-        if self.dynamic_smem is not None and (not isinstance(self.dynamic_smem, int) or self.dynamic_smem < 0):
-            raise UsageError(f"dynamic_smem must be a non-negative int or None, not {self.dynamic_smem!r}")
-        if self.link_gbps is not None and not (isinstance(self.link_gbps, (int, float)) and self.link_gbps > 0):
-            raise UsageError(f"link_gbps must be a positive number of GB/s or None, not {self.link_gbps!r}")
-        if not (isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            raise UsageError(f"timeout_s must be a positive number, not {self.timeout_s!r}")
+        if self.dynamic_smem is not None:
+            object.__setattr__(self, "dynamic_smem", validate.integer(self.dynamic_smem, "dynamic_smem (or None)",
+                                                                      least=0))
+        if self.link_gbps is not None:
+            object.__setattr__(self, "link_gbps", validate.number(self.link_gbps, "link_gbps (GB/s, or None)",
+                                                                  positive=True))
+        object.__setattr__(self, "timeout_s", timeout_seconds(self.timeout_s, "timeout_s"))
+
+    def _blocks(self, blocks) -> int:
+        return self.blocks if blocks is None else validate.integer(blocks, "blocks (or None)", least=1)
 
     @property
     def steps(self) -> int:
@@ -76,11 +89,12 @@ class StandInSpec:
 
     def chunk(self, blocks: int | None = None) -> int:
         """float4 elements each block reduces per step."""
-        return max(1, self.nbytes // self.ranks // (blocks or self.blocks) // 16)
+        return max(1, self.nbytes // self.ranks // self._blocks(blocks) // 16)
 
     def step_ns(self, blocks: int | None = None) -> int:
         """The shortest time a block's step may take: its slice over the link (0: unpaced)."""
-        return 0 if self.link_gbps is None else int(self.chunk(blocks) * 16 / self.link_gbps)
+        chunk = self.chunk(blocks)  # checks ``blocks`` whether paced or not
+        return 0 if self.link_gbps is None else int(chunk * 16 / self.link_gbps)
 
 
 class CommStandIn:
@@ -90,7 +104,15 @@ class CommStandIn:
 
     def __init__(self, device, spec: StandInSpec, seed: int = 0):
         if not isinstance(spec, StandInSpec):
-            raise UsageError(f"spec must be a StandInSpec, not {type(spec).__name__}")
+            raise UsageError(f"spec must be a StandInSpec, not {spec!r:.100}")
+        seed = validate.integer(seed, "seed", least=0)
+        if not isinstance(device, Device):
+            raise UsageError(f"device must be a shimrt Device, not {device!r:.100}")
+        # src and dst (float4s for any grid up to max_blocks), before anything is drawn or allocated.
+        capacity = spec.steps * (spec.nbytes // spec.ranks // 16 + device.target.num_sms * 8)
+        require_memory(2 * 16 * capacity, device.mem_info()[0], f"the buffers of the stand-in {spec.label}",
+                       f"{device.name}'s free device")
+        require_memory(16 * capacity, available_host_memory(), f"the input of the stand-in {spec.label}", "host")
         self.device, self.spec = device, spec
         # NVRTC caps registers at NCCL's 96 (it builds with -maxrregcount=96); hipRTC has no such
         # option, and the launch bounds keep the kernel within 640 threads there.
@@ -128,11 +150,20 @@ class CommStandIn:
     def footprint(self, threads: int | None = None) -> Footprint:
         """What one block needs per SM, from the compiled kernel's own attributes."""
         res = self.kernel.occupancy_resources
-        return Footprint(f"stand-in ({res['registers']} regs)", 1, threads or self.spec.threads, res["registers"],
+        threads = self.spec.threads if threads is None else self._threads(threads)
+        return Footprint(f"stand-in ({res['registers']} regs)", 1, threads, res["registers"],
                          res["static_smem"], self.dynamic_smem, res["sgprs"])
 
     def blocks(self, blocks: int | None = None) -> int:
-        return blocks or self.spec.blocks
+        """The blocks (channels) of a launch: ``blocks``, or the spec's when None."""
+        return self.spec._blocks(blocks)
+
+    @staticmethod
+    def _threads(threads) -> int:
+        threads = validate.integer(threads, "threads (or None)", least=32, most=_MAX_THREADS)
+        if threads % 32:
+            raise UsageError(f"threads must be a multiple of 32 up to {_MAX_THREADS}, not {threads}")
+        return threads
 
     def _check_resident(self, blocks: int, threads: int) -> None:
         per_sm = self.kernel.max_active_blocks(threads, self.dynamic_smem)
@@ -151,11 +182,15 @@ class CommStandIn:
                 threads: int | None = None):
         """:meth:`launch` with every check and the argument packing done now; returns the
         function that enqueues it (call it once: it takes this launch's ring counters)."""
-        g, nt = blocks or self.spec.blocks, threads or self.spec.threads
-        if not 1 <= g <= self.max_blocks:
-            raise UsageError(f"blocks must be 1..{self.max_blocks}, not {g}")
-        if stamps is not None and stamps.nbytes < 24 * g:
-            raise UsageError(f"stamps hold {stamps.nbytes // 24} blocks, the launch has {g}")
+        g = self.spec.blocks if blocks is None else validate.integer(blocks, "blocks (or None)", least=1,
+                                                                       most=self.max_blocks)
+        nt = self.spec.threads if threads is None else self._threads(threads)
+        if stamps is not None:
+            if not isinstance(stamps, Buffer) or stamps.dtype != np.uint64:
+                raise UsageError(f"stamps must be a uint64 shimrt Buffer or None, not {stamps!r}")
+            if stamps.nbytes < 24 * g:
+                raise UsageError(f"stamps must hold 3 words for each of the launch's {g} blocks, not "
+                                 f"{stamps.nbytes // 24} blocks' worth")
         if (g, nt) not in self._checked:
             self._check_resident(g, nt)
             self._checked.add((g, nt))
@@ -184,7 +219,7 @@ class CommStandIn:
 
     def touched(self, blocks: int | None = None) -> int:
         """float32 elements one launch writes."""
-        g = blocks or self.spec.blocks
+        g = self.spec._blocks(blocks)
         return self.spec.steps * g * self.spec.chunk(g) * 4
 
     def check(self, blocks: int | None = None) -> None:

@@ -1,0 +1,220 @@
+"""The launcher's processes: start one rank per local GPU with what it needs to join one
+communicator, pass on the signals a scheduler sends, and stop and reap every rank whatever
+happens (:func:`run`). ``python -m shimrt.launch`` (:mod:`shimrt.launch`) is its command line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Sequence
+
+from . import validate
+from .errors import CollectiveError, ShimrtError, UsageError
+
+#: Seconds the ranks get to exit after the signal that stops them, before SIGKILL.
+GRACE_S = 5.0
+#: Signals the launcher passes on to every rank (a batch scheduler sends SIGTERM).
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: The launcher's exit code when --timeout ran out (as timeout(1)).
+TIMEOUT_EXIT = 124
+
+
+def say(message: str) -> None:
+    """A line from the launcher on stderr."""
+    print(f"shimrt.launch: {message}", file=sys.stderr, flush=True)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: subprocess.Popen
+    pump: threading.Thread
+
+
+def _pump(stream: IO[bytes], prefix: str, out: IO[str], lock: threading.Lock) -> None:
+    for line in iter(stream.readline, b""):
+        text = line.decode(errors="replace")
+        try:
+            with lock:  # one line at a time, never two ranks' halves
+                out.write(prefix + text + ("" if text.endswith("\n") else "\n"))
+                out.flush()
+        except (OSError, ValueError):  # our stdout is gone (a closed pipe): keep draining the rank's
+            pass
+
+
+class _Signals:
+    """The signals the launcher got while it ran ranks. The handler only records them; the
+    launcher's loop passes them on, so nothing is done inside a handler."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __call__(self, signum, frame) -> None:
+        self.received.append(signum)
+
+    def __enter__(self) -> "_Signals":
+        # Python lets only the main thread set handlers; run() called elsewhere does not forward.
+        if threading.current_thread() is threading.main_thread():
+            for sig in FORWARDED_SIGNALS:
+                # An ignored signal (SIGHUP under nohup, SIGINT in a background job) stays ignored.
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _unique_id() -> tuple[str | None, str | None]:
+    """(the id in hex, None), or (None, why NCCL did not load here)."""
+    from .nccl import unique_id
+    try:
+        return unique_id().hex(), None
+    except CollectiveError as exc:
+        return None, str(exc)
+
+
+def _rank_env(rank: int, nproc: int, uid: str | None, uid_error: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    # A launcher's id or error left in our own environment must not reach the ranks.
+    env.pop("SHIMRT_NCCL_UNIQUE_ID", None)
+    env.pop("SHIMRT_NCCL_UNIQUE_ID_ERROR", None)
+    for prefix in ("SHIMRT_", ""):  # shimrt's names, and torchrun's for torch.distributed code
+        env.update({f"{prefix}RANK": str(rank), f"{prefix}WORLD_SIZE": str(nproc),
+                    f"{prefix}LOCAL_RANK": str(rank), f"{prefix}LOCAL_WORLD_SIZE": str(nproc)})
+    if uid is not None:
+        env["SHIMRT_NCCL_UNIQUE_ID"] = uid
+    else:
+        env["SHIMRT_NCCL_UNIQUE_ID_ERROR"] = uid_error or "NCCL did not load in the launcher"
+    env["PYTHONUNBUFFERED"] = "1"  # rank output reaches the terminal as it is printed
+    return env
+
+
+def _start(rank: int, nproc: int, argv: list[str], uid: str | None, uid_error: str | None,
+           lock: threading.Lock) -> _Rank:
+    try:
+        # Its own session, as torchrun does: a terminal's Ctrl-C reaches the rank once (through
+        # the launcher), and a signal to its group reaches whatever the rank started.
+        proc = subprocess.Popen([sys.executable, *argv], env=_rank_env(rank, nproc, uid, uid_error),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        raise ShimrtError(f"could not start rank {rank}: {exc}") from None
+    pump = threading.Thread(target=_pump, args=(proc.stdout, f"[rank {rank}] ", sys.stdout, lock), daemon=True)
+    pump.start()
+    return _Rank(rank, proc, pump)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the rank's process group while the rank itself has not been reaped (so
+    its pid, which names the group, cannot have been reused)."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _how(code: int) -> str:
+    return f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+
+
+def _watch(ranks: list[_Rank], timeout: float | None, signals: _Signals) -> tuple[int, int]:
+    """Wait until every rank exits, one fails, the timeout ends or a signal comes: (the
+    launcher's exit code, the signal that stops the ranks still running)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if signals.received:
+            sig = signals.received[0]
+            running = sum(r.proc.poll() is None for r in ranks)
+            say(f"got {_signal_name(sig)}; passing it to {running} running rank(s), which get "
+                 f"{GRACE_S:g} s to exit")
+            return 128 + sig, sig
+        codes = [r.proc.poll() for r in ranks]  # every one, so each exit is seen
+        failed = [(r, c) for r, c in zip(ranks, codes, strict=True) if c not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            running = codes.count(None)
+            say(f"rank {rank.rank} {_how(code)}" + (f"; stopping the other {running} rank(s)" if running else ""))
+            return (128 - code if code < 0 else code), signal.SIGTERM
+        if all(c == 0 for c in codes):
+            return 0, signal.SIGTERM
+        if deadline is not None and time.monotonic() > deadline:
+            say(f"{codes.count(None)} rank(s) still running after --timeout {timeout:g} s; stopping them")
+            return TIMEOUT_EXIT, signal.SIGTERM
+        time.sleep(0.05)
+
+
+def _stop(ranks: list[_Rank], sig: int, signals: _Signals, grace: float = GRACE_S) -> None:
+    """Pass ``sig`` to every running rank, wait up to ``grace`` seconds (less when another
+    signal comes), SIGKILL what is left, and reap them all."""
+    running = [r for r in ranks if r.proc.poll() is None]
+    for r in running:
+        _signal_group(r.proc, sig)
+    seen = len(signals.received)
+    end = time.monotonic() + grace
+    while any(r.proc.poll() is None for r in running) and time.monotonic() < end:
+        if len(signals.received) > seen:
+            break  # a signal while waiting (a second Ctrl-C): no more grace
+        time.sleep(0.02)
+    for r in running:
+        if r.proc.poll() is None:
+            say(f"rank {r.rank} still running after {grace:g} s; killing it")
+        # The whole group, also where the rank itself has exited: what it started and left behind
+        # (ignoring the signal) goes too. Its pid was in use a moment ago, so it names no newer group.
+        try:
+            os.killpg(r.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for r in ranks:
+        r.proc.wait()
+    end = time.monotonic() + 2  # a rank's own children may hold its output open: wait a little
+    for r in ranks:
+        r.pump.join(max(end - time.monotonic(), 0))
+
+
+def run(nproc: int, argv: Sequence[str], timeout: float | None = None) -> int:
+    """Start ``nproc`` copies of ``python argv...``, one per local rank, and wait for them.
+
+    Stops them all when one fails, when ``timeout`` seconds pass, or when the launcher gets
+    SIGTERM, SIGINT or SIGHUP (passed on to each rank; SIGKILL after :data:`GRACE_S`).
+    Returns 0 when every rank exits with 0; else the first failed rank's exit code (128 + N
+    for a rank killed by signal N), 124 after the timeout, or 128 + N after the launcher got
+    signal N. UsageError for a bad argument. No rank is left running when it returns or raises."""
+    nproc = validate.integer(nproc, "nproc", least=1)
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
+        raise UsageError(f"argv must be a non-empty list of strings (a script and its arguments), not {argv!r}")
+    argv = [validate.text(a, "every item of argv", empty=True) for a in argv]
+    if timeout is not None:
+        timeout = validate.number(timeout, "timeout", positive=True)
+    uid, uid_error = _unique_id()
+    if uid is None:
+        say(f"NCCL did not load here, so a rank that calls shimrt.launch.init() will fail ({uid_error})")
+    ranks: list[_Rank] = []
+    lock = threading.Lock()
+    with _Signals() as signals:
+        code, stop_with = 0, signal.SIGTERM
+        try:
+            for rank in range(nproc):
+                if signals.received:
+                    break
+                ranks.append(_start(rank, nproc, argv, uid, uid_error, lock))
+            code, stop_with = _watch(ranks, timeout, signals)
+        finally:
+            _stop(ranks, stop_with, signals)
+    return code

@@ -1,0 +1,175 @@
+"""Every environment variable shimrt reads: good values taken, bad ones refused naming the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shimrt import ShimrtError, UsageError
+from shimrt.config import FOREIGN_LAUNCH_VARIABLES, VARIABLES, Settings, launch_env, settings
+
+UID = "ab" * 128
+SHIMRT = {"SHIMRT_RANK": "1", "SHIMRT_WORLD_SIZE": "2", "SHIMRT_LOCAL_RANK": "1", "SHIMRT_NCCL_UNIQUE_ID": UID}
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+PMI = {"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}
+
+
+# --- settings() ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, expected", [("cuda", "cuda"), ("hip", "hip"), ("CUDA", "cuda"), (" Hip ", "hip"),
+                                             ("", None), ("  ", None)])
+def test_backend_values(value, expected):
+    assert settings({"SHIMRT_BACKEND": value}).backend == expected
+    assert settings({}).backend is None
+
+
+@pytest.mark.parametrize("value", ["xyz", "nccl", "cuda,hip", "1"])
+def test_bad_backend_names_the_variable_and_the_choices(value):
+    with pytest.raises(UsageError) as info:
+        settings({"SHIMRT_BACKEND": value})
+    assert str(info.value) == f"SHIMRT_BACKEND must be one of cuda, hip, not {value!r}"
+    assert isinstance(info.value, ShimrtError)
+
+
+@pytest.mark.parametrize("value", ["1", "true", "True", "TRUE", "yes", "Yes", "on", "ON", " 1 "])
+def test_disable_cache_true(value):
+    assert settings({"SHIMRT_DISABLE_CACHE": value}).cache_enabled is False
+
+
+@pytest.mark.parametrize("value", ["0", "false", "False", "no", "NO", "off", "Off", "", " "])
+def test_disable_cache_false_or_unset(value):
+    assert settings({"SHIMRT_DISABLE_CACHE": value}).cache_enabled is True
+    assert settings({}).cache_enabled is True
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enabled", "y", "t", "-1"])
+def test_bad_disable_cache_names_the_variable_and_the_choices(value):
+    with pytest.raises(UsageError, match=r"^SHIMRT_DISABLE_CACHE must be one of 1, true, yes, on, 0, false, no, off,"
+                                         rf" not {value!r}$"):
+        settings({"SHIMRT_DISABLE_CACHE": value})
+
+
+def test_cache_dir(tmp_path):
+    assert settings({"SHIMRT_CACHE_DIR": str(tmp_path / "c")}).cache_dir == tmp_path / "c"
+    assert settings({"XDG_CACHE_HOME": str(tmp_path)}).cache_dir == tmp_path / "shimrt"
+    # A relative XDG_CACHE_HOME is invalid (XDG spec) and ignored.
+    assert settings({"XDG_CACHE_HOME": "rel"}).cache_dir == Path.home() / ".cache" / "shimrt"
+    assert settings({"SHIMRT_CACHE_DIR": "~/x"}).cache_dir == Path.home() / "x"
+    assert settings({"SHIMRT_CACHE_DIR": str(tmp_path)}).check_cache_dir() == tmp_path
+    assert settings({"SHIMRT_CACHE_DIR": str(tmp_path / "not-yet")}).check_cache_dir() == tmp_path / "not-yet"
+    (tmp_path / "file").write_text("")
+    cfg = settings({"SHIMRT_CACHE_DIR": str(tmp_path / "file")})  # settings() itself does not refuse it
+    with pytest.raises(UsageError, match="is a file, not a folder: point SHIMRT_CACHE_DIR at a folder"):
+        cfg.check_cache_dir()
+
+
+def test_nccl_library_is_carried_never_refused(tmp_path):
+    # Compiling kernels must work whatever SHIMRT_NCCL_LIBRARY says; the NCCL loader judges it.
+    assert settings({"SHIMRT_NCCL_LIBRARY": "/nonexistent/libnccl.so.2"}).nccl_library == "/nonexistent/libnccl.so.2"
+    assert settings({"SHIMRT_NCCL_LIBRARY": " "}).nccl_library is None
+    assert settings({"SHIMRT_NCCL_LIBRARY": "~/libnccl.so.2"}).nccl_library == str(Path.home() / "libnccl.so.2")
+    assert settings({"ROCM_PATH": "/opt/rocm"}).rocm_path == "/opt/rocm"
+
+
+def test_settings_checks_direct_construction(tmp_path):
+    with pytest.raises(UsageError, match="backend must be one of None, cuda, hip, not 'xyz'"):
+        Settings(backend="xyz", cache_dir=tmp_path, cache_enabled=True)
+    with pytest.raises(UsageError, match="cache_enabled must be True or False"):
+        Settings(backend=None, cache_dir=tmp_path, cache_enabled="no")
+
+
+def test_settings_reads_os_environ(monkeypatch):
+    monkeypatch.setenv("SHIMRT_BACKEND", "HIP")
+    assert settings().backend == "hip"
+    monkeypatch.setenv("SHIMRT_DISABLE_CACHE", "perhaps")
+    with pytest.raises(UsageError, match="SHIMRT_DISABLE_CACHE"):
+        settings()
+
+
+def test_every_variable_is_documented():
+    for name in ("SHIMRT_BACKEND", "SHIMRT_CACHE_DIR", "SHIMRT_DISABLE_CACHE", "SHIMRT_NCCL_LIBRARY", "SHIMRT_RANK",
+                 "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE", "SHIMRT_NCCL_UNIQUE_ID",
+                 "SHIMRT_NCCL_UNIQUE_ID_ERROR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        assert VARIABLES.get(name), name
+    assert "LOCAL_WORLD_SIZE" in FOREIGN_LAUNCH_VARIABLES
+
+
+# --- launch_env() ----------------------------------------------------------------------------
+
+def test_good_launch_environments():
+    env = launch_env(dict(SHIMRT, SHIMRT_LOCAL_WORLD_SIZE="2"))
+    assert (env.source, env.rank, env.world_size, env.local_rank, env.local_world_size, env.unique_id) == \
+        ("shimrt", 1, 2, 1, 2, bytes.fromhex(UID))
+    assert launch_env(dict(SHIMRT, SHIMRT_NCCL_UNIQUE_ID=UID.upper())).unique_id == bytes.fromhex(UID)
+    env = launch_env(dict(SHIMRT, SHIMRT_NCCL_UNIQUE_ID="", SHIMRT_NCCL_UNIQUE_ID_ERROR="no NCCL"))
+    assert (env.unique_id, env.unique_id_error) == (None, "no NCCL")
+    # shimrt's launcher sets torchrun's names too: its own are read first.
+    env = launch_env(dict(SHIMRT, **TORCHRUN))
+    assert (env.source, env.world_size) == ("shimrt", 2)
+    env = launch_env(dict(TORCHRUN, MASTER_ADDR="node0", MASTER_PORT="29500"))
+    assert (env.source, env.rank, env.world_size, env.local_rank, env.local_world_size, env.master_addr,
+            env.master_port) == ("torchrun", 1, 4, 1, 2, "node0", 29500)
+    assert launch_env({"RANK": "0", "WORLD_SIZE": "1"}).local_rank == 0  # LOCAL_RANK unset
+    for mpi in (OMPI, PMI):
+        env = launch_env(mpi)
+        assert (env.source, env.rank, env.world_size, env.local_rank, env.local_world_size) == ("mpi", 1, 4, 1, 2)
+    # Empty means unset; RANK alone is not a launch.
+    assert launch_env({"SHIMRT_RANK": "", "RANK": "3"}).source is None
+    assert launch_env({"RANK": " 3 ", "WORLD_SIZE": "+8"}).rank == 3
+
+
+BAD_LAUNCHES = [
+    # (environment, the message's start)
+    (dict(SHIMRT, SHIMRT_RANK="x"), "SHIMRT_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1, not 'x'"),
+    (dict(SHIMRT, SHIMRT_RANK="5"), "SHIMRT_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1, not 5"),
+    (dict(SHIMRT, SHIMRT_RANK="-1"), "SHIMRT_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1, not -1"),
+    (dict(SHIMRT, SHIMRT_RANK="1.0"), "SHIMRT_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1, not '1.0'"),
+    (dict(SHIMRT, SHIMRT_RANK="1_0"), "SHIMRT_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1, not '1_0'"),
+    (dict(SHIMRT, SHIMRT_WORLD_SIZE="0"), "SHIMRT_WORLD_SIZE must be an int >= 1, not 0"),
+    (dict(SHIMRT, SHIMRT_WORLD_SIZE="-3"), "SHIMRT_WORLD_SIZE must be an int >= 1, not -3"),
+    (dict(SHIMRT, SHIMRT_WORLD_SIZE="two"), "SHIMRT_WORLD_SIZE must be an int >= 1, not 'two'"),
+    ({k: v for k, v in SHIMRT.items() if k != "SHIMRT_WORLD_SIZE"}, "SHIMRT_WORLD_SIZE must be set when SHIMRT_RANK"),
+    ({k: v for k, v in SHIMRT.items() if k != "SHIMRT_LOCAL_RANK"}, "SHIMRT_LOCAL_RANK must be set when SHIMRT_RANK"),
+    (dict(SHIMRT, SHIMRT_LOCAL_RANK="-1"), "SHIMRT_LOCAL_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1"),
+    (dict(SHIMRT, SHIMRT_LOCAL_RANK="2"), "SHIMRT_LOCAL_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1"),
+    (dict(SHIMRT, SHIMRT_LOCAL_WORLD_SIZE="1"),
+     "SHIMRT_LOCAL_RANK (with SHIMRT_LOCAL_WORLD_SIZE=1) must be an int in 0..0, not 1"),
+    (dict(SHIMRT, SHIMRT_LOCAL_WORLD_SIZE="3"),
+     "SHIMRT_LOCAL_WORLD_SIZE (with SHIMRT_WORLD_SIZE=2) must be an int in 1..2, not 3"),
+    (dict(SHIMRT, SHIMRT_LOCAL_WORLD_SIZE="0"), "SHIMRT_LOCAL_WORLD_SIZE (with SHIMRT_WORLD_SIZE=2) must be an int"),
+    (dict(SHIMRT, SHIMRT_NCCL_UNIQUE_ID="abcd"), "SHIMRT_NCCL_UNIQUE_ID must be 256 hex digits (the 128-byte "
+                                                 "ncclUniqueId), not 'abcd' (4 characters)"),
+    (dict(SHIMRT, SHIMRT_NCCL_UNIQUE_ID="zz" * 128), "SHIMRT_NCCL_UNIQUE_ID must be 256 hex digits"),
+    (dict(SHIMRT, SHIMRT_NCCL_UNIQUE_ID="ab" * 129), "SHIMRT_NCCL_UNIQUE_ID must be 256 hex digits"),
+    (dict(TORCHRUN, RANK="4"), "RANK (with WORLD_SIZE=4) must be an int in 0..3, not 4"),
+    (dict(TORCHRUN, RANK="-1"), "RANK (with WORLD_SIZE=4) must be an int in 0..3, not -1"),
+    (dict(TORCHRUN, RANK="one"), "RANK (with WORLD_SIZE=4) must be an int in 0..3, not 'one'"),
+    (dict(TORCHRUN, WORLD_SIZE="0"), "WORLD_SIZE must be an int >= 1, not 0"),
+    (dict(TORCHRUN, WORLD_SIZE="-2"), "WORLD_SIZE must be an int >= 1, not -2"),
+    (dict(TORCHRUN, LOCAL_RANK="-1"), "LOCAL_RANK (with LOCAL_WORLD_SIZE=2) must be an int in 0..1, not -1"),
+    (dict(TORCHRUN, LOCAL_RANK="2"), "LOCAL_RANK (with LOCAL_WORLD_SIZE=2) must be an int in 0..1, not 2"),
+    (dict(TORCHRUN, LOCAL_RANK="x"), "LOCAL_RANK (with LOCAL_WORLD_SIZE=2) must be an int in 0..1, not 'x'"),
+    (dict(TORCHRUN, LOCAL_WORLD_SIZE="0"), "LOCAL_WORLD_SIZE (with WORLD_SIZE=4) must be an int in 1..4, not 0"),
+    (dict(TORCHRUN, LOCAL_WORLD_SIZE="8"), "LOCAL_WORLD_SIZE (with WORLD_SIZE=4) must be an int in 1..4, not 8"),
+    (dict(TORCHRUN, MASTER_PORT="http"), "MASTER_PORT must be an int in 1..65535, not 'http'"),
+    (dict(TORCHRUN, MASTER_PORT="70000"), "MASTER_PORT must be an int in 1..65535, not 70000"),
+    (dict(OMPI, OMPI_COMM_WORLD_RANK="4"), "OMPI_COMM_WORLD_RANK (with OMPI_COMM_WORLD_SIZE=4) must be an int"),
+    (dict(OMPI, OMPI_COMM_WORLD_SIZE="0"), "OMPI_COMM_WORLD_SIZE must be an int >= 1, not 0"),
+    (dict(OMPI, OMPI_COMM_WORLD_LOCAL_RANK="-1"), "OMPI_COMM_WORLD_LOCAL_RANK (with OMPI_COMM_WORLD_LOCAL_SIZE=2)"),
+    (dict(OMPI, OMPI_COMM_WORLD_LOCAL_SIZE="x"), "OMPI_COMM_WORLD_LOCAL_SIZE (with OMPI_COMM_WORLD_SIZE=4)"),
+    (dict(PMI, PMI_RANK="9"), "PMI_RANK (with PMI_SIZE=4) must be an int in 0..3, not 9"),
+    (dict(PMI, PMI_SIZE="-4"), "PMI_SIZE must be an int >= 1, not -4"),
+    (dict(PMI, MPI_LOCALRANKID="2"), "MPI_LOCALRANKID (with MPI_LOCALNRANKS=2) must be an int in 0..1, not 2"),
+    (dict(PMI, MPI_LOCALNRANKS="5"), "MPI_LOCALNRANKS (with PMI_SIZE=4) must be an int in 1..4, not 5"),
+]
+
+
+@pytest.mark.parametrize("environ, message", BAD_LAUNCHES, ids=[m.split(" ")[0] + f"-{i}"
+                                                               for i, (_, m) in enumerate(BAD_LAUNCHES)])
+def test_bad_launch_environments_name_the_variable(environ, message):
+    with pytest.raises(UsageError) as info:
+        launch_env(environ)
+    assert str(info.value).startswith(message), str(info.value)
