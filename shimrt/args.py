@@ -18,7 +18,7 @@ import ctypes
 import operator
 import struct
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -66,7 +66,7 @@ def _learn(obj) -> Callable[[object], int | None] | None:
     return getter
 
 
-def pointer_of(obj) -> int | None:
+def pointer_of(obj: Any) -> int | None:
     """The device address behind ``obj``, or None if it is not a device array."""
     getter = pointer_getters().get(type(obj)) or _learn(obj)
     if getter is not None:
@@ -90,7 +90,7 @@ def _describe(obj) -> str:
     return f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
 
 
-def encode(index: int, value, size: int) -> bytes:
+def encode(index: int, value: Any, size: int) -> bytes:
     """The bytes of argument ``index`` for a parameter of ``size`` bytes (see the module rule)."""
     if isinstance(value, (np.generic, ctypes._SimpleCData)):
         raw = value.tobytes() if isinstance(value, np.generic) else bytes(value)

@@ -7,6 +7,7 @@ Numba) and device DLPack producers (torch, CuPy, JAX).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class ArrayInfo:
 _ITEMSIZE = {"bfloat16": 2}
 
 
-def describe(obj, what: str = "array") -> ArrayInfo:
+def describe(obj: Any, what: str = "array") -> ArrayInfo:
     """ArrayInfo of a contiguous device array; UsageError for host arrays and strided views."""
     if isinstance(obj, np.ndarray):
         raise UsageError(f"{what} is a numpy array on the host; pass device memory (Device.to_device)")

@@ -55,7 +55,7 @@ def parser(prog: str, doc: str | None, **kwargs: Any) -> argparse.ArgumentParser
     return p
 
 
-def subcommand(subparsers, name: str, doc: str | None) -> argparse.ArgumentParser:
+def subcommand(subparsers: Any, name: str, doc: str | None) -> argparse.ArgumentParser:
     """A subcommand's parser (``bench overlap``): listed with its summary, described by the
     whole ``doc``, with ``--version``; errors are reported under its own name."""
     p = subparsers.add_parser(name, help=summary(doc), description=description(doc),

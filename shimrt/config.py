@@ -93,7 +93,7 @@ class Settings:
     nccl_library: str | None = None
     rocm_path: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate.one_of(self.backend, "backend", (None, *BACKENDS))
         validate.boolean(self.cache_enabled, "cache_enabled")
 

@@ -9,7 +9,7 @@ launch fast path), :mod:`shimrt.memory` (Buffer), :mod:`shimrt.stream` (Stream, 
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class Device(Closing):
         self.timestamp_hz = drv.timestamp_hz(self._dev)
         self._null = drv.null_stream()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<shimrt.Device {self.index}: {self.name} ({self.backend}, {self.target.arch})>"
 
     # --- lifetime ---
@@ -134,7 +134,7 @@ class Device(Closing):
         """``nbytes`` of uninitialised device memory (a uint8 Buffer)."""
         return self.empty(validate.integer(nbytes, "nbytes", least=0), np.uint8)
 
-    def empty(self, shape, dtype=np.float32) -> Buffer:
+    def empty(self, shape: Any, dtype: Any = np.float32) -> Buffer:
         """An uninitialised device array of ``shape`` (an int or a sequence of ints) and ``dtype`` (a
         numeric numpy dtype)."""
         shape, dtype = as_shape(shape), as_dtype(dtype)
@@ -146,7 +146,7 @@ class Device(Closing):
         ptr = self._drv.mem_alloc(nbytes) if nbytes else 0
         return Buffer(self, ptr, nbytes, shape, dtype, owner=None)
 
-    def to_device(self, array, stream: Stream | None = None) -> Buffer:
+    def to_device(self, array: Any, stream: Stream | None = None) -> Buffer:
         """A device copy of a host array of numbers (same dtype and shape)."""
         host = host_array(array)
         buf = self.empty(host.shape, host.dtype)
@@ -175,13 +175,13 @@ class Device(Closing):
         self.activate()
         return Event(self, self._drv.event_create(timing), timing)
 
-    def stream_handle(self, stream) -> int:
+    def stream_handle(self, stream: Any) -> int:
         """The integer handle of ``stream``: a shimrt Stream of this device, None (the legacy
         default stream, 0 on CUDA), or another library's stream (``__cuda_stream__`` or
         ``cuda_stream``), as other libraries (NCCL, torch, CuPy) take it."""
         return self._drv.stream_handle(self._stream_ref(stream))
 
-    def stream_query(self, stream) -> bool:
+    def stream_query(self, stream: Any) -> bool:
         """True when everything queued on ``stream`` (any form :meth:`stream_handle` takes) has
         finished."""
         return self._drv.stream_query(self._stream_ref(stream))
@@ -215,7 +215,7 @@ class Device(Closing):
         return tuple(Partition(self, handle, ctx, count) for handle, ctx, count in parts)
 
     # --- kernel tracing ---
-    def record_kernels(self):
+    def record_kernels(self) -> Any:
         """A context manager that records every kernel launched inside it, whoever launches it
         (CUPTI on CUDA): ``with dev.record_kernels() as rec: ...; rec.kernels`` is a list of dicts
         (name, grid, block, registers, static and dynamic shared memory, start and end in ns).
@@ -223,7 +223,7 @@ class Device(Closing):
         return backends.load(self.backend, "trace").KernelRecorder()
 
 
-def stream_priority(priority, priority_range: tuple[int, int]) -> int:
+def stream_priority(priority: Any, priority_range: tuple[int, int]) -> int:
     """The driver's value of a stream ``priority``: "high" (the greatest of ``priority_range``,
     which is (least, greatest)), "low" (the least), or an int within the range."""
     least, greatest = priority_range
@@ -237,13 +237,13 @@ def stream_priority(priority, priority_range: tuple[int, int]) -> int:
     raise UsageError(f"stream priority must be {allowed}, not {priority!r}")
 
 
-def partition_sms(sms, num_sms: int) -> int:
+def partition_sms(sms: Any, num_sms: int) -> int:
     """``sms`` as the size of an SM partition of a device of ``num_sms``: 1..num_sms - 1, so that both
     sides keep at least one."""
     return validate.integer(sms, "sms", least=1, most=num_sms - 1)
 
 
-def host_array(array) -> np.ndarray:
+def host_array(array: Any) -> np.ndarray:
     """``array`` as a C-contiguous host array of numbers (a numpy array, or a list of numbers)."""
     allowed = "a host array of numbers (numpy, or a list of numbers)"
     if array is None or np.isscalar(array) or isinstance(array, np.ndarray) and array.ndim == 0 \
@@ -296,7 +296,7 @@ class Partition(Device):
     made from a CUDA device are green contexts: launch into one only while it is active
     (:meth:`activate`)."""
 
-    def __init__(self, parent: Device, handle, ctx, sms: int):  # a view: no Device.__init__
+    def __init__(self, parent: Device, handle: Any, ctx: Any, sms: int):  # a view: no Device.__init__
         self.parent, self._partition = parent, handle
         for name in ("index", "backend", "_drv", "_dev", "name", "total_memory", "priority_range", "timestamp_hz",
                      "_null"):
@@ -305,7 +305,7 @@ class Partition(Device):
         self.target = parent.target.with_(num_sms=sms)
         self._finalizer = finalizer(self, parent._drv.partition_destroy, handle)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<shimrt.Partition of device {self.index}: {self.target.num_sms} SMs>"
 
     def stream(self, priority: str | int = "low") -> Stream:

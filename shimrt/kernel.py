@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,12 +62,12 @@ def _dim3(value, what: str, most: tuple) -> tuple[int, int, int]:
 class Module(Closing):
     """A loaded program (from :meth:`Device.load`). ``module["name"]`` gives a :class:`Kernel`."""
 
-    def __init__(self, device: "Device", handle, program: Program):
+    def __init__(self, device: "Device", handle: Any, program: Program):
         self.device, self.program, self._handle = device, program, handle
         self._kernels: dict[str, Kernel] = {}
         self._finalizer = finalizer(self, device._drv.module_unload, handle)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<shimrt.Module {self.program.name} on device {self.device.index}>"
 
     def __getitem__(self, name: str) -> "Kernel":
@@ -108,7 +108,7 @@ class Module(Closing):
 class Kernel:
     """One kernel of a loaded module."""
 
-    def __init__(self, module: Module, name: str, fn):
+    def __init__(self, module: Module, name: str, fn: Any):
         self.module, self.name, self._fn = module, name, fn
         self.device = module.device
         drv = self.device._drv
@@ -130,11 +130,11 @@ class Kernel:
         if self.param_layout is not None:
             self.launch = build_launch(self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<shimrt.Kernel {self.name} on {self.device.name}>"
 
     @property
-    def handle(self):
+    def handle(self) -> Any:
         """The backend's function handle (CUfunction / hipFunction_t), for other libraries."""
         if self._fn is None:
             raise UsageError(f"kernel {self.name}: its module is closed")
@@ -181,7 +181,7 @@ class Kernel:
         self.device.activate()
         return self.device._drv.occupancy(self._fn, int(block_size), int(dynamic_smem))
 
-    def shape(self, block_size: int, *, resident_blocks: int | None = None, reserve=None) -> occupancy.Shaping:
+    def shape(self, block_size: int, *, resident_blocks: int | None = None, reserve: Any = None) -> occupancy.Shaping:
         """:func:`shimrt.occupancy.shape` for this kernel on this device, confirmed with the driver
         (:meth:`confirm`). Launch with ``dynamic_smem=shaping.dynamic_smem``."""
         self._block_size(block_size)
@@ -214,7 +214,7 @@ class Kernel:
         """``block_size`` as threads per block of this kernel: 1 up to its limit."""
         return validate.integer(block_size, f"block_size of kernel {self.name}", least=1, most=self._max_threads)
 
-    def launch(self, grid, block, *args, stream=None, dynamic_smem: int = 0) -> None:
+    def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, dynamic_smem: int = 0) -> None:
         """Launch on ``stream`` (None: the legacy default stream) with ``dynamic_smem`` bytes of
         dynamic shared memory. ``grid`` and ``block`` are ints or tuples of up to 3 ints. Argument
         rules: see :mod:`shimrt.args`. Dynamic smem above 48 KiB is opted in automatically.
@@ -248,7 +248,7 @@ class Kernel:
         self._opt_in(dynamic_smem)
         return dims[0], dims[1], int(dynamic_smem), self.device._stream_ref(stream)
 
-    def prepare(self, grid, block, *args, stream=None, dynamic_smem: int = 0):
+    def prepare(self, grid: Any, block: Any, *args: Any, stream: Any = None, dynamic_smem: int = 0) -> Any:
         """Check and pack a launch once; return a function that repeats it with no further work.
 
         For hot loops that launch the same kernel with the same arguments (timing runs,
@@ -299,7 +299,7 @@ _MISSING = object()  # an argument the caller did not give
 _FORMATS = {1: ("B", "b"), 2: ("H", "h"), 4: ("I", "i"), 8: ("Q", "q")}
 
 
-def build_launch(kernel: Kernel):
+def build_launch(kernel: Kernel) -> Any:
     """A function launch(grid, block, *args, stream=None, dynamic_smem=0) for ``kernel``, specialised
     to its parameter layout (see the module docstring).
 

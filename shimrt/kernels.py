@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from .errors import ShimrtError, UsageError
 
@@ -46,7 +47,7 @@ def source(name: str) -> str:
     return path(name).read_text()
 
 
-def include_folders(include_dirs) -> list[Path]:
+def include_folders(include_dirs: Any) -> list[Path]:
     """The include folders of a compile, resolved: ``kernels_src/`` for None, one folder for a str
     or path, else each item of a list; each must be an existing folder."""
     if include_dirs is None:
@@ -66,7 +67,7 @@ def include_folders(include_dirs) -> list[Path]:
     return dirs
 
 
-def headers(include_dirs) -> list[Path]:
+def headers(include_dirs: Any) -> list[Path]:
     """Every header in the include folders (one folder, or a list of them), sorted (their contents key
     the compile cache)."""
     found = []

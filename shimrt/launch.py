@@ -38,7 +38,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from . import validate
 from .config import BACKENDS, LaunchEnv, launch_env, settings
@@ -127,7 +127,7 @@ def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> R
     return Rendezvous(env.rank, env.world_size, env.local_rank, uid, env.source)
 
 
-def init(device=None, *, options=None):
+def init(device: Any = None, *, options: Any = None) -> Any:
     """The Communicator of this process: on ``device`` (a :class:`shimrt.Device`; default
     Device(local_rank)), with the collective library of the device's backend and ``options``
     (a :class:`shimrt.nccl.CommOptions`). The device is opened before the rendezvous, since its

@@ -8,7 +8,7 @@ on it (and still return when done).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .device import Device
 
 
-def as_shape(shape) -> tuple[int, ...]:
+def as_shape(shape: Any) -> tuple[int, ...]:
     """``shape`` (an int or a sequence of ints) as a tuple of non-negative ints."""
     allowed = "an int or a sequence of ints, each >= 0"
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
@@ -41,7 +41,7 @@ def as_shape(shape) -> tuple[int, ...]:
 _DTYPE_KINDS = "biufc"
 
 
-def as_dtype(dtype) -> np.dtype:
+def as_dtype(dtype: Any) -> np.dtype:
     """``dtype`` (a numpy dtype, a scalar type such as ``np.float32``, or a name such as "int64") as a
     numpy dtype of plain numbers; objects, strings, records and None are refused."""
     allowed = "a numeric numpy dtype such as np.float32 or 'int64'"
@@ -66,13 +66,13 @@ class Buffer(Closing):
     """Device memory with a dtype and shape (made by :meth:`Device.empty`, ``alloc`` and
     ``to_device``). Freed by :meth:`free` (or ``close``), its ``with`` block, or collection."""
 
-    def __init__(self, device: "Device", ptr: int, nbytes: int, shape, dtype, owner: "Buffer | None"):
+    def __init__(self, device: "Device", ptr: int, nbytes: int, shape: Any, dtype: Any, owner: "Buffer | None"):
         self.device, self.nbytes, self.shape, self.dtype = device, nbytes, tuple(shape), np.dtype(dtype)
         self.device_pointer = ptr  # read by the launch fast path; None once freed
         self._owner = owner        # the Buffer whose memory a view shares
         self._finalizer = finalizer(self, device._drv.mem_free, ptr) if owner is None and ptr else None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<shimrt.Buffer {self.shape} {self.dtype} on device {self.device.index}>"
 
     @property
@@ -87,7 +87,7 @@ class Buffer(Closing):
         """Elements."""
         return int(np.prod(self.shape, dtype=np.int64))
 
-    def view(self, dtype=None, shape=None) -> "Buffer":
+    def view(self, dtype: Any = None, shape: Any = None) -> "Buffer":
         """The same memory as another dtype and/or shape (same number of bytes)."""
         dtype = self.dtype if dtype is None else as_dtype(dtype)
         if shape is None:
@@ -141,25 +141,25 @@ class Buffer(Closing):
             fn(a, b, self.nbytes, ref)
             drv.stream_synchronize(ref)
 
-    def copy_from_host(self, array: np.ndarray, stream=None) -> "Buffer":
+    def copy_from_host(self, array: np.ndarray, stream: Any = None) -> "Buffer":
         """Copy a host array of the same byte size into the buffer."""
         host = self._host(array, writable=False)
         if self.nbytes:
             self._copy(self.device._drv.memcpy_htod, self.ptr, host.ctypes.data, stream)
         return self
 
-    def copy_to_host(self, out: np.ndarray | None = None, stream=None) -> np.ndarray:
+    def copy_to_host(self, out: np.ndarray | None = None, stream: Any = None) -> np.ndarray:
         """Copy the buffer into ``out`` (or a new array of its dtype and shape) and return it."""
         out = np.empty(self.shape, self.dtype) if out is None else self._host(out, writable=True)
         if self.nbytes:
             self._copy(self.device._drv.memcpy_dtoh, out.ctypes.data, self.ptr, stream)
         return out
 
-    def numpy(self, stream=None) -> np.ndarray:
+    def numpy(self, stream: Any = None) -> np.ndarray:
         """A new host array with the buffer's contents."""
         return self.copy_to_host(stream=stream)
 
-    def copy_from(self, other: "Buffer", stream=None) -> "Buffer":
+    def copy_from(self, other: "Buffer", stream: Any = None) -> "Buffer":
         """Copy another device buffer of the same byte size into this one."""
         if not isinstance(other, Buffer):
             raise UsageError(f"copy_from() takes a shimrt Buffer, not {other!r:.100}")
@@ -169,7 +169,7 @@ class Buffer(Closing):
             self._copy(self.device._drv.memcpy_dtod, self.ptr, other.ptr, stream)
         return self
 
-    def memset(self, value: int, stream=None) -> "Buffer":
+    def memset(self, value: int, stream: Any = None) -> "Buffer":
         """Set every byte to ``value`` (0-255)."""
         value = validate.integer(value, "memset value", least=0, most=255)
         if self.nbytes:
@@ -184,7 +184,7 @@ class Buffer(Closing):
     def __dlpack_device__(self) -> tuple[int, int]:
         return (self.device._drv.DLPACK_DEVICE_TYPE, self.device.index)
 
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
         from . import dlpack
         if copy:
             raise BufferError("shimrt buffers are exported without copying")

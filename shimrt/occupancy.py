@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import validate
 from .errors import ShimrtError, UsageError
@@ -157,7 +158,7 @@ class Footprint:
     dynamic_smem: int
     sgprs: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate.text(self.name, "Footprint.name")
         # numpy integers become ints, so equal footprints compare and hash alike.
         for f, least in (("blocks", 1), ("threads", 1), ("registers", 0), ("static_smem", 0), ("dynamic_smem", 0),
@@ -206,7 +207,7 @@ class Shaping:
     reserve: Footprint | None
     explanation: str = field(compare=False)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.explanation
 
 
@@ -214,7 +215,7 @@ class Shaping:
 RESOURCE_KEYS = ("registers", "static_smem", "sgprs", "local_bytes", "spill_bytes", "max_threads_per_block", "extra")
 
 
-def resource_counts(resources) -> tuple[int, int, int]:
+def resource_counts(resources: Any) -> tuple[int, int, int]:
     """(registers, static smem, sgprs) from KernelResources or a mapping with ``registers`` (and
     optionally ``static_smem``, ``sgprs``); UsageError naming a missing key or a bad value."""
     if isinstance(resources, KernelResources):
@@ -288,7 +289,7 @@ def _fits(t: Target, occ: Occupancy, n: int, block_size: int, registers: int, r:
     return None
 
 
-def shape(target: "Target | str", resources, block_size: int, *, resident_blocks: int | None = None,
+def shape(target: "Target | str", resources: Any, block_size: int, *, resident_blocks: int | None = None,
           reserve: Footprint | None = None) -> Shaping:
     """The dynamic shared memory that caps a compute kernel at N resident blocks per SM.
 
@@ -347,7 +348,7 @@ def shape(target: "Target | str", resources, block_size: int, *, resident_blocks
                       f"({resource}): {message}")
 
 
-def coresident(target: "Target | str", resources, block_size: int, reserve: Footprint) -> int:
+def coresident(target: "Target | str", resources: Any, block_size: int, reserve: Footprint) -> int:
     """Unshaped compute blocks that fit on one SM beside ``reserve`` (0: none, the footprint
     takes the SM for itself). How much compute an SM that hosts communication keeps."""
     t = _get_target(target)

@@ -27,7 +27,7 @@ class KernelResources:
     max_threads_per_block: int
     extra: dict = field(default_factory=dict, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("registers", "static_smem", "local_bytes", "spill_bytes"):
             object.__setattr__(self, name, validate.integer(getattr(self, name), f"KernelResources.{name}", least=0))
         object.__setattr__(self, "max_threads_per_block", validate.integer(
@@ -73,7 +73,7 @@ class Program:
     # says (AMDGPU code objects); CUDA asks the driver instead (cuFuncGetParamInfo).
     params: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # A Program is loaded as it is (Device.load): what is not a binary for ``target`` must not get there.
         if not isinstance(self.binary, bytes) or not self.binary:
             shown = self.binary[:16] if isinstance(self.binary, (bytes, bytearray, str)) else self.binary

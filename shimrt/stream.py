@@ -30,7 +30,7 @@ def timeout_seconds(value: Any, what: str = "timeout") -> float:
     return seconds
 
 
-def wait_until(query, timeout: float, what: str) -> None:
+def wait_until(query: Any, timeout: float, what: str) -> None:
     """Poll ``query`` until it is true; ShimrtError after ``timeout`` seconds."""
     if not waiting.until(query, timeout):
         raise ShimrtError(f"{what} did not finish within {timeout} s")
@@ -40,12 +40,12 @@ class Stream(Closing):
     """A non-blocking stream with a fixed priority (``priority`` is read back from the driver).
     Made by :meth:`Device.stream`."""
 
-    def __init__(self, device: "Device", handle):
+    def __init__(self, device: "Device", handle: Any):
         self.device, self._handle = device, handle
         self._launch_device = device  # what the launch fast path checks; None once closed
         self._finalizer = finalizer(self, device._drv.stream_destroy, handle)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<shimrt.Stream on device {self.device.index}{', closed' if self._handle is None else ''}>"
 
     @property
@@ -106,7 +106,7 @@ class Event(Closing):
     """A device event: record on a stream, wait for it, time between two of them. Made by
     :meth:`Device.event`."""
 
-    def __init__(self, device: "Device", handle, timing: bool):
+    def __init__(self, device: "Device", handle: Any, timing: bool):
         self.device, self._handle, self.timing = device, handle, timing
         self._finalizer = finalizer(self, device._drv.event_destroy, handle)
 
@@ -115,7 +115,7 @@ class Event(Closing):
             raise UsageError("the event is closed")
         return self._handle
 
-    def record(self, stream=None) -> "Event":
+    def record(self, stream: Any = None) -> "Event":
         """Record on ``stream`` (a shimrt Stream, None for the legacy default stream, or another
         library's stream)."""
         self.device._drv.event_record(self._live(), self.device._stream_ref(stream))

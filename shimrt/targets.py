@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from . import validate
 from .errors import UsageError
@@ -57,7 +58,7 @@ class Target:
     sgprs_per_simd: int = 0        # AMD: scalar registers per SIMD (0: not modelled)
     sgpr_alloc_unit: int = 0       # AMD: scalar register allocation granule
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("name", "arch"):
             validate.text(getattr(self, name), f"Target.{name}")
         validate.one_of(self.backend, "Target.backend", ("cuda", "hip"))
@@ -82,7 +83,7 @@ class Target:
         m = re.fullmatch(r"sm_(\d+)(\d)a?", self.arch)
         return (int(m.group(1)), int(m.group(2))) if m else None
 
-    def with_(self, **changes) -> "Target":
+    def with_(self, **changes: Any) -> "Target":
         """A copy with some fields changed (for example a device's measured values)."""
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - known)

@@ -132,7 +132,7 @@ def require_memory(needed: int, available: int | None, what: str, where: str) ->
                          "are available")
 
 
-def argument(check: Callable[..., Any], name: str, **limits) -> Callable[[str], Any]:
+def argument(check: Callable[..., Any], name: str, **limits: Any) -> Callable[[str], Any]:
     """An argparse ``type=`` for ``check`` (one of this module's functions): the command-line
     string is converted (ints and floats as written) and refused with the check's message."""
     def convert(raw: str):
@@ -151,7 +151,7 @@ def argument(check: Callable[..., Any], name: str, **limits) -> Callable[[str], 
     return convert
 
 
-def listed(check: Callable[..., Any], name: str, **limits) -> Callable[[str], list]:
+def listed(check: Callable[..., Any], name: str, **limits: Any) -> Callable[[str], list]:
     """An argparse ``type=`` for a comma-separated list whose items pass ``check``."""
     one = argument(check, name, **limits)
 

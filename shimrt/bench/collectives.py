@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduc
 MAX_BYTES = 1 << 40  # 1 TiB: more than any GPU holds, and the sizes stay within what drivers take
 
 
-def byte_count(value, what: str = "size") -> int:
+def byte_count(value: Any, what: str = "size") -> int:
     """A message size from 1 byte to 1T: an int, or a string with a K/M/G/T suffix."""
     return cli.nbytes(value, what, least=1, most=MAX_BYTES)
 
@@ -65,7 +66,7 @@ def check(args: argparse.Namespace) -> None:
     sizes(args.min_bytes, args.max_bytes, args.factor)
 
 
-def sizes(min_bytes, max_bytes, factor: int = 2) -> list[int]:
+def sizes(min_bytes: Any, max_bytes: Any, factor: int = 2) -> list[int]:
     """The message sizes, nccl-tests style: ``min_bytes``, times ``factor``, up to ``max_bytes``
     (byte counts as ints or strings with K/M/G suffixes: ``sizes(8, "256M", 2)``)."""
     low, high = byte_count(min_bytes, "-b/--min-bytes"), byte_count(max_bytes, "-e/--max-bytes")

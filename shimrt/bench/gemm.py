@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import statistics
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
-def sgemm_size(value, what: str = "size") -> int:
+def sgemm_size(value: Any, what: str = "size") -> int:
     """``value`` (an int, or its command-line text) when ComputeSpec takes it as an sgemm size."""
     size = cli.integer_text(value, what) if isinstance(value, str) else value
     try:

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import re
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,7 @@ def _stand_in(field: str):
     return check
 
 
-def message_bytes(value, what: str = "bytes") -> int:
+def message_bytes(value: Any, what: str = "bytes") -> int:
     """A collective's message size: whole MiB (the sizes the benchmark runs), e.g. 16M or 256MiB."""
     nbytes = validate.nbytes(value, what, least=1)
     if nbytes % _MIB:
@@ -219,7 +220,8 @@ def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
             "identical": result.note != "differs"}
 
 
-def measure_workload(dev, engine: Engine, policies, args, progress: Progress) -> tuple[list, list, dict, object]:
+def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any,
+                     progress: Progress) -> tuple[list, list, dict, object]:
     """Every policy on one workload: (results, infeasible [(policy, why)], auto's details, the
     occupancy model's estimate for the collective as given)."""
     compute = engine.schedule.of("compute")[0].work
@@ -271,7 +273,7 @@ def measure_workload(dev, engine: Engine, policies, args, progress: Progress) ->
     return results, infeasible, auto, model
 
 
-def table(label: str, comm_kind: str, nbytes: int, results, infeasible, model) -> str:
+def table(label: str, comm_kind: str, nbytes: int, results: Any, infeasible: Any, model: Any) -> str:
     head = (f"{'policy':17s} {'choice':44s} {'makespan':>9s} {'E':>6s} {'R':>6s} {'slowdown':>8s} "
             f"{'comm start':>10s} {'vs seq':>7s}")
     m0 = results[0].metrics if results else None
@@ -288,7 +290,7 @@ def table(label: str, comm_kind: str, nbytes: int, results, infeasible, model) -
     return "\n".join(lines)
 
 
-def summary(label: str, results, model) -> dict:
+def summary(label: str, results: Any, model: Any) -> dict:
     """Auto against the best fixed policy, the reduction against sequential, and the occupancy
     model's estimate of R (:func:`shimrt.overlap.planner.estimate`)."""
     by = {r.policy: r for r in results}

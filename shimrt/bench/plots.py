@@ -15,6 +15,7 @@ import math
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ MAKESPAN_PANEL_HEIGHT, MAKESPAN_EXTRA, MAKESPAN_COLUMNS = 4.5, 0.9, 3
 _METRICS = ("makespan_ms", "t_comp_ms", "t_comm_ms")
 
 
-def validate(results) -> None:
+def validate(results: Any) -> None:
     """Raise ShimrtError, naming the first problem, unless ``results`` follows the schema."""
     if not isinstance(results, dict):
         raise ShimrtError(f"results must be a JSON object, not {type(results).__name__}")
@@ -78,7 +79,7 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def workloads(results) -> list[str]:
+def workloads(results: Any) -> list[str]:
     """The workload labels of ``results``, in order of first appearance."""
     return list(dict.fromkeys(run["workload"] for run in results["runs"]))
 
@@ -88,7 +89,7 @@ def slug(workload: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", workload).strip("_.") or "workload"
 
 
-def timeline_png(results, workload: str, path) -> Path:
+def timeline_png(results: Any, workload: str, path: Any) -> Path:
     """Write the block timeline of one workload: a panel per policy, SM id against time in ms.
 
     Each thread block is a horizontal bar on its SM from its start to its end, compute in blue and
@@ -130,7 +131,7 @@ def timeline_png(results, workload: str, path) -> Path:
     return _save(figure, path)
 
 
-def makespan_png(results, path) -> Path:
+def makespan_png(results: Any, path: Any) -> Path:
     """Write makespans: a panel per workload with a bar per policy, marked with T_comp + T_comm
     (no overlap) and max(T_comp, T_comm) (perfect overlap), each bar labelled with its reduction
     against sequential execution. Returns the path."""
@@ -180,7 +181,7 @@ def makespan_png(results, path) -> Path:
     return _save(figure, path)
 
 
-def write_all(results, out_dir) -> list[Path]:
+def write_all(results: Any, out_dir: Any) -> list[Path]:
     """Write makespan.png and one timeline_<slug>.png per workload into ``out_dir``; return the paths."""
     validate(results)
     for run in results["runs"]:  # every timeline readable before any file is written
@@ -201,7 +202,7 @@ def write_all(results, out_dir) -> list[Path]:
     return paths
 
 
-def load(path) -> dict:
+def load(path: Any) -> dict:
     """Read and validate a results JSON file."""
     if Path(path).exists() and not Path(path).is_file():  # a folder, or a device or pipe read forever
         raise ShimrtError(f"cannot read {path}: not a regular file")

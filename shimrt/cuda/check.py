@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Any
 
 from ..errors import NoDeviceError
 from ..vendor import checker
@@ -77,7 +78,7 @@ def _describe_cupti(code: int) -> tuple[str, int, str]:
     return name, code, desc or name
 
 
-def describe(err) -> tuple[str, int, str]:
+def describe(err: Any) -> tuple[str, int, str]:
     """(name, code, description) of a CUresult, nvrtcResult or :class:`CuptiResult`."""
     if isinstance(err, CuptiResult):  # needs CUPTI, not cuda-python
         return _describe_cupti(int(err))

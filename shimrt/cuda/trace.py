@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
+from typing import Any
 
 from ..errors import ShimrtError
 from .check import CuptiResult, check
@@ -169,7 +170,7 @@ class KernelRecorder:
         check((CuptiResult(lib.cuptiActivityEnable(KIND_CONCURRENT_KERNEL)),), "cuptiActivityEnable")
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         lib = self._lib
         try:
             check((CuptiResult(lib.cuptiActivityFlushAll(_FLUSH_FORCED)),), "cuptiActivityFlushAll")

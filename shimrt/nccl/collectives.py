@@ -5,6 +5,7 @@ datatype, buffers, op and root or peer. Pure: no NCCL call, no device."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ class Collective:
     buffers: int = 2
 
     def arguments(self, send: int, recv: int, count: int, datatype: int, op: int | None, rank: int | None,
-                  comm, stream) -> tuple:
+                  comm: Any, stream: Any) -> tuple:
         """The C arguments in the order of the function's prototype: the buffers, count,
         datatype, [op], [root or peer], comm, stream."""
         return ((send, recv)[:self.buffers] + (count, datatype) + ((op,) if self.reduces else ())
@@ -117,7 +118,7 @@ def datatype_of(info: arrays.ArrayInfo, what: str) -> int:
     return code
 
 
-def buffers_of(name: str, row: Collective, send, recv) -> tuple[arrays.ArrayInfo, arrays.ArrayInfo]:
+def buffers_of(name: str, row: Collective, send: Any, recv: Any) -> tuple[arrays.ArrayInfo, arrays.ArrayInfo]:
     """(send, receive) ArrayInfo of a call, the same one twice for one buffer or in place."""
     if row.buffers == 1:
         if recv is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from typing import Any
 
 from .. import validate, waiting
 from ..config import settings
@@ -65,8 +66,8 @@ class Communicator:
     the communicator's own stream of the device's greatest priority (``comm.stream``).
     """
 
-    def __init__(self, device, unique_id: bytes, rank: int, size: int, *, options: CommOptions | None = None,
-                 library_: library.Library | None = None, _handle=None):
+    def __init__(self, device: Any, unique_id: bytes, rank: int, size: int, *, options: CommOptions | None = None,
+                 library_: library.Library | None = None, _handle: Any = None):
         # Everything is checked before anything is made.
         size = validate.integer(size, "size", least=1, most=MAX_RANKS)
         rank = validate.integer(rank, "rank", least=0, most=size - 1)
@@ -101,7 +102,7 @@ class Communicator:
         return self.lib.ncclCommInitRank(ctypes.byref(self._handle), self.size, uid, self.rank)
 
     @classmethod
-    def local(cls, devices, *, options: CommOptions | None = None) -> list["Communicator"]:
+    def local(cls, devices: Any, *, options: CommOptions | None = None) -> list["Communicator"]:
         """One communicator per device of this process (ranks in the order given), made together."""
         if not isinstance(devices, (list, tuple)) or not devices \
                 or not all(isinstance(d, Device) for d in devices):
@@ -150,7 +151,7 @@ class Communicator:
                                   f"running?); the communicator was aborted")
         self.lib.check(state, call, self._handle)
 
-    def wait(self, stream=None, timeout: float | None = None) -> None:
+    def wait(self, stream: Any = None, timeout: float | None = None) -> None:
         """Wait for the work on ``stream`` (default: the communicator's) for at most ``timeout``
         seconds (default: the options'); an asynchronous NCCL error or the timeout aborts the
         communicator and raises CollectiveError."""
@@ -181,8 +182,8 @@ class Communicator:
             raise CollectiveError("the communicator is closed or was aborted")
         return self._handle
 
-    def collective(self, name: str, send, recv=None, *, op: str | None = None, root: int | None = None,
-                   peer: int | None = None, stream=None) -> None:
+    def collective(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
+                   peer: int | None = None, stream: Any = None) -> None:
         """Enqueue collective ``name`` (a key of :data:`COLLECTIVES`) on ``stream`` (default:
         ``comm.stream``). ``send`` is the send buffer, or the one buffer of send and recv;
         ``recv`` None runs in place where the collective allows it. ``op`` (default "sum") only
@@ -197,36 +198,36 @@ class Communicator:
                              ctypes.c_void_p(self.device.stream_handle(self._target(stream))))
         self._poll(getattr(self.lib, row.function)(*args), row.function)
 
-    def all_reduce(self, send, recv=None, *, op: str = "sum", stream=None) -> None:
+    def all_reduce(self, send: Any, recv: Any = None, *, op: str = "sum", stream: Any = None) -> None:
         """recv = op over all ranks of send (in place when recv is None)."""
         self.collective("all_reduce", send, recv, op=op, stream=stream)
 
-    def broadcast(self, send, recv=None, *, root: int = 0, stream=None) -> None:
+    def broadcast(self, send: Any, recv: Any = None, *, root: int = 0, stream: Any = None) -> None:
         """recv on every rank = send of ``root`` (in place when recv is None)."""
         self.collective("broadcast", send, recv, root=root, stream=stream)
 
-    def reduce(self, send, recv=None, *, op: str = "sum", root: int = 0, stream=None) -> None:
+    def reduce(self, send: Any, recv: Any = None, *, op: str = "sum", root: int = 0, stream: Any = None) -> None:
         """recv on ``root`` = op over all ranks of send (in place when recv is None)."""
         self.collective("reduce", send, recv, op=op, root=root, stream=stream)
 
-    def all_gather(self, send, recv, *, stream=None) -> None:
+    def all_gather(self, send: Any, recv: Any, *, stream: Any = None) -> None:
         """recv = the send buffers of ranks 0..size-1, one after the other."""
         self.collective("all_gather", send, recv, stream=stream)
 
-    def reduce_scatter(self, send, recv, *, op: str = "sum", stream=None) -> None:
+    def reduce_scatter(self, send: Any, recv: Any, *, op: str = "sum", stream: Any = None) -> None:
         """recv on rank i = op over all ranks of block i of send (size blocks of recv's count)."""
         self.collective("reduce_scatter", send, recv, op=op, stream=stream)
 
-    def send(self, buf, peer: int, *, stream=None) -> None:
+    def send(self, buf: Any, peer: int, *, stream: Any = None) -> None:
         """Send buf to ``peer`` (pair with its recv, inside :meth:`group` for exchanges)."""
         self.collective("send", buf, peer=peer, stream=stream)
 
-    def recv(self, buf, peer: int, *, stream=None) -> None:
+    def recv(self, buf: Any, peer: int, *, stream: Any = None) -> None:
         """Receive into buf from ``peer``."""
         self.collective("recv", buf, peer=peer, stream=stream)
 
     @contextlib.contextmanager
-    def group(self):
+    def group(self) -> Any:
         """``with comm.group():`` fuses the calls inside into one NCCL launch (ncclGroupStart/End)."""
         self.lib.check(self.lib.ncclGroupStart(), "ncclGroupStart")
         try:
@@ -250,15 +251,15 @@ class Communicator:
                 self.lib.check(result, "ncclCommDestroy")
         self.stream.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         if exc[0] is None:
             self.close()
         else:
             self.abort()
             self.stream.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<shimrt Communicator rank {self.rank}/{self.size} on {self.device!r}, NCCL {self.lib.version_text}>"

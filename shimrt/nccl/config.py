@@ -83,7 +83,7 @@ class CommOptions:
     cga_cluster_size: int | None = None
     net_name: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # Checked values are stored as plain Python values (numpy integers become ints).
         def put(name, value):
             object.__setattr__(self, name, value)

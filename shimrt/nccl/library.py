@@ -20,6 +20,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..config import settings
 from ..errors import CollectiveError, UsageError
@@ -151,7 +152,7 @@ class Library:
     version: int
     missing: tuple[str, ...]
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: Any) -> Any:
         if name.startswith("nccl"):
             raise CollectiveError(f"{name} is not in {self.path} (NCCL {self.version_text})")
         raise AttributeError(name)
@@ -166,7 +167,7 @@ class Library:
         """Whether the library exports ``name`` (a TABLE entry)."""
         return name not in self.missing
 
-    def check(self, result: int, call: str, comm=None) -> None:
+    def check(self, result: int, call: str, comm: Any = None) -> None:
         """Raise CollectiveError for a failed call, with NCCL's error string and last error."""
         if result == 0:
             return

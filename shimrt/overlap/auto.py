@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -75,8 +75,8 @@ def key(engine: "Engine") -> str:
            f"{fp.static_smem}+{fp.dynamic_smem}B"
 
 
-def search(engine: "Engine", cache: ChoiceCache | None = None, key_: str | None = None, threads=(None,),
-           blocks=(None,), progress=None) -> tuple[Choice, dict, list]:
+def search(engine: "Engine", cache: ChoiceCache | None = None, key_: str | None = None, threads: Any = (None,),
+           blocks: Any = (None,), progress: Any = None) -> tuple[Choice, dict, list]:
     """Auto's choice for ``engine``'s schedule: a cached one, or the fastest of the planner's
     candidates. Returns (choice, {choice: makespan}, rejected)."""
     key_ = key_ or key(engine)

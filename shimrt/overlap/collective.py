@@ -14,6 +14,8 @@ footprint on one GPU, though its blocks then wait for no peer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import validate
@@ -38,7 +40,7 @@ class NcclCollective:
     kind = "nccl"
     kernel = None  # NCCL loads its own kernels
 
-    def __init__(self, communicator, collective: str = "all_reduce", nbytes: int = 64 << 20, *,
+    def __init__(self, communicator: Any, collective: str = "all_reduce", nbytes: int = 64 << 20, *,
                  footprint: Footprint | None = None, channels: int = 16):
         if not isinstance(communicator, Communicator):
             raise UsageError(f"communicator must be a shimrt.nccl.Communicator, not {communicator!r:.100}")
@@ -65,7 +67,7 @@ class NcclCollective:
         self.send = self.device.to_device(self.host)
         self.recv = self.device.empty(recv_count, np.float32)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<NcclCollective {self.label} on rank {self.comm.rank}/{self.comm.size}>"
 
     @property
@@ -81,7 +83,7 @@ class NcclCollective:
         return self.channels if blocks is None else validate.integer(blocks, "blocks (or None)", least=1,
                                                                       most=MAX_CHANNELS)
 
-    def launch(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
+    def launch(self, stream: Any = None, *, stamps: Any = None, kernel: Any = None, blocks: int | None = None,
                threads: int | None = None) -> None:
         """Enqueue the collective on ``stream``. NCCL's channels and threads are set when the
         communicator is made, so ``blocks``/``threads`` must be None here."""
@@ -95,8 +97,8 @@ class NcclCollective:
             c.send(self.send, (c.rank + 1) % n, stream=stream)
             c.recv(self.recv, (c.rank - 1) % n, stream=stream)
 
-    def prepare(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
-                threads: int | None = None):
+    def prepare(self, stream: Any = None, *, stamps: Any = None, kernel: Any = None, blocks: int | None = None,
+                threads: int | None = None) -> Any:
         """A function that enqueues the collective (NCCL packs its arguments at the call)."""
         if blocks is not None or threads is not None:
             raise UsageError("NCCL's channels and threads are fixed per communicator (CommOptions, NCCL_NTHREADS)")

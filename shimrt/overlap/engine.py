@@ -18,6 +18,7 @@ CUPTI's kernel records for kernels shimrt does not compile (NCCL's).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -169,7 +170,7 @@ class Engine:
     instead of hanging.
     """
 
-    def __init__(self, device, schedule: Schedule, *, repeats: int = 5, timeout_s: float = 30.0):
+    def __init__(self, device: Any, schedule: Schedule, *, repeats: int = 5, timeout_s: float = 30.0):
         if not isinstance(schedule, Schedule):
             raise UsageError(f"schedule must be a Schedule, not {schedule!r:.100}")
         repeats = validate.integer(repeats, "repeats", least=1, most=MAX_REPEATS)
@@ -348,8 +349,8 @@ class Engine:
         result.metrics = metrics.compute(t_comp, t_comm, t_seq, result.makespan, comp_span, delay)
         return result
 
-    def auto(self, cache=None, key: str | None = None, threads=(None,), blocks=(None,),
-             progress=None) -> tuple[Choice, dict, list]:
+    def auto(self, cache: Any = None, key: str | None = None, threads: Any = (None,), blocks: Any = (None,),
+             progress: Any = None) -> tuple[Choice, dict, list]:
         """Auto's choice (see :func:`shimrt.overlap.auto.search`): a cached one, or the fastest of
         the planner's candidates. Returns (choice, {choice: makespan}, rejected)."""
         from . import auto

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .. import occupancy, validate
 from ..errors import ShimrtError, UsageError
@@ -44,7 +45,7 @@ class Choice:
     comm_blocks: int | None = None
     comm_threads: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate.one_of(self.policy, "policy", FIXED)
         validate.one_of(self.comm_priority, "comm_priority", PRIORITIES)
         # numpy integers become ints: a Choice is a dict key (auto's times) and goes to JSON.
@@ -108,7 +109,7 @@ class Problem:
     comm: Footprint
     comm_blocks: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.target, Target):
             raise UsageError(f"target must be a shimrt Target (shimrt.targets.get('H200')), not {self.target!r}")
         if not isinstance(self.comm, Footprint):
@@ -126,11 +127,11 @@ class Problem:
         """The communication kernel's footprint, with ``threads`` per block when given."""
         return self.comm if threads is None else self.comm.with_threads(self.comm_threads(threads))
 
-    def comm_threads(self, threads) -> int:
+    def comm_threads(self, threads: Any) -> int:
         """``threads`` as the communication kernel's threads per block: 1 up to the target's limit."""
         return validate.integer(threads, "threads", least=1, most=self.target.max_threads_per_block)
 
-    def comm_grid(self, blocks) -> int:
+    def comm_grid(self, blocks: Any) -> int:
         """``blocks`` as the communication kernel's blocks (channels): a positive int."""
         return validate.integer(blocks, "blocks", least=1)
 
@@ -259,7 +260,7 @@ class Rejected:
     why: str
 
 
-def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_steps: int = 3,
+def candidates(problem: Problem, *, threads: Any = (None,), blocks: Any = (None,), partition_steps: int = 3,
                partition_granularity: int = 8) -> tuple[list[Choice], list[Rejected]]:
     """What ``auto`` measures: every fixed policy's own choice, every residency cap N that leaves
     room for a communication block, partitions from the fewest SMs that hold every
@@ -316,7 +317,7 @@ def candidates(problem: Problem, *, threads=(None,), blocks=(None,), partition_s
     return feasible, rejected
 
 
-def sweeps(problem: Problem, threads=(None,), blocks=(None,)) -> tuple[tuple, tuple]:
+def sweeps(problem: Problem, threads: Any = (None,), blocks: Any = (None,)) -> tuple[tuple, tuple]:
     """``threads`` and ``blocks`` of :func:`candidates`, checked against ``problem``."""
     _problem(problem)
     return _sweep(threads, "threads", problem.comm_threads), _sweep(blocks, "blocks", problem.comm_grid)

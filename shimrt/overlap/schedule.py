@@ -8,6 +8,7 @@ i-1's). :meth:`Schedule.pair` and :meth:`Schedule.backward` build the two common
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .. import validate
 from ..errors import UsageError
@@ -24,7 +25,7 @@ class Op:
     work: object
     after: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate.one_of(self.kind, "op kind", KINDS)
         if self.work is None:
             raise UsageError(f"op work must be a compute workload or a collective, not {self.work!r}")
@@ -49,13 +50,13 @@ class Schedule:
         self.ops = ops
 
     @classmethod
-    def pair(cls, compute, comm) -> "Schedule":
+    def pair(cls, compute: Any, comm: Any) -> "Schedule":
         """Layer i-1's compute beside layer i's collective, whose input is ready: the compute is
         launched first (it takes every SM it can), the collective right after, independent."""
         return cls([Op("compute", compute), Op("comm", comm)])
 
     @classmethod
-    def backward(cls, computes, comms) -> "Schedule":
+    def backward(cls, computes: Any, comms: Any) -> "Schedule":
         """A backward pass: layer by layer, compute, then its collective waiting for it; the
         next layer's compute is launched at once, beside the collective."""
         if not isinstance(computes, (list, tuple)) or not isinstance(comms, (list, tuple)) \

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ class ComputeSpec:
     block: int = 256
     grid: int | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate.one_of(self.kind, "kind", KINDS)
         _positive(self.size, "size", MAX_SIZE[self.kind], f" for {self.kind}")
         validate.integer(self.block, "block", least=1, most=MAX_BLOCK)
@@ -90,19 +91,19 @@ class ComputeSpec:
         return _KERNEL[self.kind]
 
 
-def as_spec(spec) -> ComputeSpec:
+def as_spec(spec: Any) -> ComputeSpec:
     """``spec`` when it is a ComputeSpec."""
     if not isinstance(spec, ComputeSpec):
         raise UsageError(f"spec must be a ComputeSpec, not {spec!r:.100}")
     return spec
 
 
-def as_seed(seed) -> int:
+def as_seed(seed: Any) -> int:
     """A seed for numpy's generator: an int >= 0."""
     return validate.integer(seed, "seed", least=0)
 
 
-def as_scale(value, what: str) -> float:
+def as_scale(value: Any, what: str) -> float:
     """sgemm's alpha or beta: a float32-representable finite number."""
     # sgemm takes alpha and beta as float32: a larger value would become infinity.
     return validate.number(value, what, least=-_FLOAT32_MAX, most=_FLOAT32_MAX)

@@ -11,6 +11,7 @@ memory per block, one block per channel. Every report says the stand-in was used
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class StandInSpec:
     link_gbps: float | None = None
     timeout_s: float = 10.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate.one_of(self.collective, "collective", STEPS)
         # numpy integers become ints, so equal specs compare and hash alike.
         # The kernel takes its step count, 2 (ranks - 1) at most, and its blocks as int32s.
@@ -102,7 +103,7 @@ class CommStandIn:
 
     kind = "stand-in"
 
-    def __init__(self, device, spec: StandInSpec, seed: int = 0):
+    def __init__(self, device: Any, spec: StandInSpec, seed: int = 0):
         if not isinstance(spec, StandInSpec):
             raise UsageError(f"spec must be a StandInSpec, not {spec!r:.100}")
         seed = validate.integer(seed, "seed", least=0)
@@ -136,7 +137,7 @@ class CommStandIn:
         self.error = device.empty(1, np.uint32).memset(0)
         self._counter = 0  # the ring counters' value: launches so far x steps
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<CommStandIn {self.spec.label} x{self.spec.ranks} ranks, {self.spec.blocks} blocks>"
 
     @property
@@ -172,14 +173,14 @@ class CommStandIn:
                              f"{self.device.target.name} ({per_sm} per SM x {self.device.target.num_sms} SMs); "
                              "the ring would never finish")
 
-    def launch(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
+    def launch(self, stream: Any = None, *, stamps: Any = None, kernel: Any = None, blocks: int | None = None,
                threads: int | None = None) -> None:
         """Enqueue one collective. ``kernel``: the same kernel loaded elsewhere (an SM
         partition); ``blocks``/``threads``: other channel and thread counts than the spec's."""
         self.prepare(stream, stamps=stamps, kernel=kernel, blocks=blocks, threads=threads)()
 
-    def prepare(self, stream=None, *, stamps=None, kernel=None, blocks: int | None = None,
-                threads: int | None = None):
+    def prepare(self, stream: Any = None, *, stamps: Any = None, kernel: Any = None, blocks: int | None = None,
+                threads: int | None = None) -> Any:
         """:meth:`launch` with every check and the argument packing done now; returns the
         function that enqueues it (call it once: it takes this launch's ring counters)."""
         g = self.spec.blocks if blocks is None else validate.integer(blocks, "blocks (or None)", least=1,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -117,10 +118,10 @@ class ComputeWorkload:
     def label(self) -> str:
         return self.spec.label
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ComputeWorkload {self.spec.label} on {self.device.name}: grid {self.grid}, block {self.block}>"
 
-    def reset(self, stream=None) -> None:
+    def reset(self, stream: Any = None) -> None:
         """Put the output back as it was before the first launch: sgemm's initial C when beta is
         not 0, otherwise all NaN (so that elements a launch fails to write show in check())."""
         if "C" in self.host:
@@ -132,7 +133,8 @@ class ComputeWorkload:
         """A zeroed uint64 buffer of 3 words per block, for ``launch(stamps=...)``."""
         return self.device.empty(3 * self.blocks, np.uint64).memset(0)
 
-    def launch(self, stream=None, *, dynamic_smem: int = 0, stamps: Buffer | None = None, kernel=None) -> None:
+    def launch(self, stream: Any = None, *, dynamic_smem: int = 0, stamps: Buffer | None = None,
+               kernel: Any = None) -> None:
         """One launch on ``stream`` (None: the legacy default stream) with ``dynamic_smem`` bytes of
         dynamic shared memory (padding only: the kernels use none). ``stamps``: a uint64 Buffer
         of at least 3 * blocks words that receives each block's start, end and SM id, or None.
@@ -140,7 +142,8 @@ class ComputeWorkload:
         (kernel or self.kernel).launch(self.grid, self.block, *self._args, self._stamps_arg(stamps), stream=stream,
                                        dynamic_smem=dynamic_smem)
 
-    def prepare(self, stream=None, *, dynamic_smem: int = 0, stamps: Buffer | None = None, kernel=None):
+    def prepare(self, stream: Any = None, *, dynamic_smem: int = 0, stamps: Buffer | None = None,
+                kernel: Any = None) -> Any:
         """:meth:`launch`'s checks and argument packing done now; returns a function that
         launches (for launches that must follow each other with no host work between)."""
         return (kernel or self.kernel).prepare(self.grid, self.block, *self._args, self._stamps_arg(stamps),
