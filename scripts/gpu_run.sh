@@ -15,9 +15,10 @@ summary="$OUT/summary.txt"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, numpy, cuda.bindings; print(sys.version.split()[0], 'numpy', numpy.__version__, 'cuda-bindings', cuda.bindings.__version__)"
 } 2>&1 | tee "$summary"
-# A test that hangs fails after PYTEST_TIMEOUT seconds with its threads' stacks in pytest.log (pytest-timeout),
+# A test that hangs fails after PYTEST_TIMEOUT seconds (pytest-timeout), and faulthandler dumps every thread's
+# stack after 150 s, even when the main thread is blocked in C,
 # instead of taking the whole call with it; the slowest tests are listed at the end.
-python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" --durations=15 tests 2>&1 \
+python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 tests 2>&1 \
   | tee "$OUT/pytest.log" | tail -3 || status=1
 grep -q " failed" "$OUT/pytest.log" && status=1
 python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | tr '\r' '\n' | grep -v "^soak [0-9]" | tee -a "$summary" || status=1

@@ -12,6 +12,7 @@ CUPTI's results go through this backend's one check helper (:mod:`shimrt.cuda.ch
 from __future__ import annotations
 
 import ctypes
+import gc
 import struct
 import threading
 from typing import Any
@@ -168,6 +169,11 @@ class KernelRecorder:
         check((CuptiResult(lib.cuptiActivityRegisterCallbacks(self._requested, self._completed)),),
               "cuptiActivityRegisterCallbacks")
         check((CuptiResult(lib.cuptiActivityEnable(KIND_CONCURRENT_KERNEL)),), "cuptiActivityEnable")
+        # CUPTI calls the buffer callbacks on whatever thread launches (NCCL's own, inside the
+        # driver): a garbage collection there could run finalizers that call the driver. None
+        # runs while recording (suspected in a hang of NCCL beside CUPTI on the H200).
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -175,6 +181,10 @@ class KernelRecorder:
         try:
             check((CuptiResult(lib.cuptiActivityFlushAll(_FLUSH_FORCED)),), "cuptiActivityFlushAll")
         finally:  # stop recording even if the flush failed
-            check((CuptiResult(lib.cuptiActivityDisable(KIND_CONCURRENT_KERNEL)),), "cuptiActivityDisable")
+            try:
+                check((CuptiResult(lib.cuptiActivityDisable(KIND_CONCURRENT_KERNEL)),), "cuptiActivityDisable")
+            finally:
+                if self._gc_was_enabled:
+                    gc.enable()
         if self._error is not None:
             check((self._error,), "cuptiActivityGetNextRecord")

@@ -176,10 +176,10 @@ def test_real_nccl_kernel_beside_compute_on_one_gpu(device):
     the SGEMM: outputs unchanged, and priority starts it well before sequential does. (NCCL's
     host side takes about a millisecond to enqueue its kernel, so the SGEMM must be longer.)"""
     from shimrt import CollectiveError
-    from shimrt.nccl import Communicator, unique_id
+    from shimrt.nccl import CommOptions, Communicator, unique_id
     from shimrt.overlap.collective import NcclCollective
     try:
-        comm = Communicator(device, unique_id(), 0, 1)
+        comm = Communicator(device, unique_id(), 0, 1, options=CommOptions(timeout=30))  # a stall fails in 30 s
     except CollectiveError as exc:
         pytest.skip(f"NCCL is not available: {exc}")
     from shimrt.cuda import trace
