@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .. import validate
 from ..errors import ShimrtError, UsageError
 from . import planner
 from .planner import Choice
@@ -78,7 +79,15 @@ def key(engine: "Engine") -> str:
 def search(engine: "Engine", cache: ChoiceCache | None = None, key_: str | None = None, threads: Any = (None,),
            blocks: Any = (None,), progress: Any = None) -> tuple[Choice, dict, list]:
     """Auto's choice for ``engine``'s schedule: a cached one, or the fastest of the planner's
-    candidates. Returns (choice, {choice: makespan}, rejected)."""
+    candidates. Returns (choice, {choice: makespan}, rejected). Every argument is checked first:
+    a cached choice skips the planner, which checks ``threads`` and ``blocks`` too."""
+    if cache is not None and not isinstance(cache, ChoiceCache):
+        raise UsageError(f"cache must be an auto.ChoiceCache or None, not {cache!r}")
+    if key_ is not None:
+        validate.text(key_, "key")
+    if progress is not None and not callable(progress):
+        raise UsageError(f"progress must be a function of a Choice, or None, not {progress!r:.100}")
+    planner.sweeps(engine.problem(), threads, blocks)
     key_ = key_ or key(engine)
     if cache is not None:
         cached = cache.get(key_)

@@ -23,7 +23,7 @@ from ..errors import ShimrtError, UsageError
 from ..nccl import Communicator, buffer_counts
 from ..occupancy import NCCL_2_28_SM90, Footprint
 from ..validate import available_host_memory, require_memory
-from .standin import _size_label
+from .standin import size_label
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
@@ -72,7 +72,7 @@ class NcclCollective:
 
     @property
     def label(self) -> str:
-        return f"nccl {self.collective}-{_size_label(self.nbytes)}"
+        return f"nccl {self.collective}-{size_label(self.nbytes)}"
 
     def footprint(self, threads: int | None = None) -> Footprint:
         """NCCL's kernel per SM, with ``threads`` per block when given."""

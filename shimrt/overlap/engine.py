@@ -354,13 +354,6 @@ class Engine:
         """Auto's choice (see :func:`shimrt.overlap.auto.search`): a cached one, or the fastest of
         the planner's candidates. Returns (choice, {choice: makespan}, rejected)."""
         from . import auto
-        if cache is not None and not isinstance(cache, auto.ChoiceCache):
-            raise UsageError(f"cache must be an auto.ChoiceCache or None, not {cache!r}")
-        if key is not None:
-            validate.text(key, "key")
-        if progress is not None and not callable(progress):
-            raise UsageError(f"progress must be a function of a Choice, or None, not {progress!r:.100}")
-        planner.sweeps(self.problem(), threads, blocks)  # checked here too: a cached choice skips the planner
         return auto.search(self, cache, key, threads=threads, blocks=blocks, progress=progress)
 
     def key(self) -> str:

@@ -30,7 +30,8 @@ _MAX_THREADS = 640  # the kernel's launch bounds, NCCL's largest block
 _MAX_INT32 = 2**31 - 1
 
 
-def _size_label(nbytes: int) -> str:
+def size_label(nbytes: int) -> str:
+    """A message size in words for labels, e.g. "64MiB"."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
             return f"{nbytes >> shift}{unit}"
@@ -86,7 +87,7 @@ class StandInSpec:
 
     @property
     def label(self) -> str:
-        return f"{self.collective}-{_size_label(self.nbytes)}"
+        return f"{self.collective}-{size_label(self.nbytes)}"
 
     def chunk(self, blocks: int | None = None) -> int:
         """float4 elements each block reduces per step."""
