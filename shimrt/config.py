@@ -27,9 +27,13 @@ VARIABLES = {
     "SHIMRT_NCCL_LIBRARY": "path of the NCCL (or RCCL) library to load; when set it is the only place searched, "
                            "and a path that does not load is an error (no fallback to another NCCL)",
     "ROCM_PATH": "where ROCm is installed; librccl.so is looked for in its lib/ (read, not owned, by shimrt)",
+    "SHIMRT_DEVICES": "comma-separated GPU indices, the device of each local rank in turn, e.g. '0,0' for two "
+                      "ranks on GPU 0 (python -m shimrt.launch --devices sets it; default: local rank i uses GPU i)",
+    "NCCL_MULTI_RANK_GPU_ENABLE": "NCCL's (2.30+): 1 lets several ranks of one communicator share a GPU; "
+                                  "read, not owned, by shimrt, to refuse a shared GPU NCCL would refuse",
     "SHIMRT_RANK": "set by python -m shimrt.launch: this process's rank",
     "SHIMRT_WORLD_SIZE": "set by python -m shimrt.launch: the number of ranks",
-    "SHIMRT_LOCAL_RANK": "set by python -m shimrt.launch: the rank on this machine (its GPU index)",
+    "SHIMRT_LOCAL_RANK": "set by python -m shimrt.launch: the rank on this machine (its GPU: see SHIMRT_DEVICES)",
     "SHIMRT_LOCAL_WORLD_SIZE": "set by python -m shimrt.launch: the number of ranks on this machine",
     "SHIMRT_NCCL_UNIQUE_ID": "set by python -m shimrt.launch: the shared ncclUniqueId, as 256 hex digits",
     "SHIMRT_NCCL_UNIQUE_ID_ERROR": "set by python -m shimrt.launch instead of SHIMRT_NCCL_UNIQUE_ID when the "
@@ -92,6 +96,7 @@ class Settings:
     cache_enabled: bool
     nccl_library: str | None = None
     rocm_path: str | None = None
+    nccl_multi_rank_gpu: bool = False
 
     def __post_init__(self) -> None:
         validate.one_of(self.backend, "backend", (None, *BACKENDS))
@@ -124,7 +129,13 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     library = _get(env, "SHIMRT_NCCL_LIBRARY")
     return Settings(backend=backend, cache_dir=cache_dir, cache_enabled=not disabled,
                     nccl_library=os.path.expanduser(library) if library else None,
-                    rocm_path=_get(env, "ROCM_PATH"))
+                    rocm_path=_get(env, "ROCM_PATH"), nccl_multi_rank_gpu=_nccl_flag(env, "NCCL_MULTI_RANK_GPU_ENABLE"))
+
+
+def _nccl_flag(env: Mapping[str, str], name: str) -> bool:
+    """An NCCL integer switch read as NCCL reads it (a non-zero integer is on; anything else, off)."""
+    raw = _get(env, name)
+    return raw is not None and bool(_INT.fullmatch(raw)) and int(raw) != 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,7 @@ class LaunchEnv:
     ``source`` is "shimrt" (python -m shimrt.launch), "torchrun", "mpi" or None (not launched).
     ``local_world_size`` is None when the launcher does not say. ``unique_id_error`` is why
     python -m shimrt.launch could not make the unique id (NCCL did not load there), or None.
+    ``devices`` is SHIMRT_DEVICES (the GPU of each local rank), or None: local rank i on GPU i.
     """
 
     source: str | None
@@ -145,6 +157,12 @@ class LaunchEnv:
     master_port: int | None = None
     local_world_size: int | None = None
     unique_id_error: str | None = None
+    devices: tuple[int, ...] | None = None
+
+    @property
+    def device(self) -> int:
+        """This rank's GPU index: its entry of SHIMRT_DEVICES, or its local rank."""
+        return self.devices[self.local_rank] if self.devices is not None else self.local_rank
 
 
 def _int(env: Mapping[str, str], name: str, *, least: int | None = None, most: int | None = None,
@@ -181,6 +199,34 @@ def _ranks(env: Mapping[str, str], rank: str, size: str, local: str | None, loca
     return r, world, lrank, lsize
 
 
+def devices_of(value: str, what: str = "SHIMRT_DEVICES") -> tuple[int, ...]:
+    """GPU indices from a comma-separated list ("0,0" puts two ranks on GPU 0): one or more
+    integers, each at least 0; UsageError naming ``what`` otherwise."""
+    text = validate.text(value, what)
+    items = [p.strip() for p in text.split(",")]
+    if not all(_INT.fullmatch(p) and int(p) >= 0 for p in items):
+        raise UsageError(f"{what} must be comma-separated GPU indices (integers >= 0, one per local rank, "
+                         f"e.g. 0,0 for two ranks on GPU 0), not {text!r}")
+    return tuple(int(p) for p in items)
+
+
+def _devices(env: Mapping[str, str], local_rank: int, local_world_size: int | None) -> tuple[int, ...] | None:
+    raw = _get(env, "SHIMRT_DEVICES")
+    if raw is None:
+        return None
+    devices = devices_of(raw)
+    needed = max(local_rank + 1, local_world_size or 0)
+    if len(devices) < needed:
+        raise UsageError(f"SHIMRT_DEVICES must name a GPU for each of the {needed} local ranks, not {raw!r} "
+                         f"({len(devices)})")
+    return devices
+
+
+def device_map(environ: Mapping[str, str] | None = None) -> tuple[int, ...] | None:
+    """SHIMRT_DEVICES from ``environ`` (default: ``os.environ``): the GPU of each local rank, or None."""
+    return _devices(os.environ if environ is None else environ, 0, None)
+
+
 def _unique_id(env: Mapping[str, str]) -> bytes | None:
     raw = _get(env, "SHIMRT_NCCL_UNIQUE_ID")
     if raw is None:
@@ -204,16 +250,17 @@ def launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
                                            "SHIMRT_LOCAL_WORLD_SIZE", local_default=None)
         uid = _unique_id(env)
         error = None if uid is not None else _get(env, "SHIMRT_NCCL_UNIQUE_ID_ERROR")
-        return LaunchEnv("shimrt", rank, world, local, uid, local_world_size=lsize, unique_id_error=error)
+        return LaunchEnv("shimrt", rank, world, local, uid, local_world_size=lsize, unique_id_error=error,
+                         devices=_devices(env, local, lsize))
     if _get(env, "RANK") is not None and _get(env, "WORLD_SIZE") is not None:
         rank, world, local, lsize = _ranks(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
         port = _int(env, "MASTER_PORT", least=1, most=65535) if _get(env, "MASTER_PORT") is not None else None
         return LaunchEnv("torchrun", rank, world, local, None, _get(env, "MASTER_ADDR"), port,
-                         local_world_size=lsize)
+                         local_world_size=lsize, devices=_devices(env, local, lsize))
     for names in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                    "OMPI_COMM_WORLD_LOCAL_SIZE"),
                   ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")):
         if _get(env, names[0]) is not None and _get(env, names[1]) is not None:
             rank, world, local, lsize = _ranks(env, *names)
-            return LaunchEnv("mpi", rank, world, local, local_world_size=lsize)
-    return LaunchEnv(None)
+            return LaunchEnv("mpi", rank, world, local, local_world_size=lsize, devices=_devices(env, local, lsize))
+    return LaunchEnv(None, devices=_devices(env, 0, None))

@@ -28,6 +28,11 @@ torch.distributed's TCPStore at MASTER_ADDR:MASTER_PORT) or MPI (mpi4py broadcas
 script::
 
     comm = shimrt.launch.init()          # Device(local_rank) and its Communicator
+
+Ranks may share a GPU: ``--devices 0,0`` (or ``SHIMRT_DEVICES=0,0``) maps local rank i to the
+i-th index listed. NCCL allows it from 2.30 with ``NCCL_MULTI_RANK_GPU_ENABLE=1``; two processes
+on one GPU time-slice it (right for correctness runs, not for speed), while two ranks in one
+process (``Communicator.local([dev, dev])``) run their kernels side by side.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from . import validate
-from .config import BACKENDS, LaunchEnv, launch_env, settings
+from .config import BACKENDS, LaunchEnv, devices_of, launch_env, settings
 from .errors import CollectiveError, ShimrtError, UsageError
 from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
 
@@ -129,7 +134,7 @@ def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> R
 
 def init(device: Any = None, *, options: Any = None) -> Any:
     """The Communicator of this process: on ``device`` (a :class:`shimrt.Device`; default
-    Device(local_rank)), with the collective library of the device's backend and ``options``
+    Device(local_rank), or the local rank's GPU in SHIMRT_DEVICES), with the collective library of the device's backend and ``options``
     (a :class:`shimrt.nccl.CommOptions`). The device is opened before the rendezvous, since its
     backend says which library makes the id."""
     from .device import Device
@@ -138,8 +143,13 @@ def init(device: Any = None, *, options: Any = None) -> Any:
         raise UsageError(f"device must be a shimrt.Device or None, not {type(device).__name__}")
     if options is not None and not isinstance(options, CommOptions):
         raise UsageError(f"options must be a shimrt.nccl.CommOptions or None, not {type(options).__name__}")
+    env = launch_env()
     if device is None:
-        device = Device(launch_env().local_rank)
+        device = Device(env.device)
+    if env.devices is not None and env.devices.count(device.index) > 1:
+        from .nccl.library import load
+        from .nccl.config import check_shared_gpu
+        check_shared_gpu(load(device.backend), device.backend, f"SHIMRT_DEVICES={','.join(map(str, env.devices))}")
     r = rendezvous(backend=device.backend)
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)
 
@@ -159,6 +169,9 @@ SHIMRT_NCCL_UNIQUE_ID, plus torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WO
 no MASTER_ADDR or MASTER_PORT, which shimrt does not need. If NCCL does not load here, the
 processes still start, and only those that call shimrt.launch.init() fail, saying why.
 
+--devices 0,0 puts both ranks on GPU 0 (SHIMRT_DEVICES); NCCL 2.30+ allows it with
+NCCL_MULTI_RANK_GPU_ENABLE=1, and the processes then time-slice the GPU.
+
 Every line a process prints is prefixed with its rank. When one process fails, the others are
 stopped and the launcher exits with the failed process's code. SIGTERM, SIGINT and SIGHUP are
 passed on to every process; those still running after 5 s are killed, and the launcher exits
@@ -167,17 +180,23 @@ with 128 + the signal's number (143 for SIGTERM)."""
 _EPILOG = """\
 examples:
   python -m shimrt.launch --nproc 8 train.py --epochs 3
-  python -m shimrt.launch --nproc-per-node 2 --timeout 600 -m shimrt.bench collectives"""
+  python -m shimrt.launch --nproc-per-node 2 --timeout 600 -m shimrt.bench collectives
+  NCCL_MULTI_RANK_GPU_ENABLE=1 python -m shimrt.launch --nproc 2 --devices 0,0 -m shimrt.selftest"""
 
 
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
     parser = argparse.ArgumentParser(
         prog="python -m shimrt.launch", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_HelpFormatter,
-        usage="python -m shimrt.launch --nproc N [--timeout SECONDS] (script | -m module) [args ...]")
+        usage="python -m shimrt.launch --nproc N [--devices I,J,...] [--timeout SECONDS] (script | -m module) "
+              "[args ...]")
     parser.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", metavar="N", required=True,
                         type=validate.argument(validate.integer, "--nproc", least=1),
                         help="how many processes to start (one per local GPU); the names are torchrun's too")
+    parser.add_argument("--devices", metavar="I,J,...", default=None,
+                        type=validate.argument(devices_of, "--devices"),
+                        help="the GPU of each rank, one index per rank (0,0: two ranks on GPU 0; default: rank i on "
+                             "GPU i, or SHIMRT_DEVICES)")
     parser.add_argument("--timeout", metavar="SECONDS", default=None,
                         type=validate.argument(validate.number, "--timeout", positive=True),
                         help="stop every process after this many seconds and exit with 124 (default: no limit)")
@@ -215,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
         settings()  # a bad SHIMRT_* value is refused here, before any process starts
-        return run(args.nproc, target, args.timeout)
+        return run(args.nproc, target, args.timeout, args.devices)
     except ShimrtError as exc:
         say(str(exc))
         return 2

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import IO, Sequence
 
 from . import validate
+from .config import device_map
 from .errors import CollectiveError, ShimrtError, UsageError
 
 #: Seconds the ranks get to exit after the signal that stops them, before SIGKILL.
@@ -89,8 +90,11 @@ def _unique_id() -> tuple[str | None, str | None]:
         return None, str(exc)
 
 
-def _rank_env(rank: int, nproc: int, uid: str | None, uid_error: str | None) -> dict[str, str]:
+def _rank_env(rank: int, nproc: int, uid: str | None, uid_error: str | None,
+              devices: tuple[int, ...] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if devices is not None:
+        env["SHIMRT_DEVICES"] = ",".join(map(str, devices))
     # A launcher's id or error left in our own environment must not reach the ranks.
     env.pop("SHIMRT_NCCL_UNIQUE_ID", None)
     env.pop("SHIMRT_NCCL_UNIQUE_ID_ERROR", None)
@@ -106,11 +110,11 @@ def _rank_env(rank: int, nproc: int, uid: str | None, uid_error: str | None) -> 
 
 
 def _start(rank: int, nproc: int, argv: list[str], uid: str | None, uid_error: str | None,
-           lock: threading.Lock) -> _Rank:
+           lock: threading.Lock, devices: tuple[int, ...] | None = None) -> _Rank:
     try:
         # Its own session, as torchrun does: a terminal's Ctrl-C reaches the rank once (through
         # the launcher), and a signal to its group reaches whatever the rank started.
-        proc = subprocess.Popen([sys.executable, *argv], env=_rank_env(rank, nproc, uid, uid_error),
+        proc = subprocess.Popen([sys.executable, *argv], env=_rank_env(rank, nproc, uid, uid_error, devices),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         raise ShimrtError(f"could not start rank {rank}: {exc}") from None
@@ -188,8 +192,11 @@ def _stop(ranks: list[_Rank], sig: int, signals: _Signals, grace: float = GRACE_
         r.pump.join(max(end - time.monotonic(), 0))
 
 
-def run(nproc: int, argv: Sequence[str], timeout: float | None = None) -> int:
+def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
+        devices: Sequence[int] | None = None) -> int:
     """Start ``nproc`` copies of ``python argv...``, one per local rank, and wait for them.
+    ``devices``: the GPU of each rank (SHIMRT_DEVICES in their environment; None: rank i on GPU
+    i, or what SHIMRT_DEVICES already says).
 
     Stops them all when one fails, when ``timeout`` seconds pass, or when the launcher gets
     SIGTERM, SIGINT or SIGHUP (passed on to each rank; SIGKILL after :data:`GRACE_S`).
@@ -202,6 +209,15 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None) -> int:
     argv = [validate.text(a, "every item of argv", empty=True) for a in argv]
     if timeout is not None:
         timeout = validate.number(timeout, "timeout", positive=True)
+    if devices is None:
+        devices = device_map()  # the caller's SHIMRT_DEVICES, checked here, before any rank starts
+    if devices is not None:
+        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+            raise UsageError(f"devices must be a list of GPU indices, one per rank, not {devices!r}")
+        devices = tuple(validate.integer(d, "every item of devices", least=0) for d in devices)
+        if len(devices) != nproc:
+            raise UsageError(f"--devices / SHIMRT_DEVICES must name one GPU per rank ({nproc}), not "
+                             f"{len(devices)}: {','.join(map(str, devices))}")
     uid, uid_error = _unique_id()
     if uid is None:
         say(f"NCCL did not load here, so a rank that calls shimrt.launch.init() will fail ({uid_error})")
@@ -213,7 +229,7 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None) -> int:
             for rank in range(nproc):
                 if signals.received:
                     break
-                ranks.append(_start(rank, nproc, argv, uid, uid_error, lock))
+                ranks.append(_start(rank, nproc, argv, uid, uid_error, lock, devices))
             code, stop_with = _watch(ranks, timeout, signals)
         finally:
             _stop(ranks, stop_with, signals)

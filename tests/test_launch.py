@@ -20,7 +20,7 @@ DATA = Path(__file__).parent / "data"
 PROBE = str(DATA / "rendezvous_probe.py")
 LAUNCH_PROBE = str(DATA / "launch_probe.py")
 # Launch variables of an outer launcher must not leak into the launches under test.
-OUTER = ("SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE", "SHIMRT_NCCL_UNIQUE_ID",
+OUTER = ("SHIMRT_DEVICES", "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE", "SHIMRT_NCCL_UNIQUE_ID",
          "SHIMRT_NCCL_UNIQUE_ID_ERROR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
          "MASTER_PORT")
 
@@ -147,6 +147,12 @@ BAD_ARGUMENTS = [
     (["--nproc", "2", "--timeout", "inf"], "--timeout must be a positive number, not inf"),
     (["--nproc", "2", "--timeout", "nan"], "--timeout must be a positive number, not nan"),
     (["--nproc", "2", "--timeout", "abc"], "--timeout must be a number, not 'abc'"),
+    (["--nproc", "2", "--devices", "0"], "--devices / SHIMRT_DEVICES must name one GPU per rank (2), not 1: 0"),
+    (["--nproc", "1", "--devices", "0,0"], "must name one GPU per rank (1), not 2: 0,0"),
+    (["--nproc", "2", "--devices", "0,-1"], "--devices must be comma-separated GPU indices"),
+    (["--nproc", "2", "--devices", "a,b"], "--devices must be comma-separated GPU indices"),
+    (["--nproc", "2", "--devices", "0,,1"], "--devices must be comma-separated GPU indices"),
+    (["--nproc", "2", "--devices", ""], "--devices must be a string (not empty)"),
 ]
 
 
@@ -237,6 +243,48 @@ def test_ranks_see_torchrun_variables_beside_shimrt_ones(flag):
         assert report["launch_env"] == {"source": "shimrt", "rank": rank, "world_size": 3, "local_rank": rank,
                                         "local_world_size": 3}
         assert report["has_unique_id"] != (v["SHIMRT_NCCL_UNIQUE_ID_ERROR"] is not None)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_ranks_share_a_gpu_through_the_device_map(how):
+    """--devices 0,0 (or SHIMRT_DEVICES) reaches every rank, and launch_env().device follows it."""
+    args = ["--nproc", "3"] + (["--devices", "0,0,1"] if how == "flag" else [])
+    env = clean_env(**({"SHIMRT_DEVICES": " 0, 0 ,1"} if how == "variable" else {}))
+    run = launch_cmd(*args, LAUNCH_PROBE, "env", timeout=60, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    reports = {rank: json.loads(lines[0]) for rank, lines in rank_lines(run.stdout).items()}
+    assert {r: rep["device"] for r, rep in reports.items()} == {0: 0, 1: 0, 2: 1}
+    assert all(rep["vars"]["SHIMRT_DEVICES"] == "0,0,1" for rep in reports.values())  # checked, then passed on
+
+
+@pytest.mark.timeout(30)
+def test_a_device_map_of_the_wrong_length_in_the_environment_is_refused_before_the_ranks_start():
+    run = launch_cmd("--nproc", "3", LAUNCH_PROBE, "env", timeout=20, env=clean_env(SHIMRT_DEVICES="0,0"))
+    assert run.returncode == 2 and "must name one GPU per rank (3), not 2: 0,0" in run.stderr, run.stderr
+    assert run.stdout == "" and "Traceback" not in run.stderr
+
+
+def test_the_device_map_is_read_and_checked():
+    from shimrt.config import device_map, devices_of
+    assert devices_of("0,0") == (0, 0) and devices_of(" 3 ") == (3,)
+    for bad in ("", "0,", "x", "0;1", "-1", "1.0", "0,,1"):
+        with pytest.raises(UsageError, match="SHIMRT_DEVICES must be"):
+            devices_of(bad)
+    assert device_map({}) is None and device_map({"SHIMRT_DEVICES": "  "}) is None
+    assert device_map({"SHIMRT_DEVICES": "1,1"}) == (1, 1)
+    env = launch_env({"SHIMRT_RANK": "1", "SHIMRT_WORLD_SIZE": "2", "SHIMRT_LOCAL_RANK": "1",
+                      "SHIMRT_LOCAL_WORLD_SIZE": "2", "SHIMRT_DEVICES": "0,0"})
+    assert (env.local_rank, env.device) == (1, 0)
+    assert launch_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}).device == 1  # no map: the local rank
+    assert launch_env({"RANK": "0", "WORLD_SIZE": "1", "SHIMRT_DEVICES": "5"}).device == 5
+    with pytest.raises(UsageError, match=r"SHIMRT_DEVICES must name a GPU for each of the 2 local ranks, not '0' \(1\)"):
+        launch_env({"SHIMRT_RANK": "1", "SHIMRT_WORLD_SIZE": "2", "SHIMRT_LOCAL_RANK": "1",
+                    "SHIMRT_LOCAL_WORLD_SIZE": "2", "SHIMRT_DEVICES": "0"})
+    with pytest.raises(UsageError, match="one GPU per rank"):
+        launch.run(2, ["x.py"], devices=[0])
+    with pytest.raises(UsageError, match="every item of devices"):
+        launch.run(2, ["x.py"], devices=[0, -1])
 
 
 # --- signals ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import threading
 from typing import Any
 
 from .. import validate, waiting
@@ -26,7 +27,10 @@ from ..errors import CollectiveError, UsageError
 from ..stream import timeout_seconds
 from . import library
 from .collectives import MAX_RANKS, buffers_of, datatype_of, nccl_count, op_of, rank_of, row_of
-from .config import MIN_VERSION, CommOptions
+from .config import MIN_VERSION, CommOptions, check_shared_gpu
+
+# The open group of this thread (see group()): ``calls`` is None outside one.
+_GROUP = threading.local()
 
 
 def unique_id(lib: library.Library | None = None, *, backend: str | None = None) -> bytes:
@@ -58,6 +62,94 @@ def _uid(value) -> library.UniqueId:
     return uid
 
 
+def _bounded(call: Any, name: str, timeout: float) -> None:
+    """Run ``call`` (a ctypes call, which lets go of the GIL) on a daemon thread for at most
+    ``timeout`` seconds: NCCL's teardown waits for its threads, and this process must not."""
+    worker = threading.Thread(target=call, name=f"shimrt {name}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise CollectiveError(f"{name} did not return within {timeout} s: one of NCCL's threads is stuck "
+                              "(the process cannot reuse this GPU's NCCL state safely; exit and start again)")
+
+
+def _settle(comms: list["Communicator"], result: int, call: str) -> None:
+    """Finish ``call``, which answered ``result`` for every communicator of ``comms``: nothing
+    when it succeeded, CollectiveError when it failed, and when it answered ncclInProgress
+    (a non-blocking communicator, or a group of them) poll each one's ncclCommGetAsyncError
+    until none is in progress, for at most their longest timeout; then abort them all."""
+    if result == 0:
+        return
+    lib = comms[0].lib
+    if result != library.IN_PROGRESS:
+        try:
+            lib.check(result, call, comms[0]._handle if len(comms) == 1 else None)
+        finally:
+            if len(comms) > 1:  # a failed grouped init leaves no usable member
+                for c in comms:
+                    c.abort()
+    states = dict.fromkeys(range(len(comms)), library.IN_PROGRESS)
+
+    def settled() -> bool:
+        for i, c in enumerate(comms):
+            if states[i] == library.IN_PROGRESS:
+                states[i] = c._state()
+        return all(v != library.IN_PROGRESS for v in states.values())
+
+    timeout = max(c.options.timeout for c in comms)
+    if not waiting.until(settled, timeout, first=1e-4, longest=0.01):
+        for c in comms:
+            c.abort()
+        raise CollectiveError(f"{call} did not complete within {timeout} s (is every rank running?); "
+                              f"the communicator{'s were' if len(comms) > 1 else ' was'} aborted")
+    for i, c in enumerate(comms):
+        lib.check(states[i], call, c._handle)
+
+
+@contextlib.contextmanager
+def group(*comms: "Communicator") -> Any:
+    """``with group(c0, c1):`` fuses the collectives inside, on any communicators (each rank of
+    this process, for one), into one NCCL launch. Several ranks in one thread must be grouped: a
+    lone collective of one rank waits for the others for good.
+
+    The calls are checked as they are made and handed to NCCL together when the block ends
+    (ncclGroupStart, the calls, ncclGroupEnd), so a refused call (two ranks of one communicator
+    on one stream, which would wait for each other for good) or an exception in the block leaves
+    NCCL untouched. When NCCL answers ncclInProgress (non-blocking communicators), every
+    communicator of the group is polled until it settles, within the timeout. Groups nest: the
+    outermost one hands the calls over."""
+    if not comms or not all(isinstance(c, Communicator) for c in comms):
+        raise UsageError(f"group() takes one or more shimrt.nccl.Communicators, not {comms!r:.200}")
+    if getattr(_GROUP, "calls", None) is not None:  # nested: the outer group makes the calls
+        yield comms
+        return
+    _GROUP.calls = []
+    try:
+        yield comms
+        calls = _GROUP.calls
+    finally:
+        _GROUP.calls = None
+    _issue(list(comms), calls)
+
+
+def _issue(listed: list["Communicator"], calls: list) -> None:
+    """Hand a group's calls to NCCL between ncclGroupStart and ncclGroupEnd, and settle them."""
+    members = list(dict.fromkeys([*listed, *(c for c, *_ in calls)]))
+    lib = members[0].lib
+    if any(c.lib is not lib for c in members):
+        raise UsageError("a group takes communicators of one NCCL library")
+    lib.check(lib.ncclGroupStart(), "ncclGroupStart")
+    failed = None
+    for comm, _, function, args in calls:
+        result = getattr(lib, function)(*args)
+        if result not in (0, library.IN_PROGRESS) and failed is None:
+            failed = (result, function, comm)
+    end = lib.ncclGroupEnd()  # a group is always closed, even after a failed call
+    if failed is not None:
+        lib.check(failed[0], f"{failed[1]} (in a group)", failed[2]._handle)
+    _settle(members, end, "ncclGroupEnd")
+
+
 class Communicator:
     """Rank ``rank`` of ``size`` on ``device``, joined through the shared ``unique_id``.
 
@@ -74,6 +166,7 @@ class Communicator:
         if options is not None and not isinstance(options, CommOptions):
             raise UsageError(f"options must be a CommOptions, not {options!r:.100}")
         uid = _uid(unique_id) if _handle is None else None
+        self._clique = bytes(uid) if uid is not None else b""
         if library_ is not None and not isinstance(library_, library.Library):
             raise UsageError(f"library_ must be a shimrt.nccl.library.Library or None, not {library_!r}")
         if not isinstance(device, Device):
@@ -112,17 +205,22 @@ class Communicator:
         if len(backends) > 1:
             raise UsageError(f"local() needs devices of one backend, got {', '.join(sorted(backends))}")
         lib = library.load(devices[0].backend)
+        indices = [d.index for d in devices]
+        if len(set(indices)) < len(indices):
+            check_shared_gpu(lib, devices[0].backend, f"Communicator.local on devices {indices}")
         uid = _uid(unique_id(lib))
         comms = [cls(d, b"", i, len(devices), options=options, library_=lib, _handle=ctypes.c_void_p())
                  for i, d in enumerate(devices)]
+        for c in comms:
+            c._clique = bytes(uid)
         lib.check(lib.ncclGroupStart(), "ncclGroupStart")
         results = []
         for c in comms:
             c.device.activate()
             results.append(c._init_call(uid))
         end = lib.ncclGroupEnd()
-        for c, r in zip(comms, results, strict=True):
-            c._poll(r if r != 0 else end, "ncclCommInitRankConfig (grouped)")
+        failed = next((r for r in results if r not in (0, library.IN_PROGRESS)), end)
+        _settle(comms, failed, "ncclCommInitRankConfig (grouped)")
         return comms
 
     # --- waiting without hanging ---
@@ -134,22 +232,8 @@ class Communicator:
 
     def _poll(self, result: int, call: str) -> None:
         """Finish a call that may answer ncclInProgress, within the timeout."""
-        if result == 0:
-            return
-        if result != library.IN_PROGRESS:
-            self.lib.check(result, call, self._handle)
-        state = library.IN_PROGRESS
-
-        def settled() -> bool:
-            nonlocal state
-            state = self._state()
-            return state != library.IN_PROGRESS
-
-        if not waiting.until(settled, self.options.timeout, first=1e-4, longest=0.01):
-            self.abort()
-            raise CollectiveError(f"{call} did not complete within {self.options.timeout} s (is every rank "
-                                  f"running?); the communicator was aborted")
-        self.lib.check(state, call, self._handle)
+        if result != 0:
+            _settle([self], result, call)
 
     def wait(self, stream: Any = None, timeout: float | None = None) -> None:
         """Wait for the work on ``stream`` (default: the communicator's) for at most ``timeout``
@@ -193,10 +277,19 @@ class Communicator:
         s, r = buffers_of(name, row, send, recv)
         datatype = datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
         count = nccl_count(name, s, r, self.size)
+        handle = self.device.stream_handle(self._target(stream))
         args = row.arguments(s.pointer, r.pointer, count, datatype, op_of(name, row, op),
-                             rank_of(name, row, self.size, root, peer), self._live(),
-                             ctypes.c_void_p(self.device.stream_handle(self._target(stream))))
-        self._poll(getattr(self.lib, row.function)(*args), row.function)
+                             rank_of(name, row, self.size, root, peer), self._live(), ctypes.c_void_p(handle))
+        calls = getattr(_GROUP, "calls", None)
+        if calls is None:
+            self._poll(getattr(self.lib, row.function)(*args), row.function)
+            return
+        for other, other_handle, *_ in calls:
+            if other._clique == self._clique and other.rank != self.rank and other_handle == handle:
+                raise UsageError(f"{name} of rank {self.rank} on the stream of rank {other.rank}'s call in the same "
+                                 "group: two ranks of one communicator need a stream each (on one stream they wait "
+                                 "for each other for good); pass each rank its own, e.g. its comm.stream")
+        calls.append((self, handle, row.function, args))
 
     def all_reduce(self, send: Any, recv: Any = None, *, op: str = "sum", stream: Any = None) -> None:
         """recv = op over all ranks of send (in place when recv is None)."""
@@ -226,21 +319,19 @@ class Communicator:
         """Receive into buf from ``peer``."""
         self.collective("recv", buf, peer=peer, stream=stream)
 
-    @contextlib.contextmanager
     def group(self) -> Any:
-        """``with comm.group():`` fuses the calls inside into one NCCL launch (ncclGroupStart/End)."""
-        self.lib.check(self.lib.ncclGroupStart(), "ncclGroupStart")
-        try:
-            yield self
-        finally:
-            self._poll(self.lib.ncclGroupEnd(), "ncclGroupEnd")
+        """``with comm.group():`` fuses the calls inside into one NCCL launch (ncclGroupStart/End);
+        :func:`group` groups calls of several communicators."""
+        return group(self)
 
     # --- lifetime ---
     def abort(self) -> None:
-        """Free the communicator without waiting for peers (after an error or a timeout)."""
+        """Free the communicator without waiting for peers (after an error or a timeout). NCCL's
+        abort joins its own threads; one stuck inside the driver would hold it for good, so it
+        runs on a helper thread and CollectiveError says so after the options' timeout."""
         if self._handle:
-            self.lib.ncclCommAbort(self._handle)
-            self._handle = ctypes.c_void_p()
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            _bounded(lambda: self.lib.ncclCommAbort(handle), "ncclCommAbort", self.options.timeout)
 
     def close(self) -> None:
         """Destroy the communicator (waits for its work) and its stream."""

@@ -13,8 +13,11 @@ import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
 
+from typing import Any
+
 from .. import validate
-from ..errors import UsageError
+from ..config import settings
+from ..errors import CollectiveError, UsageError
 from ..stream import timeout_seconds
 
 MAGIC = 0xCAFEBEEF        # NCCL_API_MAGIC
@@ -38,6 +41,22 @@ FIELDS = (
     ("nvlsHostMode", _int, 23200),
 )
 MIN_VERSION = FIELDS[0][2]
+MULTI_RANK_GPU_VERSION = 23000  # the first NCCL that can put ranks of one communicator on one GPU
+
+
+def check_shared_gpu(lib: Any, backend: str, where: str) -> None:
+    """CollectiveError, before NCCL is called, when ``where`` puts several ranks on one GPU and
+    the NCCL in ``lib`` would refuse it ("Duplicate GPU detected"): NCCL before 2.30, or 2.30+
+    without NCCL_MULTI_RANK_GPU_ENABLE=1. RCCL ("hip") answers for itself."""
+    if backend != "cuda":
+        return
+    if lib.version < MULTI_RANK_GPU_VERSION:
+        raise CollectiveError(f"{where} puts several ranks on one GPU, which NCCL {lib.version_text} ({lib.path}) "
+                              "refuses; NCCL 2.30 or newer allows it with NCCL_MULTI_RANK_GPU_ENABLE=1 (point "
+                              "SHIMRT_NCCL_LIBRARY at such a libnccl.so.2)")
+    if not settings().nccl_multi_rank_gpu:
+        raise CollectiveError(f"{where} puts several ranks on one GPU: NCCL {lib.version_text} allows that only "
+                              "with NCCL_MULTI_RANK_GPU_ENABLE=1 in the environment (experimental in NCCL)")
 
 
 def structure(version: int) -> type[ctypes.Structure]:

@@ -41,12 +41,14 @@ def write_pids(folder: str, child_ignores_sigterm: bool = False) -> None:
 
 if mode == "env":
     names = ["SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE",
-             "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SHIMRT_NCCL_UNIQUE_ID_ERROR"]
+             "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SHIMRT_NCCL_UNIQUE_ID_ERROR",
+             "SHIMRT_DEVICES"]
     env = launch_env()
     print(json.dumps({"vars": {n: os.environ.get(n) for n in names},
                       "has_unique_id": "SHIMRT_NCCL_UNIQUE_ID" in os.environ,
                       "launch_env": {"source": env.source, "rank": env.rank, "world_size": env.world_size,
-                                     "local_rank": env.local_rank, "local_world_size": env.local_world_size}}))
+                                     "local_rank": env.local_rank, "local_world_size": env.local_world_size},
+                      "device": env.device}))
 elif mode in ("sleep", "stubborn", "leaky"):
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
