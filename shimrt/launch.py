@@ -134,9 +134,10 @@ def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> R
 
 def init(device: Any = None, *, options: Any = None) -> Any:
     """The Communicator of this process: on ``device`` (a :class:`shimrt.Device`; default
-    Device(local_rank), or the local rank's GPU in SHIMRT_DEVICES), with the collective library of the device's backend and ``options``
-    (a :class:`shimrt.nccl.CommOptions`). The device is opened before the rendezvous, since its
-    backend says which library makes the id."""
+    Device(local_rank), or the local rank's GPU in SHIMRT_DEVICES), with the collective library
+    of the device's backend and ``options`` (a :class:`shimrt.nccl.CommOptions`). The device is
+    opened before the rendezvous, since its backend says which library makes the id. Ranks that
+    share a GPU are refused here, naming what is missing, when the NCCL loaded cannot do it."""
     from .device import Device
     from .nccl import CommOptions, Communicator
     if device is not None and not isinstance(device, Device):
@@ -147,8 +148,8 @@ def init(device: Any = None, *, options: Any = None) -> Any:
     if device is None:
         device = Device(env.device)
     if env.devices is not None and env.devices.count(device.index) > 1:
-        from .nccl.library import load
         from .nccl.config import check_shared_gpu
+        from .nccl.library import load
         check_shared_gpu(load(device.backend), device.backend, f"SHIMRT_DEVICES={','.join(map(str, env.devices))}")
     r = rendezvous(backend=device.backend)
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)

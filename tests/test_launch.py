@@ -20,9 +20,9 @@ DATA = Path(__file__).parent / "data"
 PROBE = str(DATA / "rendezvous_probe.py")
 LAUNCH_PROBE = str(DATA / "launch_probe.py")
 # Launch variables of an outer launcher must not leak into the launches under test.
-OUTER = ("SHIMRT_DEVICES", "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE", "SHIMRT_NCCL_UNIQUE_ID",
-         "SHIMRT_NCCL_UNIQUE_ID_ERROR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-         "MASTER_PORT")
+OUTER = ("SHIMRT_DEVICES", "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE",
+         "SHIMRT_NCCL_UNIQUE_ID", "SHIMRT_NCCL_UNIQUE_ID_ERROR", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+         "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +278,7 @@ def test_the_device_map_is_read_and_checked():
     assert (env.local_rank, env.device) == (1, 0)
     assert launch_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}).device == 1  # no map: the local rank
     assert launch_env({"RANK": "0", "WORLD_SIZE": "1", "SHIMRT_DEVICES": "5"}).device == 5
-    with pytest.raises(UsageError, match=r"SHIMRT_DEVICES must name a GPU for each of the 2 local ranks, not '0' \(1\)"):
+    with pytest.raises(UsageError, match=r"must name a GPU for each of the 2 local ranks, not '0' \(1\)"):
         launch_env({"SHIMRT_RANK": "1", "SHIMRT_WORLD_SIZE": "2", "SHIMRT_LOCAL_RANK": "1",
                     "SHIMRT_LOCAL_WORLD_SIZE": "2", "SHIMRT_DEVICES": "0"})
     with pytest.raises(UsageError, match="one GPU per rank"):

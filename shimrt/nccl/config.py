@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from functools import lru_cache
-
 from typing import Any
 
 from .. import validate
