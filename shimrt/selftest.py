@@ -307,16 +307,29 @@ def _communication(dev, results, progress):
     _run(sec, "single-rank collective", single, results, progress)
 
     def many():
+        from .config import device_map
         from .device import Device
+        from .nccl import group
+        from .nccl.config import check_shared_gpu
         count = dev.device_count()
-        if count < 2:
-            raise _Skip(f"needs 2 or more GPUs; this machine has {count}", "run on a machine with several GPUs")
-        devices = [dev] + [Device(i, backend=dev.backend) for i in range(1, count)]
+        indices = list(device_map() or range(count))
+        if len(indices) < 2:  # one GPU: two ranks on it, where this NCCL can do that
+            indices = [dev.index, dev.index]
+        if len(set(indices)) < len(indices):
+            try:
+                check_shared_gpu(lib, dev.backend, f"{len(indices)} ranks on GPUs {indices}")
+            except CollectiveError as exc:
+                raise _Skip(f"this machine has {count} GPU{'s' if count != 1 else ''}: {exc}",
+                            "run on a machine with several GPUs, or with NCCL 2.30+ (SHIMRT_NCCL_LIBRARY) and "
+                            "NCCL_MULTI_RANK_GPU_ENABLE=1") from None
+        opened = {dev.index: dev}
+        devices = [opened[i] if i in opened else opened.setdefault(i, Device(i, backend=dev.backend))
+                   for i in indices]
         comms = Communicator.local(devices)
         try:
             xs = [rng.standard_normal(1 << 18).astype(np.float32) for _ in comms]
             bufs = [c.device.to_device(x) for c, x in zip(comms, xs, strict=True)]
-            with comms[0].group():
+            with group(*comms):  # every rank on its own comm.stream
                 for c, b in zip(comms, bufs, strict=True):
                     c.all_reduce(b)
             for c in comms:
@@ -324,7 +337,7 @@ def _communication(dev, results, progress):
             want = np.sum(xs, axis=0, dtype=np.float32)
             for b in bufs:
                 np.testing.assert_allclose(b.numpy(), want, rtol=1e-5, atol=1e-5)
-            return f"all_reduce over {count} GPUs in one process equals numpy"
+            return f"all_reduce of {len(comms)} ranks in one process (GPUs {indices}) equals numpy"
         finally:
             for c in comms:
                 c.close()

@@ -77,3 +77,35 @@ def test_options_fill_the_config_like_the_initializer():
 def test_bad_options_are_refused(bad):
     with pytest.raises(UsageError):
         config.CommOptions(**bad)
+
+
+def test_ranks_sharing_a_gpu_are_refused_unless_the_nccl_in_use_allows_it(monkeypatch):
+    """The rule NCCL applies ("Duplicate GPU detected" before 2.30; 2.30+ only with
+    NCCL_MULTI_RANK_GPU_ENABLE), checked on the NCCL this machine loads and on an older one."""
+    import dataclasses
+
+    from shimrt import CollectiveError
+    from shimrt.nccl import library
+    from shimrt.nccl.config import check_shared_gpu
+    try:
+        lib = library.load()
+    except CollectiveError as exc:
+        skip_or_fail("nccl", f"NCCL does not load: {exc}")
+    older = dataclasses.replace(lib, version=22809)
+    for value in (None, "0", "no", "true"):  # NCCL reads an integer: anything but a non-zero one is off
+        if value is None:
+            monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+        else:
+            monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", value)
+        with pytest.raises(CollectiveError, match="NCCL 2.28.9 .* refuses; NCCL 2.30 or newer allows it"):
+            check_shared_gpu(older, "cuda", "here")
+        if lib.version >= 23000:
+            with pytest.raises(CollectiveError, match="puts several ranks on one GPU: .*NCCL_MULTI_RANK_GPU_ENABLE=1"):
+                check_shared_gpu(lib, "cuda", "here")
+    for value in ("1", " 2 "):
+        monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", value)
+        with pytest.raises(CollectiveError, match="refuses"):
+            check_shared_gpu(older, "cuda", "here")
+        if lib.version >= 23000:
+            check_shared_gpu(lib, "cuda", "here")  # allowed
+    check_shared_gpu(older, "hip", "here")  # RCCL answers for itself

@@ -223,6 +223,11 @@ class Communicator:
         _settle(comms, failed, "ncclCommInitRankConfig (grouped)")
         return comms
 
+    @property
+    def unique_id(self) -> bytes:
+        """The unique id every rank of this communicator joined with: equal ids, one communicator."""
+        return self._clique
+
     # --- waiting without hanging ---
     def _state(self) -> int:
         state = ctypes.c_int()

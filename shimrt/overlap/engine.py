@@ -283,14 +283,16 @@ class Engine:
             raise ShimrtError(f"CUPTI recorded no {' or '.join(missing)} kernel (NCCL may have used a copy: "
                               "with one rank only send_recv launches a kernel)")
         origin = min(r["start"] for k in wanted for r in kinds[k])
-        # Each side's ops run one after another on its stream: the k-th kernel of a kind, by start,
-        # is its k-th op (NCCL launches one kernel per collective here).
+        # Each side's ops run one after another on its stream: the kernels of a kind, by start,
+        # follow its ops (NCCL launches one kernel per collective and rank here).
         per_op, of = {}, {}
         for kind in wanted:
             idx = [i for i, op in ops if op.kind == kind]
             recs = sorted(kinds[kind], key=lambda r: r["start"])
-            # Not one kernel per op: every kernel of the side goes to its first op.
-            groups = [[r] for r in recs] if len(recs) == len(idx) else [recs]
+            # k kernels per op (one per rank of this process), in start order; no whole number of
+            # them per op: every kernel of the side goes to its first op.
+            k = len(recs) // len(idx) if len(recs) % len(idx) == 0 else 0
+            groups = [recs[j:j + k] for j in range(0, len(recs), k)] if k else [recs]
             for i, group in zip(idx, groups, strict=False):
                 per_op[i] = np.array([[(r["start"] - origin) / 1e6, (r["end"] - origin) / 1e6, -1] for r in group])
                 of[i] = kind

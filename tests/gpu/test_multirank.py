@@ -1,0 +1,143 @@
+"""Several real NCCL ranks: in one process (Communicator.local) and one per process (python -m
+shimrt.launch), on as many GPUs as there are, or two ranks sharing one GPU where the NCCL in use
+can (2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1; skipped, saying so, otherwise). Every output
+element is compared with numpy."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shimrt import CollectiveError, Device, UsageError
+from shimrt.nccl import CommOptions, Communicator, group, library
+from shimrt.nccl.config import check_shared_gpu
+
+PROBE = Path(__file__).resolve().parents[1] / "data" / "multirank_probe.py"
+_spec = importlib.util.spec_from_file_location("multirank_probe", PROBE)
+probe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(probe)
+
+
+def _indices(device) -> list[int]:
+    """Two ranks: on two GPUs where there are two, else both on this one (skipped, with NCCL's
+    reason, where the NCCL in use cannot do that)."""
+    try:
+        lib = library.load(device.backend)
+    except CollectiveError as exc:
+        pytest.skip(f"NCCL is not available: {exc}")
+    if device.device_count() >= 2:
+        return [0, 1]
+    try:
+        check_shared_gpu(lib, device.backend, "two ranks on this machine's one GPU")
+    except CollectiveError as exc:
+        pytest.skip(str(exc))
+    return [device.index, device.index]
+
+
+@pytest.fixture(scope="module")
+def ranks(device):
+    indices = _indices(device)
+    devices = [device if i == device.index else Device(i, backend=device.backend) for i in indices]
+    comms = Communicator.local(devices, options=CommOptions(timeout=60))
+    yield comms
+    for c in comms:
+        c.close()
+
+
+def test_every_collective_of_two_ranks_in_one_process_equals_numpy(ranks):
+    done = probe.every_collective(ranks)
+    assert len(done) == 11, done
+
+
+def test_a_grouped_call_of_non_blocking_communicators_is_polled_to_the_end(ranks):
+    """ncclGroupEnd answers ncclInProgress for non-blocking communicators: shimrt polls every
+    member instead of failing, and the data is right (a large buffer keeps it in flight)."""
+    assert not ranks[0].options.blocking
+    n = 1 << 26
+    xs = [probe.inputs(c.rank, n) for c in ranks]
+    bufs = [c.device.to_device(x) for c, x in zip(ranks, xs, strict=True)]
+    with group(*ranks):
+        for c, b in zip(ranks, bufs, strict=True):
+            c.all_reduce(b)
+    for c in ranks:
+        c.wait()
+    want = xs[0] + xs[1]
+    for b in bufs:
+        np.testing.assert_array_equal(b.numpy(), want)
+
+
+def test_two_ranks_on_one_stream_are_refused_before_nccl_sees_them(ranks):
+    a, b = ranks
+    shared = a.device.stream("high")
+    bufs = [c.device.to_device(probe.inputs(c.rank)) for c in ranks]
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match="two ranks of one communicator need a stream each"):
+        with group(a, b):
+            a.all_reduce(bufs[0], stream=shared)
+            b.all_reduce(bufs[1], stream=shared)
+    assert time.monotonic() - t0 < 5  # refused, not hung
+    assert shared.query()  # nothing was enqueued
+    shared.close()
+    # Nothing reached NCCL: the communicators still work.
+    assert len(probe.every_collective(ranks, count=1 << 10)) == 11
+
+
+def _launch(*args, timeout=240):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    for name in ("SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE",
+                 "SHIMRT_NCCL_UNIQUE_ID", "SHIMRT_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "shimrt.launch", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _devices_flag(device) -> list[str]:
+    return ["--devices", ",".join(map(str, _indices(device)))]
+
+
+@pytest.mark.timeout(300)
+def test_every_collective_of_two_processes_equals_numpy(device):
+    run = _launch("--nproc", "2", *_devices_flag(device), "--timeout", "200", str(PROBE), "collectives")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for rank in (0, 1):
+        ok = re.findall(rf"^\[rank {rank}\] OK {rank} (.+)$", run.stdout, re.M)
+        assert len(ok) == 11, run.stdout[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_peer_that_leaves_ends_the_others_collective_within_the_timeout(device):
+    timeout = 15
+    run = _launch("--nproc", "2", *_devices_flag(device), "--timeout", "200", str(PROBE), "killed-peer",
+                  str(timeout))
+    out = run.stdout
+    assert run.returncode == 0, out[-3000:] + run.stderr[-3000:]
+    assert "[rank 1] LEAVING 1" in out, out
+    aborted = re.search(r"^\[rank 0\] ABORTED 0 ([0-9.]+) (.*)$", out, re.M)
+    assert aborted, out
+    assert timeout - 1 <= float(aborted.group(1)) <= timeout + 30, aborted.group(0)
+    assert "aborted" in aborted.group(2)
+    assert "[rank 0] REUSED 0" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_an_nccl_that_cannot_share_a_gpu_is_named(device, monkeypatch):
+    """Without NCCL_MULTI_RANK_GPU_ENABLE, two ranks on one GPU are refused before NCCL is
+    called, naming the variable (NCCL itself would answer "Duplicate GPU detected")."""
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)
+    try:
+        lib = library.load(device.backend)
+    except CollectiveError as exc:
+        pytest.skip(f"NCCL is not available: {exc}")
+    if device.backend != "cuda":
+        pytest.skip("RCCL answers for itself")
+    with pytest.raises(CollectiveError, match="NCCL_MULTI_RANK_GPU_ENABLE=1" if lib.version >= 23000 else
+                       "NCCL 2.30 or newer"):
+        Communicator.local([device, device])
