@@ -32,6 +32,11 @@ from shimrt.occupancy import NCCL_2_28_SM90
 TRACKED = (shimrt.Stream, shimrt.Event, shimrt.Buffer, shimrt.Module, Communicator)
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def resources(dev: shimrt.Device) -> dict:
     """What a leak would grow: device memory in use, live shimrt objects by class, open file
     descriptors, threads and the process's resident host memory."""
@@ -42,8 +47,7 @@ def resources(dev: shimrt.Device) -> dict:
         for cls in TRACKED:
             if type(obj) is cls and not getattr(obj, "closed", False) and getattr(obj, "device_pointer", 1) is not None:
                 live[cls.__name__] += 1
-    with open("/proc/self/statm") as f:
-        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    rss = _rss_bytes()
     return {"device_used_MiB": (total - free) / 2**20, **{f"live {k}": v for k, v in live.items()},
             "open fds": len(os.listdir("/proc/self/fd")), "threads": threading.active_count(),
             "host RSS MiB": rss / 2**20}
@@ -57,16 +61,23 @@ def soak(dev: shimrt.Device, iterations: int, progress: bool = True) -> dict:
     comm = Communicator(dev, unique_id(backend=dev.backend), 0, 1)
     before = None
     shaped = checked = collectives = 0
+    # Host memory taken while renewing the communicator and the module, apart from the loop's own.
+    renewals = {"communicator": 0, "module": 0}
     t0 = time.monotonic()
     warmup = min(100, iterations // 10)
     for i in range(iterations + warmup):
         if i == warmup:
             before = resources(dev)
         if i and i % 1000 == 0:  # a new communicator and module now and then: their teardown leaks too
+            r0 = _rss_bytes()
             comm.close()
             comm = Communicator(dev, unique_id(backend=dev.backend), 0, 1)
+            r1 = _rss_bytes()
             module.close()
             module = dev.load(dev.compile(kernels.source("vector_ops"), name="vector_ops.cu"))
+            if before is not None:
+                renewals["communicator"] += r1 - r0
+                renewals["module"] += _rss_bytes() - r1
         saxpy = module["saxpy"]
         shaping = saxpy.shape(256, reserve=NCCL_2_28_SM90.with_threads(512))
         with dev.stream("low") as s, dev.event() as done:
@@ -94,7 +105,8 @@ def soak(dev: shimrt.Device, iterations: int, progress: bool = True) -> dict:
     module.close()
     return {"device": dev.name, "iterations": iterations, "warmup": warmup, "shaped launches": shaped,
             "collectives": collectives, "outputs checked": checked, "seconds": time.monotonic() - t0,
-            "before": before, "after": after}
+            "before": before, "after": after, "renewals": iterations // 1000,
+            "host RSS MiB by renewal": {k: v / 2**20 for k, v in renewals.items()}}
 
 
 def report(result: dict) -> str:
@@ -105,6 +117,11 @@ def report(result: dict) -> str:
     for key, b in result["before"].items():
         a = result["after"][key]
         lines.append(f"{key:24s} {b:14.1f} {a:12.1f} {a - b:+10.1f}")
+    by = result["host RSS MiB by renewal"]
+    grown = result["after"]["host RSS MiB"] - result["before"]["host RSS MiB"]
+    lines.append(f"host RSS change by cause: {by['communicator']:+.1f} MiB over {result['renewals']} new "
+                 f"communicators (NCCL init and destroy), {by['module']:+.1f} MiB over as many reloaded modules, "
+                 f"{grown - sum(by.values()):+.1f} MiB in the launches and collectives themselves")
     return "\n".join(lines)
 
 

@@ -22,7 +22,8 @@ def test_full_selftest_passes_quickly(device):
         assert by[("device", name)]["status"] == "pass", by[("device", name)]
     assert by[("communication", "single-rank collective")]["status"] in ("pass", "skip")
     n_rank = by[("communication", "N-rank collective")]
-    assert n_rank["status"] == "pass" or "needs 2 or more GPUs" in n_rank["detail"]
+    # Passes with 2+ GPUs, or 2 ranks on one GPU where NCCL can; else skipped, saying why.
+    assert n_rank["status"] == "pass" or "puts several ranks on one GPU" in n_rank["detail"], n_rank
     shown = [r for r in results if r["section"] in ("device", "communication")]
     print(f"\nselftest took {elapsed:.1f} s:")
     for r in shown:
