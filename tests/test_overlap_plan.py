@@ -282,6 +282,9 @@ class _Timed:
     def __init__(self, label, kernel=None):
         self.label, self.kernel, self.channels = label, _Kernel(kernel) if kernel else None, None
 
+    def observe(self, record):  # as NcclCollective.observe, without the footprint
+        self.channels = record["grid_x"] * record["grid_y"] * record["grid_z"]
+
 
 def test_cupti_records_become_spans_per_op_of_a_backward_schedule():
     from shimrt.overlap.engine import Engine
@@ -301,7 +304,24 @@ def test_cupti_records_become_spans_per_op_of_a_backward_schedule():
     assert spans == {0: (0.0, 2.0), 1: (2.0, 4.5), 2: (2.0, 4.0), 3: (5.0, 8.0)}
     assert t.makespan == 8.0 and (t.compute.start, t.compute.end, t.comm.end) == (0.0, 4.0, 8.0)
     assert sched.ops[1].work.channels == 24  # NCCL's CTAs, read from its grid
-    # Two kernels for one collective: the side's kernels all go to its first op.
+    # Two ranks of this process: two kernels per collective, by start, to each op in turn.
+    two = records + [rec("_Z22ncclDevKernel_AllReduce", 6_100_000, 9_200_000),
+                     rec("_Z22ncclDevKernel_AllReduce", 3_100_000, 5_400_000)]
+    t = Engine._timing_from_records(ops, two)
+    spans = {i: (s.start, s.end) for i, s in t.ops.items()}
+    assert spans == {0: (0.0, 2.0), 1: (2.0, 4.5), 2: (2.0, 4.0), 3: (5.0, 8.2)} and len(t.rows["comm"]) == 4
+    # Kernels that are no whole number per collective: the side's kernels all go to its first op.
     records.append(rec("_Z22ncclDevKernel_AllReduce", 9_000_000, 9_500_000))
     t = Engine._timing_from_records(ops, records)
     assert set(t.ops) == {0, 1, 2} and t.ops[1].end == 8.5 and len(t.rows["comm"]) == 3
+
+
+def test_an_nccl_kernel_record_gives_its_channels_and_footprint():
+    from shimrt.overlap.collective import channels_and_footprint
+    record = {"name": "_Z32ncclDevKernel_AllReduce_f32_RING24ncclDevKernelArgsStorageILm4096EE", "grid_x": 64,
+              "grid_y": 1, "grid_z": 1, "block_x": 544, "block_y": 1, "block_z": 1, "registers": 96,
+              "static_smem": 36800, "dynamic_smem": 82240}
+    channels, fp = channels_and_footprint(record)
+    assert channels == 64
+    assert (fp.blocks, fp.threads, fp.registers, fp.static_smem, fp.dynamic_smem) == (1, 544, 96, 36800, 82240)
+    assert fp.name == "ncclDevKernel_AllReduce_f32_RING (CUPTI)"

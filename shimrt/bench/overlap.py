@@ -26,19 +26,20 @@ from typing import Any
 import numpy as np
 
 from .. import cli, validate
-from ..config import LaunchEnv, launch_env, settings
+from ..config import launch_env, settings
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..overlap import planner
 from ..overlap.auto import ChoiceCache
 from ..overlap.collective import COLLECTIVES
 from ..overlap.engine import Engine, Schedule
-from ..overlap.standin import STEPS, CommStandIn, StandInSpec
+from ..overlap.standin import STEPS, StandInSpec
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
+from .communication import Communication
+from .communication import comm_kind as _comm_kind
 from .progress import Progress
 
 SCHEMA = "shimrt.bench.overlap/1"
-_PROBE_BYTES = 64 << 20
 _MIB = 1 << 20
 _SPEC = re.compile(r"^([A-Za-z_]+):([0-9]+)(?::([0-9]+))?$")
 
@@ -107,6 +108,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", metavar="POLICY,...", default=list(planner.POLICIES),
                    type=cli.distinct(validate.one_of, "--policies", allowed=planner.POLICIES),
                    help=f"policies to run among {', '.join(planner.POLICIES)} (default: all)")
+    p.add_argument("--local-ranks", metavar="N", default=None,
+                   type=validate.argument(validate.integer, "--local-ranks", least=1, most=64),
+                   help="--comm nccl in one process: how many ranks it holds, each on this GPU (or on the GPUs "
+                        "SHIMRT_DEVICES lists); 2 or more run NCCL's real ring, beside rank 0's compute (default: 2 "
+                        "where NCCL can put two ranks on one GPU, 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1; else 1, "
+                        "which only send_recv makes NCCL launch a kernel for)")
+    p.add_argument("--auto-ctas", metavar="N,...", default="8,16,32",
+                   type=cli.distinct(validate.integer, "--auto-ctas", least=1, most=64),
+                   help="--comm nccl in one process: the channel counts (ncclConfig minCTAs = maxCTAs, one "
+                        "communicator each, made once) auto tries besides NCCL's own choice (default %(default)s)")
     p.add_argument("--ranks", metavar="N", type=validate.argument(_stand_in("ranks"), "--ranks"), default=8,
                    help="ring size the stand-in plays, at least 2 (default 8)")
     p.add_argument("--comm-blocks", metavar="N", type=validate.argument(_stand_in("blocks"), "--comm-blocks"),
@@ -137,13 +148,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run, check=check)
 
 
-def _comm_kind(comm: str, env: LaunchEnv) -> str:
-    """"stand-in" or "nccl": --comm auto is NCCL when launched with 2+ ranks."""
-    if comm != "auto":
-        return comm
-    return "nccl" if env.source is not None and env.world_size >= 2 else "stand-in"
-
-
 def check(args: argparse.Namespace) -> None:
     """What depends on more than one option or on the launch, refused before any device is opened."""
     if _comm_kind(args.comm, launch_env()) == "stand-in" and args.collective not in STEPS:
@@ -154,81 +158,65 @@ def check(args: argparse.Namespace) -> None:
                          "--json results elsewhere with python -m shimrt.bench plot)")
 
 
-class _Communication:
-    """Makes the collectives of the matrix: stand-ins, or NCCL collectives on one communicator."""
-
-    def __init__(self, dev, args):
-        self.dev, self.args = dev, args
-        env = launch_env()
-        self.kind = _comm_kind(args.comm, env)
-        self.comm = None
-        if self.kind == "nccl":
-            from ..launch import init
-            from ..nccl import Communicator, unique_id
-            self.comm = init(dev) if env.source is not None else Communicator(dev, unique_id(), 0, 1)
-
-    @property
-    def root(self) -> bool:
-        return self.comm is None or self.comm.rank == 0
-
-    def make(self, nbytes: int):
-        nbytes = max(nbytes // (1 << 20), 1) << 20
-        a = self.args
-        if self.comm is None:
-            return CommStandIn(self.dev, StandInSpec(nbytes=nbytes, collective=a.collective, ranks=a.ranks,
-                                                     blocks=a.comm_blocks, threads=a.comm_threads,
-                                                     link_gbps=a.link_gbps or None))
-        from ..overlap.collective import NcclCollective
-        return NcclCollective(self.comm, a.collective, nbytes)
-
-    def agree(self, values: list[float]) -> list[float]:
-        """The largest of every rank's ``values`` (so that all ranks size alike)."""
-        if self.comm is None or self.comm.size == 1:
-            return values
-        buf = self.dev.to_device(np.array(values, np.float32))
-        self.comm.all_reduce(buf, op="max")
-        self.comm.wait()
-        return [float(v) for v in buf.numpy()]
-
-    def sized(self, compute: ComputeWorkload, ratio: float):
-        """A collective whose time alone is about ``ratio`` x the compute's (two measured steps)."""
-        comm = self.make(_PROBE_BYTES)
-        for _ in range(2):
-            engine = Engine(self.dev, Schedule.pair(compute, comm), repeats=3)
-            t_comp, t_comm = self.agree(list(engine.alone()))
-            engine.close()
-            comm = self.make(int(comm.nbytes * ratio * t_comp / t_comm))
-        return comm
-
-    def describe(self) -> str:
-        a = self.args
-        if self.comm is None:
-            pace = f"{a.link_gbps:g} GB/s per channel" if a.link_gbps else "unpaced"
-            return (f"stand-in (NCCL's footprint, {a.comm_blocks} blocks x {a.comm_threads} threads, ring of "
-                    f"{a.ranks}, {pace})")
-        return f"NCCL {a.collective} on {self.comm.size} rank(s) ({self.comm.lib.version_text}), timed by CUPTI"
-
-    def close(self) -> None:
-        if self.comm is not None:
-            self.comm.close()
-
-
 def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
     return {"workload": workload, "policy": result.policy, "choice": result.choice.as_dict(),
-            "describe": result.choice.describe(), "bytes": nbytes, "comm": comm_kind,
+            "describe": result.choice.describe() + (f", {result.detail}" if result.detail else ""),
+            "bytes": nbytes, "comm": comm_kind,
             "metrics": result.metrics.as_dict(), "timeline": result.timeline(), "timeline_blocks": result.blocks(),
             "identical": result.note != "differs"}
 
 
-def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any,
-                     progress: Progress) -> tuple[list, list, dict, object]:
+def _auto_nccl(engine: Engine, seq, args: Any, retune: Any) -> tuple[Any, dict]:
+    """Auto with real NCCL: the engine's candidates (priority, shaping, ...) on NCCL's own
+    channel count and, where ``retune(ctas)`` can make one, on communicators with each of
+    ``--auto-ctas`` channels (fewer blocks leave compute more room, but take longer); the fastest
+    run of all. Every rank of this process runs the same candidates in the same order, so no
+    cache. Returns (the result, auto's details)."""
+    comm = engine.schedule.of("comm")[0].work
+    settings_ = [None] + ([c for c in args.auto_ctas if c != comm.channels] if retune is not None else [])
+    best, measured, rejected = None, {}, []
+    for ctas in settings_:
+        eng = engine if ctas is None else retune(ctas)
+        try:
+            choice, times, rej = eng.auto(None)
+            rejected += [f"{r.what}: {r.why}" for r in rej]
+            label = "NCCL's channels" if ctas is None else f"{ctas} channels"
+            measured.update({f"{c.describe()} @ {label}": round(t, 4) for c, t in times.items()})
+            result = eng.measure(choice, t_seq=seq.makespan)
+        except ShimrtError as exc:
+            rejected.append(f"{ctas or 'NCCL'} channels: {exc}")
+            if eng is not engine:
+                eng.close()
+            continue
+        result.policy = "auto"
+        result.detail = f"NCCL {'default channels' if ctas is None else f'{ctas} channels'}"
+        if best is None or result.makespan < best[0].makespan:
+            if best is not None and best[1] is not engine:
+                best[1].close()
+            best = (result, eng)
+        elif eng is not engine:
+            eng.close()
+    if best is None:
+        return None, {"rejected": rejected}
+    result, eng = best
+    if eng is not engine:
+        eng.close()
+    auto = {"choice": f"{result.choice.describe()}, {result.detail}", "cached": False,
+            "measured": dict(sorted(measured.items(), key=lambda x: x[1])), "rejected": rejected}
+    return result, auto
+
+
+def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any, progress: Progress,
+                     retune: Any = None) -> tuple[list, list, dict, object]:
     """Every policy on one workload: (results, infeasible [(policy, why)], auto's details, the
-    occupancy model's estimate for the collective as given)."""
+    occupancy model's estimate for the collective as given). ``retune(ctas)``, where given, is
+    an Engine of the same schedule whose NCCL collective has ``ctas`` channels (auto tries it)."""
     compute = engine.schedule.of("compute")[0].work
-    problem = engine.problem()
     nccl = engine.comm_kind == "nccl"
     progress.step(f"{engine.schedule.label}: alone")
-    model = planner.estimate(problem, *engine.alone())
+    alone = engine.alone()
+    problem = engine.problem()  # after a run: NCCL's kernel as CUPTI saw it, every rank's blocks
+    model = planner.estimate(problem, *alone)
     progress.step(f"{engine.schedule.label}: sequential")
     seq = engine.measure(planner.Choice("sequential"))
     reference = compute.result()
@@ -241,10 +229,17 @@ def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any,
             infeasible.append((policy, "not with NCCL yet: its kernels would have to launch into a green context's "
                                        "stream, which has not been tried"))
             continue
+        if policy == "auto" and nccl:
+            result, auto = _auto_nccl(engine, seq, args, retune)
+            if result is None:
+                infeasible.append((policy, "; ".join(auto["rejected"]) or "no choice could run"))
+                continue
+            results.append(result)
+            if not np.array_equal(compute.result(), reference, equal_nan=True):
+                result.note = "differs"
+            continue
         if policy == "auto":
-            # With NCCL every rank must measure the same candidates in the same order: no cache.
-            cache = None if args.fresh or nccl else \
-                ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
+            cache = None if args.fresh else ChoiceCache(settings().cache_dir, f"{dev.name}|{dev.target.arch}")
             # None is the collective's own setting. Auto may only lower its threads and blocks, to
             # make room beside compute: more of them would make the collective itself faster and
             # measure a different collective than the one T_comm was taken for.
@@ -281,7 +276,8 @@ def table(label: str, comm_kind: str, nbytes: int, results: Any, infeasible: Any
     lines = [f"== {label} ({comm_kind}, {nbytes / (1 << 20):.0f} MiB){times}", head]
     for r in results:
         m = r.metrics
-        lines.append(f"{r.policy:17s} {r.choice.describe()[:44]:44s} {m.makespan_ms:8.3f}ms {m.efficiency:6.2f} "
+        what = r.choice.describe() + (f", {r.detail}" if r.detail else "")
+        lines.append(f"{r.policy:17s} {what[:44]:44s} {m.makespan_ms:8.3f}ms {m.efficiency:6.2f} "
                      f"{m.ratio:6.3f} {m.compute_slowdown:8.3f} {m.comm_start_delay_ms:8.3f}ms {-m.reduction:+7.1%}"
                      + ("  RESULT DIFFERS" if r.note == "differs" else ""))
     for policy, why in infeasible:
@@ -328,8 +324,8 @@ def run(args: argparse.Namespace) -> int:
     policies, computes = args.policies, args.compute
     ratios, sizes = ([], args.bytes) if args.bytes else (args.comm_ratios, [])
     env = launch_env()
-    dev = Device(env.local_rank if env.source is not None else 0)
-    communication = _Communication(dev, args)
+    dev = Device(env.device if env.source is not None else 0)
+    communication = Communication(dev, args)
     comm_kind, root = communication.kind, communication.root
     workloads = [(c, r, s) for c in computes for r, s in ([(r, None) for r in ratios] + [(None, s) for s in sizes])]
     steps = len(workloads) * (len(policies) + 1)
@@ -349,10 +345,19 @@ def run(args: argparse.Namespace) -> int:
             comm = communication.sized(compute, ratio) if ratio is not None else communication.make(nbytes)
             engine = Engine(dev, Schedule.pair(compute, comm), repeats=args.repeats)
             label = engine.schedule.label
+            made = []
+
+            def retune(ctas, compute=compute, nbytes=comm.nbytes, made=made):
+                other = communication.make(nbytes, ctas=ctas)
+                made.append(other)
+                return Engine(dev, Schedule.pair(compute, other), repeats=args.repeats)
             try:
-                results, infeasible, auto, model = measure_workload(dev, engine, policies, args, progress)
+                results, infeasible, auto, model = measure_workload(
+                    dev, engine, policies, args, progress, retune if communication.retunable else None)
             finally:
                 engine.close()
+                for c in [comm, *made]:
+                    communication.release(c)
             tables.append(table(label, comm_kind, comm.nbytes, results, infeasible, model))
             out["runs"] += [_row(label, r, comm_kind, comm.nbytes) for r in results]
             out["infeasible"] += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]

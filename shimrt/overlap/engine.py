@@ -74,6 +74,7 @@ class Result:
     timings: list[Timing]
     metrics: metrics.Metrics | None = None
     note: str = ""
+    detail: str = ""  # what the choice alone does not say (e.g. the NCCL communicator auto picked)
 
     @property
     def makespan(self) -> float:
@@ -272,11 +273,11 @@ class Engine:
                 kinds["compute"].append(r)
             else:  # the engine launched nothing else: NCCL's kernels (C++-mangled names)
                 kinds["comm"].append(r)
-        if kinds["comm"]:  # NCCL picks its channels: one block each
+        if kinds["comm"]:  # NCCL picks its channels (one block each), threads and shared memory
             last = kinds["comm"][-1]
             for _, op in ops:
                 if op.kind == "comm":
-                    op.work.channels = last["grid_x"] * last["grid_y"] * last["grid_z"]
+                    op.work.observe(last)
         wanted = {op.kind for _, op in ops}
         missing = [k for k in wanted if not kinds[k]]
         if missing:

@@ -1,0 +1,144 @@
+"""The communication side of ``bench overlap``: stand-ins, or real NCCL collectives on this
+process's rank(s), and (in one process) communicators of other channel counts for auto."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import LaunchEnv, launch_env
+from ..device import Device
+from ..errors import ShimrtError, UsageError
+from ..overlap.engine import Engine, Schedule
+from ..overlap.standin import CommStandIn, StandInSpec
+from ..overlap.workloads import ComputeWorkload
+
+_PROBE_BYTES = 64 << 20
+
+
+def comm_kind(comm: str, env: LaunchEnv) -> str:
+    """"stand-in" or "nccl": --comm auto is NCCL when launched with 2+ ranks."""
+    if comm != "auto":
+        return comm
+    return "nccl" if env.source is not None and env.world_size >= 2 else "stand-in"
+
+
+class Communication:
+    """Makes the collectives of the matrix: stand-ins, or NCCL collectives on the communicator of
+    this process's rank(s): one rank per process under a launcher, else ``--local-ranks`` ranks
+    in this process (see ``NcclCollective``). In one process auto may also retune NCCL's channel
+    count (``--auto-ctas``): each count is a communicator of its own, made once."""
+
+    def __init__(self, dev, args):
+        self.dev, self.args = dev, args
+        env = launch_env()
+        self.kind = comm_kind(args.comm, env)
+        self.comm, self.comms, self.devices = None, [], []
+        self._by_ctas: dict[int, list] = {}
+        if self.kind != "nccl":
+            return
+        from ..launch import init
+        if env.source is not None:
+            self.comms = [init(dev)]
+        else:
+            self.devices = self._local_devices(args.local_ranks)
+            self.comms = self._local(None)
+        self.comm = self.comms[0]
+
+    def _local_devices(self, wanted: int | None) -> list:
+        from ..config import device_map
+        from ..nccl import library
+        from ..nccl.config import check_shared_gpu
+        lib = library.load(self.dev.backend)
+        mapped = device_map()
+        if wanted is None and mapped is None:  # two ranks on this GPU where NCCL allows it
+            try:
+                check_shared_gpu(lib, self.dev.backend, "")
+                wanted = 2
+            except ShimrtError:
+                wanted = 1
+        indices = list(mapped) if mapped is not None else [self.dev.index] * (wanted or 1)
+        if wanted is not None and len(indices) != wanted:
+            raise UsageError(f"--local-ranks {wanted} needs as many GPUs in SHIMRT_DEVICES, not "
+                             f"{','.join(map(str, indices))}")
+        if len(set(indices)) < len(indices):
+            check_shared_gpu(lib, self.dev.backend, f"--local-ranks {len(indices)} on GPUs {indices}")
+        if indices[0] != self.dev.index:
+            raise UsageError(f"the first GPU of SHIMRT_DEVICES must be the one measured ({self.dev.index})")
+        opened = {self.dev.index: self.dev}
+        return [opened[i] if i in opened else opened.setdefault(i, Device(i, backend=self.dev.backend))
+                for i in indices]
+
+    def _local(self, ctas: int | None) -> list:
+        from ..nccl import CommOptions, Communicator
+        if ctas not in self._by_ctas:
+            options = CommOptions() if ctas is None else CommOptions(min_ctas=ctas, max_ctas=ctas)
+            self._by_ctas[ctas] = Communicator.local(self.devices, options=options)
+        return self._by_ctas[ctas]
+
+    @property
+    def root(self) -> bool:
+        return self.comm is None or self.comm.rank == 0
+
+    @property
+    def retunable(self) -> bool:
+        """Whether auto may make communicators of other channel counts (ranks of this process only)."""
+        return bool(self.devices)
+
+    def make(self, nbytes: int, ctas: int | None = None):
+        nbytes = max(nbytes // (1 << 20), 1) << 20
+        a = self.args
+        if self.comm is None:
+            return CommStandIn(self.dev, StandInSpec(nbytes=nbytes, collective=a.collective, ranks=a.ranks,
+                                                     blocks=a.comm_blocks, threads=a.comm_threads,
+                                                     link_gbps=a.link_gbps or None))
+        from ..overlap.collective import NcclCollective
+        comms = self.comms if ctas is None else self._local(ctas)
+        return NcclCollective(comms, a.collective, nbytes)
+
+    def agree(self, values: list[float]) -> list[float]:
+        """The largest of every rank's ``values`` (so that all ranks size alike)."""
+        if self.comm is None or len(self.comms) == self.comm.size:  # every rank is here: one measurement
+            return values
+        buf = self.dev.to_device(np.array(values, np.float32))
+        self.comm.all_reduce(buf, op="max")
+        self.comm.wait()
+        return [float(v) for v in buf.numpy()]
+
+    def sized(self, compute: ComputeWorkload, ratio: float):
+        """A collective whose time alone is about ``ratio`` x the compute's (two measured steps)."""
+        comm = self.make(_PROBE_BYTES)
+        for _ in range(2):
+            engine = Engine(self.dev, Schedule.pair(compute, comm), repeats=3)
+            t_comp, t_comm = self.agree(list(engine.alone()))
+            engine.close()
+            nbytes = int(comm.nbytes * ratio * t_comp / t_comm)
+            self.release(comm)
+            comm = self.make(nbytes)
+        return comm
+
+    def release(self, comm) -> None:
+        """Free what a collective made (the other ranks' streams)."""
+        if hasattr(comm, "close"):
+            comm.close()
+
+    def describe(self) -> str:
+        a = self.args
+        if self.comm is None:
+            pace = f"{a.link_gbps:g} GB/s per channel" if a.link_gbps else "unpaced"
+            return (f"stand-in (NCCL's footprint, {a.comm_blocks} blocks x {a.comm_threads} threads, ring of "
+                    f"{a.ranks}, {pace})")
+        where = ""
+        if self.devices:
+            gpus = sorted({d.index for d in self.devices})
+            where = f", {len(self.devices)} in this process on GPU{'s' if len(gpus) > 1 else ''} " \
+                    f"{','.join(map(str, gpus))}, every rank's kernels counted"
+        return (f"NCCL {a.collective} on {self.comm.size} rank(s){where} ({self.comm.lib.version_text}), "
+                "timed by CUPTI")
+
+    def close(self) -> None:
+        for comms in self._by_ctas.values():
+            for c in comms:
+                c.close()
+        if not self.devices:
+            for c in self.comms:
+                c.close()
