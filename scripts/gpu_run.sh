@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh        results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl]   results land in $OUT (default ./out):
+#   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
+#   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
+#   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); all: every part.
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
+part=${1:-all}
+case $part in all|tests|benches|nccl) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -18,17 +23,35 @@ summary="$OUT/summary.txt"
 # A test that hangs fails after PYTEST_TIMEOUT seconds (pytest-timeout), and faulthandler dumps every thread's
 # stack after 150 s, even when the main thread is blocked in C,
 # instead of taking the whole call with it; the slowest tests are listed at the end.
+if [ "$part" = all ] || [ "$part" = tests ]; then
 python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 tests 2>&1 \
   | tee "$OUT/pytest.log" | tail -3 || status=1
 grep -q " failed" "$OUT/pytest.log" && status=1
 python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | tr '\r' '\n' | grep -v "^soak [0-9]" | tee -a "$summary" || status=1
-for step in "shimrt.selftest --quiet" \
-            "shimrt.bench launch --json $OUT/bench_launch.json" \
+echo "== python -m shimrt.selftest --quiet" | tee -a "$summary"
+python3 -m shimrt.selftest --quiet 2>&1 | tee -a "$summary" || status=1
+fi
+steps=()
+if [ "$part" = all ] || [ "$part" = benches ]; then
+  steps+=("shimrt.bench launch --json $OUT/bench_launch.json" \
             "shimrt.overlap.footprint --json $OUT/footprint.json" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives.json" \
             "shimrt.bench gemm --json $OUT/gemm.json" \
             "shimrt.bench overlap --quiet --json $OUT/overlap.json" \
-            "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json"; do
+            "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json" \
+            "shimrt.bench host-cost --json $OUT/host_cost.json")
+fi
+if [ "$part" = all ] || [ "$part" = nccl ]; then
+  if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
+    steps+=("shimrt.bench host-cost --json $OUT/host_cost_multirank.json" \
+            "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
+            "shimrt.launch --nproc 2 --devices 0,0 --timeout 300 -m shimrt.bench collectives -e 64M -n 10 -w 3 --torch --json $OUT/collectives_2procs.json" \
+            "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json")
+  else
+    echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
+  fi
+fi
+for step in "${steps[@]}"; do
   echo "== python -m $step" | tee -a "$summary"
   python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || status=1
 done

@@ -6,13 +6,22 @@ import time
 from typing import Any
 
 
-def until(done: Any, timeout: float, first: float = 1e-5, longest: float = 1e-3) -> bool:
+def until(done: Any, timeout: float, first: float = 1e-5, longest: float = 1e-3, spin: float = 0.0) -> bool:
     """Call ``done()`` until it returns true (then True) or ``timeout`` seconds pass (then False).
 
-    Pauses start at ``first`` seconds and double up to ``longest``, so short waits stay short and
-    long ones do not spin.
+    For the first ``spin`` seconds ``done()`` is called back to back (a sleep costs tens of
+    microseconds, more than what finishes within them); then pauses start at ``first`` seconds
+    and double up to ``longest``, so short waits stay short and long ones do not spin.
     """
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    if spin > 0:
+        stop_spinning = start + min(spin, timeout)
+        while not done():
+            if time.monotonic() > stop_spinning:
+                break
+        else:
+            return True
     pause = first
     while not done():
         left = deadline - time.monotonic()

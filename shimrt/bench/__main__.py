@@ -13,7 +13,8 @@ from typing import Sequence
 from .. import cli
 
 #: subcommand -> its module in shimrt.bench, in the order --help lists them.
-COMMANDS = {"launch": "launch", "collectives": "collectives", "gemm": "gemm", "overlap": "overlap", "plot": "plots"}
+COMMANDS = {"launch": "launch", "collectives": "collectives", "gemm": "gemm", "overlap": "overlap",
+            "host-cost": "host_cost", "plot": "plots"}
 
 
 def module(command: str) -> ModuleType:

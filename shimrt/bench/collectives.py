@@ -6,8 +6,12 @@ nccl-tests: -b/--minbytes and -e/--maxbytes take sizes with K, M or G suffixes (
 -f/--stepfactor multiplies, -n/--iters and -w/--warmup_iters count iterations per size, e.g.
 -b 8 -e 256M -f 2.
 
-Runs one rank per local GPU in this process (Communicator.local), or one rank per process under
-python -m shimrt.launch / torchrun / MPI. busbw = algbw x nccl-tests' factor: AllReduce
+Runs one rank per local GPU in this process (Communicator.local; on a machine of one GPU, two ranks
+on it where NCCL 2.30+ allows it with NCCL_MULTI_RANK_GPU_ENABLE=1; --local-ranks or
+SHIMRT_DEVICES to choose), or one rank per process under python -m shimrt.launch / torchrun / MPI.
+--torch times torch.distributed's collectives beside shimrt's on the same NCCL library (torch
+takes the libnccl.so.2 shimrt loaded first) with one rank per process: alone, or under the
+launcher. busbw = algbw x nccl-tests' factor: AllReduce
 2(n-1)/n; ReduceScatter and AllGather (n-1)/n, with the size counted as the gathered size;
 Broadcast and Reduce 1. Times are device-event medians.
 """
@@ -15,6 +19,7 @@ Broadcast and Reduce 1. Times are device-event medians.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
@@ -26,7 +31,7 @@ from .. import cli, validate
 from ..config import launch_env
 from ..device import Device
 from ..errors import UsageError
-from ..nccl import buffer_counts
+from ..nccl import buffer_counts, group
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 MAX_BYTES = 1 << 40  # 1 TiB: more than any GPU holds, and the sizes stay within what drivers take
@@ -57,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ops", metavar="OP[,OP...]", default=list(COLLECTIVES),
                    type=cli.distinct(validate.one_of, "--ops", allowed=COLLECTIVES),
                    help=f"comma-separated collectives among {', '.join(COLLECTIVES)} (default: all)")
+    p.add_argument("--local-ranks", metavar="N", default=None,
+                   type=validate.argument(validate.integer, "--local-ranks", least=1, most=64),
+                   help="ranks this process holds when not launched (default: one per GPU; on one GPU, 2 where "
+                        "NCCL can put two ranks on it, else 1)")
+    p.add_argument("--torch", action="store_true",
+                   help="also time torch.distributed's collectives, one rank per process, on the same NCCL")
     cli.add_json(p)
     p.set_defaults(run=run, check=check)
 
@@ -64,6 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace) -> None:
     """Relations between options, refused before any device is opened."""
     sizes(args.min_bytes, args.max_bytes, args.factor)
+    if args.torch and importlib.util.find_spec("torch") is None:
+        raise UsageError("--torch needs torch (pip install 'shimrt[torch]')")
 
 
 def sizes(min_bytes: Any, max_bytes: Any, factor: int = 2) -> list[int]:
@@ -85,13 +98,13 @@ def bus_factor(op: str, n: int) -> float:
     return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(op, 1.0)
 
 
-def _communicators():
+def _communicators(local_ranks: int | None = None):
     from ..launch import init
     from ..nccl import Communicator
+    from .communication import local_devices
     if launch_env().source is not None:
         return [init()]
-    probe = Device()
-    return Communicator.local([probe] + [Device(i, backend=probe.backend) for i in range(1, probe.device_count())])
+    return Communicator.local(local_devices(Device(), local_ranks))
 
 
 def _buffers(comm, op, nbytes):
@@ -128,8 +141,9 @@ def measure(comms: list, ops: list[str], sizes: list[int], iters: int = 20, warm
                 times = []
                 for i in range(warmup + iters):
                     starts = [c.stream.record() for c in comms]
-                    for c, (s, r) in zip(comms, pairs, strict=True):
-                        c.collective(op, s, r)  # reductions sum, broadcast and reduce from root 0
+                    with group(*comms):  # the ranks of this process, each on its own stream
+                        for c, (s, r) in zip(comms, pairs, strict=True):
+                            c.collective(op, s, r)  # reductions sum, broadcast and reduce from root 0
                     ends = [c.stream.record() for c in comms]
                     for c in comms:
                         c.wait()
@@ -156,32 +170,103 @@ def _in_place(comm, pair):
     return send, send
 
 
+_TORCH_IN_PLACE = ("all_reduce", "broadcast", "reduce")  # torch's calls for these take one tensor
+
+
+def torch_measure(comm, ops: list[str], sizes: list[int], iters: int = 20, warmup: int = 5) -> dict:
+    """torch.distributed's time (us, device-event median) for each (op, size) on this process's
+    one rank: in place where torch's call takes one tensor, out of place for all_gather and
+    reduce_scatter. The process group joins through a HashStore (one rank) or a FileStore named
+    by the communicator's unique id (every rank of a launch has it); torch takes the NCCL that is
+    loaded already (shimrt's). ``comm`` only says the device, rank and size."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(comm.device.index)
+    if comm.size == 1:
+        store = dist.HashStore()
+    else:
+        store = dist.FileStore(str(Path(tempfile.gettempdir()) / f"shimrt-torch-{comm.unique_id.hex()[:32]}"),
+                               comm.size)
+    dist.init_process_group("nccl", store=store, rank=comm.rank, world_size=comm.size,
+                            device_id=torch.device("cuda", comm.device.index))
+    n = comm.size
+    out = {"nccl": ".".join(map(str, torch.cuda.nccl.version())), "times": {}}
+    try:
+        for op in ops:
+            for nbytes in sizes:
+                send_count, recv_count = buffer_counts(op, max(nbytes // 4 // n * n, n), n, given="largest")
+                a = torch.zeros(send_count, dtype=torch.float32, device="cuda")
+                b = torch.zeros(recv_count, dtype=torch.float32, device="cuda")
+                call = {"all_reduce": lambda a=a: dist.all_reduce(a),
+                        "broadcast": lambda a=a: dist.broadcast(a, 0),
+                        "reduce": lambda a=a: dist.reduce(a, 0),
+                        "all_gather": lambda a=a, b=b: dist.all_gather_into_tensor(b, a),
+                        "reduce_scatter": lambda a=a, b=b: dist.reduce_scatter_tensor(b, a)}[op]
+                times = []
+                for i in range(warmup + iters):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    call()
+                    end.record()
+                    end.synchronize()
+                    if i >= warmup:
+                        times.append(start.elapsed_time(end) * 1e3)
+                out["times"][f"{op}:{nbytes}"] = statistics.median(times)
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
 def report(rows: list[dict]) -> str:
     """nccl-tests' table of ``rows`` (from :func:`measure`)."""
     lines = [f"# {rows[0]['ranks'] if rows else 0} rank(s); times in us, bandwidths in GB/s",
              f"{'op':>14s} {'size':>12s} {'count':>10s} {'type':>8s} {'redop':>6s} {'root':>5s} "
              f"{'time':>9s} {'algbw':>7s} {'busbw':>7s}   {'time':>9s} {'algbw':>7s} {'busbw':>7s}",
              f"{'':>68s}out-of-place{'':>21s}in-place"]
+    torch_too = any("torch_us" in r for r in rows)
+    if torch_too:
+        lines[1] += f"   {'torch':>9s} {'shimrt/torch':>12s}"
     for r in rows:
         o, i = r["out"], r["in"]
-        lines.append(f"{r['op']:>14s} {r['bytes']:12d} {r['count']:10d} {r['type']:>8s} {r['redop']:>6s} "
-                     f"{r['root']:5d} {o['time_us']:9.1f} {o['algbw']:7.2f} {o['busbw']:7.2f}   "
-                     f"{i['time_us']:9.1f} {i['algbw']:7.2f} {i['busbw']:7.2f}")
+        line = (f"{r['op']:>14s} {r['bytes']:12d} {r['count']:10d} {r['type']:>8s} {r['redop']:>6s} "
+                f"{r['root']:5d} {o['time_us']:9.1f} {o['algbw']:7.2f} {o['busbw']:7.2f}   "
+                f"{i['time_us']:9.1f} {i['algbw']:7.2f} {i['busbw']:7.2f}")
+        if "torch_us" in r:  # against shimrt in the same place (in place where torch's call is)
+            ours = (i if r["op"] in _TORCH_IN_PLACE else o)["time_us"]
+            line += f"   {r['torch_us']:9.1f} {ours / r['torch_us']:11.3f}x"
+        lines.append(line)
+    if torch_too:
+        lines.append("torch: torch.distributed's time, in place for all_reduce, broadcast and reduce and out of "
+                     "place for the others, against shimrt's in the same place")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     """``bench collectives``: measure, print nccl-tests' table, write --json."""
     steps = sizes(args.min_bytes, args.max_bytes, args.factor)
-    comms = _communicators()
+    comms = _communicators(args.local_ranks)
+    torch_result = None
     try:
         rows = measure(comms, args.ops, steps, args.iters, args.warmup)
+        if args.torch and len(comms) > 1:
+            print("bench collectives: --torch needs one rank per process (torch.distributed holds one rank "
+                  f"per process; this one holds {len(comms)}): run under python -m shimrt.launch", file=sys.stderr)
+        elif args.torch:
+            torch_result = torch_measure(comms[0], args.ops, steps, args.iters, args.warmup)
+            for r in rows:
+                r["torch_us"] = torch_result["times"][f"{r['op']}:{r['bytes']}"]
     finally:
         for c in comms:
             c.close()
     if comms[0].rank == 0:
         print(report(rows))
+        if torch_result is not None:
+            print(f"torch.distributed used NCCL {torch_result['nccl']}; shimrt {comms[0].lib.version_text}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": comms[0].size, "rows": rows}, f, indent=2)
+                json.dump({"ranks": comms[0].size, "local_ranks": len(comms), "rows": rows,
+                           "torch_nccl": torch_result["nccl"] if torch_result else None}, f, indent=2)
     return 0

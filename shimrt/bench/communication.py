@@ -22,6 +22,39 @@ def comm_kind(comm: str, env: LaunchEnv) -> str:
     return "nccl" if env.source is not None and env.world_size >= 2 else "stand-in"
 
 
+def local_devices(dev: Device, wanted: int | None = None) -> list[Device]:
+    """The devices of the ranks one process holds, ``dev`` first: the GPUs SHIMRT_DEVICES lists;
+    else ``wanted`` ranks (default: one per GPU) on the first GPUs, or all on ``dev`` when it is
+    the only one, where ``wanted`` defaults to 2 if the NCCL loaded can put two ranks on one GPU
+    and 1 otherwise. CollectiveError, naming what is missing, when ranks would share a GPU that
+    NCCL cannot share."""
+    from ..config import device_map
+    from ..nccl import library
+    from ..nccl.config import check_shared_gpu
+    lib = library.load(dev.backend)
+    count, mapped = dev.device_count(), device_map()
+    if mapped is not None:
+        indices = list(mapped)
+        if wanted is not None and len(indices) != wanted:
+            raise UsageError(f"{wanted} local ranks need as many GPUs in SHIMRT_DEVICES, not {mapped}")
+    elif count >= 2:
+        indices = [(dev.index + i) % count for i in range(wanted or count)]
+    else:
+        if wanted is None:
+            try:
+                check_shared_gpu(lib, dev.backend, "")
+                wanted = 2
+            except ShimrtError:
+                wanted = 1
+        indices = [dev.index] * wanted
+    if indices[0] != dev.index:
+        raise UsageError(f"the first GPU of SHIMRT_DEVICES ({indices[0]}) must be the one measured ({dev.index})")
+    if len(set(indices)) < len(indices):
+        check_shared_gpu(lib, dev.backend, f"{len(indices)} ranks on GPUs {indices}")
+    opened = {dev.index: dev}
+    return [opened[i] if i in opened else opened.setdefault(i, Device(i, backend=dev.backend)) for i in indices]
+
+
 class Communication:
     """Makes the collectives of the matrix: stand-ins, or NCCL collectives on the communicator of
     this process's rank(s): one rank per process under a launcher, else ``--local-ranks`` ranks
@@ -40,33 +73,9 @@ class Communication:
         if env.source is not None:
             self.comms = [init(dev)]
         else:
-            self.devices = self._local_devices(args.local_ranks)
+            self.devices = local_devices(dev, args.local_ranks)
             self.comms = self._local(None)
         self.comm = self.comms[0]
-
-    def _local_devices(self, wanted: int | None) -> list:
-        from ..config import device_map
-        from ..nccl import library
-        from ..nccl.config import check_shared_gpu
-        lib = library.load(self.dev.backend)
-        mapped = device_map()
-        if wanted is None and mapped is None:  # two ranks on this GPU where NCCL allows it
-            try:
-                check_shared_gpu(lib, self.dev.backend, "")
-                wanted = 2
-            except ShimrtError:
-                wanted = 1
-        indices = list(mapped) if mapped is not None else [self.dev.index] * (wanted or 1)
-        if wanted is not None and len(indices) != wanted:
-            raise UsageError(f"--local-ranks {wanted} needs as many GPUs in SHIMRT_DEVICES, not "
-                             f"{','.join(map(str, indices))}")
-        if len(set(indices)) < len(indices):
-            check_shared_gpu(lib, self.dev.backend, f"--local-ranks {len(indices)} on GPUs {indices}")
-        if indices[0] != self.dev.index:
-            raise UsageError(f"the first GPU of SHIMRT_DEVICES must be the one measured ({self.dev.index})")
-        opened = {self.dev.index: self.dev}
-        return [opened[i] if i in opened else opened.setdefault(i, Device(i, backend=self.dev.backend))
-                for i in indices]
 
     def _local(self, ctas: int | None) -> list:
         from ..nccl import CommOptions, Communicator
@@ -115,6 +124,16 @@ class Communication:
             self.release(comm)
             comm = self.make(nbytes)
         return comm
+
+    def stand_in_like(self, comm) -> CommStandIn:
+        """The stand-in playing ``comm`` (an NCCL collective that has run): its bytes, ring size,
+        blocks on this GPU (every local rank's channels) and threads, as CUPTI saw NCCL's kernel."""
+        a = self.args
+        threads = min(max(32, comm.footprint().threads // 32 * 32), 640)
+        collective = a.collective if a.collective != "send_recv" else "all_reduce"
+        return CommStandIn(self.dev, StandInSpec(nbytes=comm.nbytes, collective=collective,
+                                                 ranks=max(comm.comm.size, 2), blocks=comm.blocks(), threads=threads,
+                                                 link_gbps=a.link_gbps or None))
 
     def release(self, comm) -> None:
         """Free what a collective made (the other ranks' streams)."""

@@ -118,6 +118,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=cli.distinct(validate.integer, "--auto-ctas", least=1, most=64),
                    help="--comm nccl in one process: the channel counts (ncclConfig minCTAs = maxCTAs, one "
                         "communicator each, made once) auto tries besides NCCL's own choice (default %(default)s)")
+    p.add_argument("--stand-in-too", action="store_true",
+                   help="--comm nccl: also run each workload with the stand-in playing the same collective (same "
+                        "bytes, ring size, blocks on this GPU and threads as NCCL's kernel), to set the two side by "
+                        "side")
     p.add_argument("--ranks", metavar="N", type=validate.argument(_stand_in("ranks"), "--ranks"), default=8,
                    help="ring size the stand-in plays, at least 2 (default 8)")
     p.add_argument("--comm-blocks", metavar="N", type=validate.argument(_stand_in("blocks"), "--comm-blocks"),
@@ -328,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
     communication = Communication(dev, args)
     comm_kind, root = communication.kind, communication.root
     workloads = [(c, r, s) for c in computes for r, s in ([(r, None) for r in ratios] + [(None, s) for s in sizes])]
-    steps = len(workloads) * (len(policies) + 1)
+    steps = len(workloads) * (len(policies) + 1) * (2 if args.stand_in_too and comm_kind == "nccl" else 1)
     progress = Progress(steps, enabled=root and not args.quiet)
     out = {"schema": SCHEMA, "device": {"name": dev.name, "arch": dev.target.arch, "num_sms": dev.target.num_sms,
                                         "backend": dev.backend},
@@ -363,6 +367,18 @@ def run(args: argparse.Namespace) -> int:
             out["infeasible"] += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]
             out["summary"].append(summary(label, results, model))
             out["auto"][label] = auto
+            if args.stand_in_too and comm_kind == "nccl":
+                twin = communication.stand_in_like(comm)
+                engine = Engine(dev, Schedule.pair(compute, twin), repeats=args.repeats)
+                try:
+                    results, infeasible, auto, model = measure_workload(dev, engine, policies, args, progress)
+                finally:
+                    engine.close()
+                label = engine.schedule.label + " (stand-in beside NCCL)"
+                tables.append(table(label, "stand-in", twin.nbytes, results, infeasible, model))
+                out["runs"] += [_row(label, r, "stand-in", twin.nbytes) for r in results]
+                out["summary"].append(summary(label, results, model))
+                out["auto"][label] = auto
     finally:
         progress.close()
         communication.close()
