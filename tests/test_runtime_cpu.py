@@ -99,3 +99,18 @@ def test_bounded_waiting_stops_at_the_deadline():
     assert 0.05 <= time.monotonic() - t0 < 1.0 and len(calls) > 3
     ticks = iter([False, False, True])
     assert waiting.until(lambda: next(ticks), 5) is True
+
+
+def test_bounded_waiting_spins_before_it_sleeps():
+    import time
+
+    from shimrt import waiting
+    calls = []
+    t0 = time.monotonic()
+    # Spinning: many calls within 20 ms, then the sleeps until the deadline.
+    assert waiting.until(lambda: calls.append(1) and False, 0.05, first=0.01, longest=0.01, spin=0.02) is False
+    assert 0.05 <= time.monotonic() - t0 < 1.0 and len(calls) > 100
+    ticks = iter([False] * 50 + [True])
+    t0 = time.monotonic()
+    assert waiting.until(lambda: next(ticks), 5, first=1.0, spin=0.5) is True
+    assert time.monotonic() - t0 < 0.5  # settled while spinning: no one-second sleep
