@@ -239,14 +239,20 @@ def test_threads_loading_at_once_share_one_library(nccl, monkeypatch):
 
 
 def test_a_failing_path_is_still_reported_after_a_load(nccl, monkeypatch, tmp_path):
+    import os
+    original = os.environ.get("SHIMRT_NCCL_LIBRARY")  # the NCCL the fixture loaded, where one was set
     monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", str(tmp_path / "libnccl-nope.so"))
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))
     with pytest.raises(CollectiveError, match="SHIMRT_NCCL_LIBRARY=.*libnccl-nope.so"):
         library.load("hip")
     with pytest.raises(CollectiveError, match="SHIMRT_NCCL_LIBRARY=.*libnccl-nope.so"):
         library.load("cuda")  # the one place searched while it is set: no fall back to the wheel's NCCL
-    monkeypatch.delenv("SHIMRT_NCCL_LIBRARY")
+    if original:
+        monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", original)
+    else:
+        monkeypatch.delenv("SHIMRT_NCCL_LIBRARY")
     assert library.load("cuda") is nccl
+    monkeypatch.delenv("SHIMRT_NCCL_LIBRARY", raising=False)
     with pytest.raises(CollectiveError, match="RCCL.*rocm/lib/librccl.so.*librccl.so"):
         library.load("hip")
 
