@@ -77,12 +77,22 @@ class Communication:
             self.comms = self._local(None)
         self.comm = self.comms[0]
 
-    def _local(self, ctas: int | None) -> list:
+    def _local(self, ctas: int | str | None) -> list:
+        """This process's ranks with ``ctas`` channels (None: NCCL's choice; "efficiency": NCCL's
+        CTA policy that uses the fewest), made once."""
         from ..nccl import CommOptions, Communicator
         if ctas not in self._by_ctas:
-            options = CommOptions() if ctas is None else CommOptions(min_ctas=ctas, max_ctas=ctas)
+            options = CommOptions() if ctas is None else CommOptions(cta_policy=ctas) if isinstance(ctas, str) \
+                else CommOptions(min_ctas=ctas, max_ctas=ctas)
             self._by_ctas[ctas] = Communicator.local(self.devices, options=options)
         return self._by_ctas[ctas]
+
+    def channel_settings(self) -> list:
+        """What auto may try besides NCCL's own channels: --auto-ctas, and NCCL's "efficiency" CTA
+        policy where this NCCL has it (2.27+)."""
+        from ..nccl.config import has_field
+        extra = ["efficiency"] if has_field(self.comm.lib.version, "CTAPolicy") else []
+        return list(self.args.auto_ctas) + extra
 
     @property
     def root(self) -> bool:
@@ -93,7 +103,7 @@ class Communication:
         """Whether auto may make communicators of other channel counts (ranks of this process only)."""
         return bool(self.devices)
 
-    def make(self, nbytes: int, ctas: int | None = None):
+    def make(self, nbytes: int, ctas: int | str | None = None):
         nbytes = max(nbytes // (1 << 20), 1) << 20
         a = self.args
         if self.comm is None:

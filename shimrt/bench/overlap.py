@@ -117,7 +117,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auto-ctas", metavar="N,...", default="8,16,32",
                    type=cli.distinct(validate.integer, "--auto-ctas", least=1, most=64),
                    help="--comm nccl in one process: the channel counts (ncclConfig minCTAs = maxCTAs, one "
-                        "communicator each, made once) auto tries besides NCCL's own choice (default %(default)s)")
+                        "communicator each, made once) auto tries besides NCCL's own choice and, where NCCL has "
+                        "it, its 'efficiency' CTA policy (default %(default)s)")
     p.add_argument("--stand-in-too", action="store_true",
                    help="--comm nccl: also run each workload with the stand-in playing the same collective (same "
                         "bytes, ring size, blocks on this GPU and threads as NCCL's kernel), to set the two side by "
@@ -177,23 +178,25 @@ def _auto_nccl(engine: Engine, seq, args: Any, retune: Any) -> tuple[Any, dict]:
     run of all. Every rank of this process runs the same candidates in the same order, so no
     cache. Returns (the result, auto's details)."""
     comm = engine.schedule.of("comm")[0].work
-    settings_ = [None] + ([c for c in args.auto_ctas if c != comm.channels] if retune is not None else [])
+    settings_ = [None] + ([c for c in retune.settings if c != comm.channels] if retune is not None else [])
     best, measured, rejected = None, {}, []
     for ctas in settings_:
         eng = engine if ctas is None else retune(ctas)
         try:
             choice, times, rej = eng.auto(None)
             rejected += [f"{r.what}: {r.why}" for r in rej]
-            label = "NCCL's channels" if ctas is None else f"{ctas} channels"
+            label = "NCCL's channels" if ctas is None else f"{ctas} channels" if isinstance(ctas, int) else \
+                f"CTA policy {ctas}"
             measured.update({f"{c.describe()} @ {label}": round(t, 4) for c, t in times.items()})
             result = eng.measure(choice, t_seq=seq.makespan)
         except ShimrtError as exc:
-            rejected.append(f"{ctas or 'NCCL'} channels: {exc}")
+            rejected.append(f"{ctas or 'NCCL default'} channels: {exc}")
             if eng is not engine:
                 eng.close()
             continue
         result.policy = "auto"
-        result.detail = f"NCCL {'default channels' if ctas is None else f'{ctas} channels'}"
+        result.detail = "NCCL default channels" if ctas is None else f"NCCL {ctas} channels" if isinstance(ctas, int) \
+            else f"NCCL CTA policy {ctas}"
         if best is None or result.makespan < best[0].makespan:
             if best is not None and best[1] is not engine:
                 best[1].close()
@@ -355,6 +358,7 @@ def run(args: argparse.Namespace) -> int:
                 other = communication.make(nbytes, ctas=ctas)
                 made.append(other)
                 return Engine(dev, Schedule.pair(compute, other), repeats=args.repeats)
+            retune.settings = communication.channel_settings() if communication.retunable else []
             try:
                 results, infeasible, auto, model = measure_workload(
                     dev, engine, policies, args, progress, retune if communication.retunable else None)
