@@ -6,8 +6,7 @@ Numba) and device DLPack producers (torch, CuPy, JAX).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -15,8 +14,9 @@ from . import dlpack
 from .errors import UsageError
 
 
-@dataclass(frozen=True)
-class ArrayInfo:
+class ArrayInfo(NamedTuple):
+    """A device array as collectives and launches see it (a tuple: made on every call, cheaply)."""
+
     pointer: int
     dtype: str      # numpy-style name: "float32", "int64", "bfloat16", ...
     count: int      # elements
@@ -34,8 +34,9 @@ def describe(obj: Any, what: str = "array") -> ArrayInfo:
     """ArrayInfo of a contiguous device array; UsageError for host arrays and strided views."""
     if isinstance(obj, np.ndarray):
         raise UsageError(f"{what} is a numpy array on the host; pass device memory (Device.to_device)")
-    if getattr(obj, "device_pointer", None) is not None:  # shimrt Buffer
-        return ArrayInfo(obj.ptr, obj.dtype.name, obj.size, obj.dtype.itemsize)
+    info = getattr(obj, "array_info", None)  # a shimrt Buffer: what it knows of itself, checked live
+    if info is not None:
+        return info()
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         try:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import validate
+from .arrays import ArrayInfo
 from .errors import UsageError
 from .lifetime import Closing, finalizer
 
@@ -85,7 +86,16 @@ class Buffer(Closing):
     @property
     def size(self) -> int:
         """Elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
+
+    def array_info(self) -> ArrayInfo:
+        """Pointer, dtype name, element count and item size (:func:`shimrt.arrays.describe`);
+        UsageError once freed. Made once: a collective asks on every call."""
+        ptr = self.ptr
+        info = self.__dict__.get("_array_info")
+        if info is None:
+            info = self._array_info = ArrayInfo(ptr, self.dtype.name, self.size, self.dtype.itemsize)
+        return info
 
     def view(self, dtype: Any = None, shape: Any = None) -> "Buffer":
         """The same memory as another dtype and/or shape (same number of bytes)."""

@@ -95,6 +95,8 @@ def nccl_count(collective: str, send: arrays.ArrayInfo, recv: arrays.ArrayInfo, 
     than needed; where both sides hold one count they must be equal."""
     row = row_of(collective)
     size = validate.integer(size, "size", least=1)
+    if row.ranks_in is None and recv.count == send.count:  # one count on both sides: nothing to split
+        return send.count
     count = recv.count if row.ranks_in == "send" else send.count  # NCCL counts the per-rank side
     need_send, need_recv = buffer_counts(collective, count, size)
     if row.ranks_in is None:
@@ -144,8 +146,10 @@ def op_of(name: str, row: Collective, op: str | None) -> int | None:
             raise UsageError(f"{name} takes no op (it reduces nothing)")
         return None
     op = "sum" if op is None else op
-    validate.one_of(op, "op", library.REDOPS)
-    return library.REDOPS[op]
+    code = library.REDOPS.get(op) if type(op) is str else None
+    if code is None:
+        validate.one_of(op, "op", library.REDOPS)  # refuses it, naming what is allowed
+    return code
 
 
 def rank_of(name: str, row: Collective, size: int, root: int | None, peer: int | None) -> int | None:
