@@ -102,7 +102,7 @@ def test_bad_arguments_of_the_rule_are_refused(call, message):
 
 # --- the table -------------------------------------------------------------------------------
 
-NOT_COLLECTIVES = {"collective", "group", "wait", "abort", "close", "local"}
+NOT_COLLECTIVES = {"collective", "prepare", "group", "wait", "abort", "close", "local"}
 
 
 def test_the_table_covers_exactly_the_communicators_collectives():

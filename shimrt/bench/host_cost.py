@@ -4,7 +4,9 @@ An 8-byte in-place all_reduce, so the host's work is the whole cost: with one ra
 nothing for it. Side by side in one run, the methods interleaved batch by batch, on the same
 communicator and stream:
 - shimrt: ``comm.all_reduce(buf)`` (every argument checked, the buffer described, the stream
-  resolved, and a non-blocking communicator's ncclInProgress polled);
+  resolved, and a non-blocking communicator's ncclInProgress polled), and the same call made
+  with ``comm.prepare("all_reduce", buf)`` (checked and packed once; each call checks that the
+  communicator and buffer are alive);
 - direct: ``ncclAllReduce`` through ctypes with the arguments packed once, and the same poll;
 for a non-blocking and a blocking communicator, with one rank and, where this NCCL can put two
 ranks on one GPU (2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1) or there are two GPUs, with two ranks
@@ -77,11 +79,11 @@ def _direct(comms: list, bufs: list) -> Callable[[], None]:
     return grouped
 
 
-def _shimrt(comms: list, bufs: list) -> Callable[[], None]:
+def _shimrt(comms: list, bufs: list, prepared: bool = False) -> Callable[[], None]:
     from ..nccl import group
     if len(comms) == 1:
         c, b = comms[0], bufs[0]
-        return lambda: c.all_reduce(b)
+        return c.prepare("all_reduce", b) if prepared else (lambda: c.all_reduce(b))
 
     def grouped() -> None:
         with group(*comms):
@@ -178,6 +180,8 @@ def measure(dev: Device, calls: int = 200, batches: int = 50, torch_too: bool = 
                 for c in cs:
                     c.wait(timeout=60)
             methods[f"{label}: shimrt"] = (_shimrt(comms, bufs), sync)
+            if len(comms) == 1:
+                methods[f"{label}: shimrt prepared"] = (_shimrt(comms, bufs, prepared=True), sync)
             methods[f"{label}: direct ctypes"] = (_direct(comms, bufs), sync)
         torch_setup = _torch(dev) if torch_too else None
         torch_version = None

@@ -278,13 +278,8 @@ class Communicator:
             raise CollectiveError("the communicator is closed or was aborted")
         return self._handle
 
-    def collective(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
-                   peer: int | None = None, stream: Any = None) -> None:
-        """Enqueue collective ``name`` (a key of :data:`COLLECTIVES`) on ``stream`` (default:
-        ``comm.stream``). ``send`` is the send buffer, or the one buffer of send and recv;
-        ``recv`` None runs in place where the collective allows it. ``op`` (default "sum") only
-        for reducing collectives, ``root`` (default 0) only for broadcast and reduce, ``peer``
-        for send and recv. Everything is checked before NCCL sees it."""
+    def _packed(self, name, send, recv, op, root, peer, stream) -> tuple:
+        """(the row, the stream's handle, the C arguments) of a call, everything checked."""
         row = row_of(name)
         s, r = buffers_of(name, row, send, recv)
         datatype = datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
@@ -292,9 +287,14 @@ class Communicator:
         handle = self.device.stream_handle(self._target(stream))
         args = row.arguments(s.pointer, r.pointer, count, datatype, op_of(name, row, op),
                              rank_of(name, row, self.size, root, peer), self._live(), ctypes.c_void_p(handle))
+        return row, handle, args
+
+    def _issue_or_queue(self, name: str, row: Any, handle: int, args: tuple) -> None:
         calls = getattr(_GROUP, "calls", None)
         if calls is None:
-            self._poll(getattr(self.lib, row.function)(*args), row.function)
+            result = getattr(self.lib, row.function)(*args)
+            if result:
+                self._poll(result, row.function)
             return
         for other, other_handle, *_ in calls:
             if other._clique == self._clique and other.rank != self.rank and other_handle == handle:
@@ -302,6 +302,41 @@ class Communicator:
                                  "group: two ranks of one communicator need a stream each (on one stream they wait "
                                  "for each other for good); pass each rank its own, e.g. its comm.stream")
         calls.append((self, handle, row.function, args))
+
+    def collective(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
+                   peer: int | None = None, stream: Any = None) -> None:
+        """Enqueue collective ``name`` (a key of :data:`COLLECTIVES`) on ``stream`` (default:
+        ``comm.stream``). ``send`` is the send buffer, or the one buffer of send and recv;
+        ``recv`` None runs in place where the collective allows it. ``op`` (default "sum") only
+        for reducing collectives, ``root`` (default 0) only for broadcast and reduce, ``peer``
+        for send and recv. Everything is checked before NCCL sees it; inside :func:`group` the
+        call is queued for the group."""
+        row, handle, args = self._packed(name, send, recv, op, root, peer, stream)
+        self._issue_or_queue(name, row, handle, args)
+
+    def prepare(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
+                peer: int | None = None, stream: Any = None) -> Any:
+        """:meth:`collective`'s arguments checked and packed once: a function of no arguments
+        that makes the call (queued inside :func:`group`, polled when non-blocking), for a
+        collective repeated on the same buffers, as a training loop does. Each call still
+        refuses a closed communicator and a freed shimrt Buffer; other arrays (torch, CuPy)
+        must outlive the function, as they must outlive any collective on them."""
+        row, handle, args = self._packed(name, send, recv, op, root, peer, stream)
+        buffers = tuple({id(b): b for b in (send, recv) if b is not None and hasattr(b, "array_info")}.values())
+        function = getattr(self.lib, row.function)
+
+        def call() -> None:
+            if not self._handle:
+                raise CollectiveError("the communicator is closed or was aborted")
+            for b in buffers:
+                b.ptr  # UsageError once freed  # noqa: B018
+            if getattr(_GROUP, "calls", None) is None:
+                result = function(*args)
+                if result:
+                    self._poll(result, row.function)
+            else:
+                self._issue_or_queue(name, row, handle, args)
+        return call
 
     def all_reduce(self, send: Any, recv: Any = None, *, op: str = "sum", stream: Any = None) -> None:
         """recv = op over all ranks of send (in place when recv is None)."""

@@ -90,6 +90,19 @@ def test_two_ranks_on_one_stream_are_refused_before_nccl_sees_them(ranks):
     assert len(probe.every_collective(ranks, count=1 << 10)) == 11
 
 
+def test_prepared_calls_of_two_ranks_go_into_one_group(ranks):
+    xs = [probe.inputs(c.rank) for c in ranks]
+    bufs = [c.device.to_device(x) for c, x in zip(ranks, xs, strict=True)]
+    calls = [c.prepare("all_reduce", b, stream=c.stream) for c, b in zip(ranks, bufs, strict=True)]
+    with group(*ranks):
+        for call in calls:
+            call()
+    for c in ranks:
+        c.wait()
+    for b in bufs:
+        np.testing.assert_array_equal(b.numpy(), xs[0] + xs[1])
+
+
 def _launch(*args, timeout=240):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     for name in ("SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE",

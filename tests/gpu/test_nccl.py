@@ -148,3 +148,19 @@ def test_a_missing_peer_ends_init_within_the_timeout(device):
     except CollectiveError as exc:  # NCCL missing altogether
         pytest.skip(str(exc))
     assert time.monotonic() - t0 < 30
+
+
+def test_a_prepared_collective_repeats_the_checked_call(comm, device, rng):
+    n = 1 << 16
+    x, dx = fresh(device, rng, n)
+    out = device.empty(n, np.float32).memset(0)
+    call = comm.prepare("all_reduce", dx, out, op="max")
+    for _ in range(3):
+        call()
+    comm.wait()
+    np.testing.assert_array_equal(out.numpy(), x)
+    with pytest.raises(UsageError, match="receive holds 8 elements, send 65536"):
+        comm.prepare("all_reduce", dx, device.empty(8, np.float32))  # checked when prepared
+    out.free()
+    with pytest.raises(UsageError, match="freed"):
+        call()  # each call refuses a freed buffer
