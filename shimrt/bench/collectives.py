@@ -104,7 +104,7 @@ def _communicators(local_ranks: int | None = None):
     from .communication import local_devices
     if launch_env().source is not None:
         return [init()]
-    return Communicator.local(local_devices(Device(), local_ranks))
+    return Communicator.local(local_devices(Device(launch_env().device), local_ranks))
 
 
 def _buffers(comm, op, nbytes):

@@ -59,11 +59,14 @@ def _direct(comms: list, bufs: list) -> Callable[[], None]:
     fn, get = lib.ncclAllReduce, lib.ncclCommGetAsyncError
 
     def settle(result: int) -> None:
-        if result == library.IN_PROGRESS:
+        if result == library.IN_PROGRESS:  # polled back to back, as a C caller would, for at most 60 s
             for h in handles:
+                deadline = time.monotonic() + 60
                 get(h, ctypes.byref(state))
-                while state.value == library.IN_PROGRESS:
+                while state.value == library.IN_PROGRESS and time.monotonic() < deadline:
                     get(h, ctypes.byref(state))
+                if state.value != 0:
+                    lib.check(state.value, "ncclAllReduce (direct, settled)")
         elif result != 0:
             lib.check(result, "ncclAllReduce")
 
@@ -151,6 +154,7 @@ def measure(dev: Device, calls: int = 200, batches: int = 50, torch_too: bool = 
     lib = library.load(dev.backend)
     setups = []  # (label, communicators)
     made = []
+    torch_setup = None
     try:
         for blocking in (False, True):
             mode = "blocking" if blocking else "non-blocking"
@@ -200,9 +204,9 @@ def measure(dev: Device, calls: int = 200, batches: int = 50, torch_too: bool = 
             for name, (fn, sync) in methods.items():
                 times[name].append(_time(fn, calls, sync))
         steps = _steps(setups[0][1][0], setups[0][1][0].device.to_device(np.zeros(_COUNT, np.float32)), calls)
+    finally:
         if torch_setup is not None:
             torch_setup[2]()
-    finally:
         for c in made:
             c.close()
     medians = {m: statistics.median(v) for m, v in times.items()}

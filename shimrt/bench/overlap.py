@@ -181,8 +181,11 @@ def _auto_nccl(engine: Engine, seq, args: Any, retune: Any) -> tuple[Any, dict]:
     settings_ = [None] + ([c for c in retune.settings if c != comm.channels] if retune is not None else [])
     best, measured, rejected = None, {}, []
     for ctas in settings_:
-        eng = engine if ctas is None else retune(ctas)
+        eng = engine
         try:
+            if ctas is not None:
+                eng = retune(ctas)
+                eng.alone()  # one run first: the planner then sees this communicator's channels, from CUPTI
             choice, times, rej = eng.auto(None)
             rejected += [f"{r.what}: {r.why}" for r in rej]
             label = "NCCL's channels" if ctas is None else f"{ctas} channels" if isinstance(ctas, int) else \
@@ -331,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
     policies, computes = args.policies, args.compute
     ratios, sizes = ([], args.bytes) if args.bytes else (args.comm_ratios, [])
     env = launch_env()
-    dev = Device(env.device if env.source is not None else 0)
+    dev = Device(env.device)  # the local rank's GPU, or the first of SHIMRT_DEVICES
     communication = Communication(dev, args)
     comm_kind, root = communication.kind, communication.root
     workloads = [(c, r, s) for c in computes for r, s in ([(r, None) for r in ratios] + [(None, s) for s in sizes])]

@@ -146,9 +146,10 @@ def op_of(name: str, row: Collective, op: str | None) -> int | None:
             raise UsageError(f"{name} takes no op (it reduces nothing)")
         return None
     op = "sum" if op is None else op
-    code = library.REDOPS.get(op) if type(op) is str else None
+    code = library.REDOPS.get(op) if isinstance(op, str) else None  # str subclasses too (np.str_)
     if code is None:
         validate.one_of(op, "op", library.REDOPS)  # refuses it, naming what is allowed
+        code = library.REDOPS[op]
     return code
 
 

@@ -73,11 +73,25 @@ def _bounded(call: Any, name: str, timeout: float) -> None:
                               "(the process cannot reuse this GPU's NCCL state safely; exit and start again)")
 
 
-def _settle(comms: list["Communicator"], result: int, call: str) -> None:
+def _abort_all(comms: list["Communicator"]) -> CollectiveError | None:
+    """Abort every communicator of ``comms``, each whatever the others do; the first error
+    (an abort that did not return in time), or None."""
+    first = None
+    for c in comms:
+        try:
+            c.abort()
+        except CollectiveError as exc:
+            first = first or exc
+    return first
+
+
+def _settle(comms: list["Communicator"], result: int, call: str, *, abort_all: bool = False) -> None:
     """Finish ``call``, which answered ``result`` for every communicator of ``comms``: nothing
     when it succeeded, CollectiveError when it failed, and when it answered ncclInProgress
     (a non-blocking communicator, or a group of them) poll each one's ncclCommGetAsyncError
-    until none is in progress, for at most their longest timeout; then abort them all."""
+    until none is in progress or one reports an error, for at most their longest timeout.
+    Stuck communicators are aborted; ``abort_all`` (a grouped init, whose members are useless
+    alone) aborts every member on any error."""
     if result == 0:
         return
     lib = comms[0].lib
@@ -85,27 +99,34 @@ def _settle(comms: list["Communicator"], result: int, call: str) -> None:
         try:
             lib.check(result, call, comms[0]._handle if len(comms) == 1 else None)
         finally:
-            if len(comms) > 1:  # a failed grouped init leaves no usable member
-                for c in comms:
-                    c.abort()
+            if abort_all:
+                _abort_all(comms)
     states = dict.fromkeys(range(len(comms)), library.IN_PROGRESS)
 
     def settled() -> bool:
         for i, c in enumerate(comms):
             if states[i] == library.IN_PROGRESS:
                 states[i] = c._state()
+                if states[i] not in (0, library.IN_PROGRESS):
+                    return True  # an error: no use waiting for the others
         return all(v != library.IN_PROGRESS for v in states.values())
 
     timeout = max(c.options.timeout for c in comms)
     # Spin for a millisecond first: a launch NCCL finishes on its own thread settles in tens of
     # microseconds, less than one sleep takes.
     if not waiting.until(settled, timeout, first=1e-4, longest=0.01, spin=1e-3):
-        for c in comms:
-            c.abort()
+        _abort_all(comms)
         raise CollectiveError(f"{call} did not complete within {timeout} s (is every rank running?); "
                               f"the communicator{'s were' if len(comms) > 1 else ' was'} aborted")
-    for i, c in enumerate(comms):
-        lib.check(states[i], call, c._handle)
+    failed = [(i, v) for i, v in states.items() if v not in (0, library.IN_PROGRESS)]
+    if failed:
+        i, state = failed[0]
+        handle = comms[i]._handle
+        stuck = [c for j, c in enumerate(comms) if abort_all or states[j] == library.IN_PROGRESS]
+        try:
+            lib.check(state, call, handle)
+        finally:
+            _abort_all(stuck)  # those still in progress would never finish
 
 
 @contextlib.contextmanager
@@ -122,8 +143,14 @@ def group(*comms: "Communicator") -> Any:
     outermost one hands the calls over."""
     if not comms or not all(isinstance(c, Communicator) for c in comms):
         raise UsageError(f"group() takes one or more shimrt.nccl.Communicators, not {comms!r:.200}")
-    if getattr(_GROUP, "calls", None) is not None:  # nested: the outer group makes the calls
-        yield comms
+    outer = getattr(_GROUP, "calls", None)
+    if outer is not None:  # nested: the outer group makes the calls, without this one's on an error
+        mark = len(outer)
+        try:
+            yield comms
+        except BaseException:
+            del outer[mark:]
+            raise
         return
     _GROUP.calls = []
     try:
@@ -142,11 +169,13 @@ def _issue(listed: list["Communicator"], calls: list) -> None:
         raise UsageError("a group takes communicators of one NCCL library")
     lib.check(lib.ncclGroupStart(), "ncclGroupStart")
     failed = None
-    for comm, _, function, args in calls:
-        result = getattr(lib, function)(*args)
-        if result not in (0, library.IN_PROGRESS) and failed is None:
-            failed = (result, function, comm)
-    end = lib.ncclGroupEnd()  # a group is always closed, even after a failed call
+    try:
+        for comm, _, function, args in calls:
+            result = getattr(lib, function)(*args)
+            if result not in (0, library.IN_PROGRESS) and failed is None:
+                failed = (result, function, comm)
+    finally:
+        end = lib.ncclGroupEnd()  # a group is always closed, even after a failed call
     if failed is not None:
         lib.check(failed[0], f"{failed[1]} (in a group)", failed[2]._handle)
     _settle(members, end, "ncclGroupEnd")
@@ -217,12 +246,19 @@ class Communicator:
             c._clique = bytes(uid)
         lib.check(lib.ncclGroupStart(), "ncclGroupStart")
         results = []
-        for c in comms:
-            c.device.activate()
-            results.append(c._init_call(uid))
+        try:
+            for c in comms:
+                c.device.activate()
+                results.append(c._init_call(uid))
+        except BaseException:
+            lib.ncclGroupEnd()  # never leave this thread inside a group
+            _abort_all(comms)
+            for c in comms:
+                c.stream.close()
+            raise
         end = lib.ncclGroupEnd()
         failed = next((r for r in results if r not in (0, library.IN_PROGRESS)), end)
-        _settle(comms, failed, "ncclCommInitRankConfig (grouped)")
+        _settle(comms, failed, "ncclCommInitRankConfig (grouped)", abort_all=True)
         return comms
 
     @property
@@ -324,10 +360,14 @@ class Communicator:
         row, handle, args = self._packed(name, send, recv, op, root, peer, stream)
         buffers = tuple({id(b): b for b in (send, recv) if b is not None and hasattr(b, "array_info")}.values())
         function = getattr(self.lib, row.function)
+        target = self._target(stream)
+        closable = target if hasattr(target, "closed") else None  # a shimrt Stream: refused once closed
 
         def call() -> None:
             if not self._handle:
                 raise CollectiveError("the communicator is closed or was aborted")
+            if closable is not None and closable.closed:
+                raise UsageError("the stream this collective was prepared for is closed")
             for b in buffers:
                 b.ptr  # UsageError once freed  # noqa: B018
             if getattr(_GROUP, "calls", None) is None:
@@ -366,10 +406,12 @@ class Communicator:
         """Receive into buf from ``peer``."""
         self.collective("recv", buf, peer=peer, stream=stream)
 
+    @contextlib.contextmanager
     def group(self) -> Any:
         """``with comm.group():`` fuses the calls inside into one NCCL launch (ncclGroupStart/End);
         :func:`group` groups calls of several communicators."""
-        return group(self)
+        with group(self):
+            yield self
 
     # --- lifetime ---
     def abort(self) -> None:

@@ -230,7 +230,9 @@ class Engine:
         if self.comm_kind == "nccl":  # NCCL's kernels carry no stamps: the device's tracer times them
             with self.device.record_kernels() as recorder:
                 self._launch(s, ops, choice, only)
-            return self._timing_from_records(ops, recorder.kernels)
+            # CUPTI records every GPU of the process: only this one's kernels share its SMs.
+            return self._timing_from_records(ops, [r for r in recorder.kernels
+                                                   if r.get("device_id", self.device.index) == self.device.index])
         self._launch(s, ops, choice, only)
         for op in self.schedule.of("comm"):
             op.work.raise_if_stalled()
