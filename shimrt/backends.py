@@ -102,10 +102,18 @@ class Trace(Protocol):
     KIND_KERNEL: int
     KIND_CONCURRENT_KERNEL: int
     KERNEL_RECORD: dict
+    LAUNCH_CALLBACKS: dict
+    CALLBACK_DATA: dict
+    LAUNCH_PARAMS: dict
+    LAUNCH_EX_PARAMS: dict
+    LAUNCH_CONFIG: dict
+    LAUNCH_ATTRIBUTE: dict
 
     def KernelRecorder(self) -> Any: ...  # noqa: N802 - a class in the modules
     def parse_kernel_record(self, address: int) -> dict: ...
     def library_path(self) -> str | None: ...
+    def read_launch(self, cbid: int, params: int) -> dict: ...
+    def write_dynamic_smem(self, launch: dict, value: int) -> None: ...
 
 
 #: part -> the Protocol its modules satisfy.

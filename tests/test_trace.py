@@ -138,3 +138,72 @@ def test_missing_library_names_every_place_searched(monkeypatch, tmp_path):
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm"))
     with pytest.raises(CollectiveError, match="RCCL.*rocm/lib/librccl.so.*librccl.so"):
         library.load("hip")
+
+
+def _run_c(tmp_path, source: str) -> str:
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+        include = find_nvidia_header_directory("cudart")
+    except Exception as exc:
+        include, why = None, str(exc)
+    else:
+        why = "header not found"
+    needed = ("cupti_callbacks.h", "cupti_driver_cbid.h", "generated_cuda_meta.h", "cuda.h", "crt/host_defines.h")
+    if not include or not all((Path(include) / h).is_file() for h in needed) or shutil.which("gcc") is None:
+        skip_or_fail("cupti-layout", "needs gcc and the headers of nvidia-cuda-cupti, nvidia-cuda-runtime and "
+                     f"nvidia-cuda-crt (pip install -e '.[test]'): {why}")
+    exe = tmp_path / "layout"
+    subprocess.run(["gcc", f"-I{include}", "-o", str(exe), str(HERE / "data" / source)], check=True, timeout=300)
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+
+
+def test_launch_callback_layouts_match_the_headers(tmp_path):
+    out = _run_c(tmp_path, "cupti_launch_offsets.c")
+    tables, consts, blobs = {}, {}, {}
+    for line in out.splitlines():
+        kind, name, *rest = line.split()
+        if kind == "CONST":
+            consts[name] = int(rest[0])
+        elif kind == "bytes":
+            blobs[name] = bytes.fromhex(rest[0])
+        else:
+            tables.setdefault(kind, {})[name] = (int(rest[0]), int(rest[1]))
+    for table in ("CALLBACK_DATA", "LAUNCH_PARAMS", "LAUNCH_EX_PARAMS", "LAUNCH_CONFIG", "LAUNCH_ATTRIBUTE"):
+        ours = {k: (o, struct.calcsize("<" + f) if f else 0) for k, (o, f) in getattr(cuda_trace, table).items()}
+        assert ours == tables[table], table
+    # The per-thread-stream variants share the layouts.
+    assert tables["LAUNCH_PARAMS_PTSZ"]["dynamic_smem"] == tables["LAUNCH_PARAMS"]["dynamic_smem"]
+    assert tables["LAUNCH_EX_PARAMS_PTSZ"]["f"] == tables["LAUNCH_EX_PARAMS"]["f"]
+    assert cuda_trace.LAUNCH_CALLBACKS == {consts[n]: n for n in ("cuLaunchKernel", "cuLaunchKernel_ptsz",
+                                                                  "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")}
+    assert (consts["DRIVER_DOMAIN"], consts["API_ENTER"]) == (1, 0)
+
+    # A plain launch as the C compiler laid it out: read, then its dynamic smem rewritten in place.
+    launch = ctypes.create_string_buffer(blobs["launch"], len(blobs["launch"]))
+    got = cuda_trace.read_launch(307, ctypes.addressof(launch))
+    assert {k: got[k] for k in ("f", "grid_x", "grid_y", "block_x", "block_y", "dynamic_smem", "stream",
+                                "cluster_blocks", "cooperative")} == \
+        {"f": 0x1234, "grid_x": 1000, "grid_y": 2, "block_x": 128, "block_y": 2, "dynamic_smem": 4096,
+         "stream": 0x5678, "cluster_blocks": 1, "cooperative": False}
+    cuda_trace.write_dynamic_smem(got, 77824)
+    off = tables["LAUNCH_PARAMS"]["dynamic_smem"][0]
+    assert struct.unpack_from("<I", launch.raw, off)[0] == 77824
+    assert launch.raw[:off] == blobs["launch"][:off] and launch.raw[off + 4:] == blobs["launch"][off + 4:]
+
+    # An Ex launch: its config and attributes (a cluster of 2, cooperative) behind pointers.
+    attrs = ctypes.create_string_buffer(blobs["attrs"], len(blobs["attrs"]))
+    config = ctypes.create_string_buffer(blobs["config"], len(blobs["config"]))
+    struct.pack_into("<Q", config, tables["LAUNCH_CONFIG"]["attrs"][0], ctypes.addressof(attrs))
+    params = ctypes.create_string_buffer(32)
+    struct.pack_into("<Q", params, tables["LAUNCH_EX_PARAMS"]["config"][0], ctypes.addressof(config))
+    struct.pack_into("<Q", params, tables["LAUNCH_EX_PARAMS"]["f"][0], 0xBEEF)
+    got = cuda_trace.read_launch(652, ctypes.addressof(params))
+    assert (got["f"], got["grid_x"], got["block_x"], got["dynamic_smem"], got["stream"]) == \
+        (0xBEEF, 132, 384, 188604, 0x9ABC)
+    assert (got["cluster_blocks"], got["cooperative"]) == (2, True)
+    cuda_trace.write_dynamic_smem(got, 1024)
+    assert struct.unpack_from("<I", config.raw, tables["LAUNCH_CONFIG"]["dynamic_smem"][0])[0] == 1024
+    with pytest.raises(ShimrtError, match="callback 999 is not a kernel launch"):
+        cuda_trace.read_launch(999, ctypes.addressof(params))
+    with pytest.raises(ShimrtError, match="roctracer"):
+        hip_trace.read_launch(307, 0)

@@ -22,7 +22,8 @@ from .check import CuptiResult, check
 
 # The trace part's public names; shimrt.hip.trace has the same ones with the same signatures.
 __all__ = ["KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "KernelRecorder",
-           "library_path"]
+           "library_path", "LAUNCH_CALLBACKS", "CALLBACK_DATA", "LAUNCH_PARAMS", "LAUNCH_EX_PARAMS", "LAUNCH_CONFIG",
+           "LAUNCH_ATTRIBUTE", "read_launch", "write_dynamic_smem"]
 
 KIND_KERNEL = 3              # CUPTI_ACTIVITY_KIND_KERNEL
 KIND_CONCURRENT_KERNEL = 10  # CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
@@ -47,6 +48,77 @@ KERNEL_RECORD = {
     "local_per_thread": (84, "I"),     # uint32_t localMemoryPerThread
     "name": (104, "Q"),                # const char* name (64-bit pointer)
 }
+
+# --- launch callbacks (for kernels shimrt did not compile) ---------------------------------------
+# CUPTI's driver-API domain calls back at CUPTI_API_ENTER of these launches with a
+# CUpti_CallbackData whose functionParams point at the launch's parameter struct; writing its
+# sharedMemBytes there changes the launch (measured on the H200: ../shared/notes).
+_DRIVER_DOMAIN = 1  # CUPTI_CB_DOMAIN_DRIVER_API
+_API_ENTER = 0      # CUPTI_API_ENTER
+#: cbid -> the driver function (cupti_driver_cbid.h); the _Ex ones take a CUlaunchConfig.
+LAUNCH_CALLBACKS = {307: "cuLaunchKernel", 442: "cuLaunchKernel_ptsz", 652: "cuLaunchKernelEx",
+                    653: "cuLaunchKernelEx_ptsz"}
+# Our name -> (offsetof, struct code), each compared with the C compiler on the headers by
+# tests/test_trace.py, as KERNEL_RECORD is.
+CALLBACK_DATA = {  # CUpti_CallbackData (cupti_callbacks.h)
+    "site": (0, "I"),            # CUpti_ApiCallbackSite callbackSite
+    "function_name": (8, "Q"),   # const char *functionName
+    "params": (16, "Q"),         # const void *functionParams
+    "symbol_name": (32, "Q"),    # const char *symbolName
+    "context": (40, "Q"),        # CUcontext context
+    "correlation_id": (64, "I"),  # uint32_t correlationId
+}
+LAUNCH_PARAMS = {  # cuLaunchKernel_params (generated_cuda_meta.h); _ptsz has the same layout
+    "f": (0, "Q"), "grid_x": (8, "I"), "grid_y": (12, "I"), "grid_z": (16, "I"), "block_x": (20, "I"),
+    "block_y": (24, "I"), "block_z": (28, "I"), "dynamic_smem": (32, "I"), "stream": (40, "Q"),
+}
+LAUNCH_EX_PARAMS = {"config": (0, "Q"), "f": (8, "Q")}  # cuLaunchKernelEx_params (and _ptsz)
+LAUNCH_CONFIG = {  # CUlaunchConfig (cuda.h)
+    "grid_x": (0, "I"), "grid_y": (4, "I"), "grid_z": (8, "I"), "block_x": (12, "I"), "block_y": (16, "I"),
+    "block_z": (20, "I"), "dynamic_smem": (24, "I"), "stream": (32, "Q"), "attrs": (40, "Q"), "num_attrs": (48, "I"),
+}
+LAUNCH_ATTRIBUTE = {  # CUlaunchAttribute (cuda.h): its id, and the value's fields read here
+    "size": (72, ""), "id": (0, "I"), "cooperative": (8, "i"), "cluster_x": (8, "I"), "cluster_y": (12, "I"),
+    "cluster_z": (16, "I"),
+}
+_ATTRIBUTE_COOPERATIVE, _ATTRIBUTE_CLUSTER = 2, 4  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE, _CLUSTER_DIMENSION
+
+
+def _read(table: dict, address: int) -> dict:
+    size = max(o + struct.calcsize(f) for o, f in table.values() if f)
+    raw = ctypes.string_at(address, size)
+    return {k: struct.unpack_from("<" + f, raw, o)[0] for k, (o, f) in table.items() if f}
+
+
+def read_launch(cbid: int, params: int) -> dict:
+    """The launch behind callback ``cbid`` (a key of LAUNCH_CALLBACKS) whose parameter struct is
+    at ``params``: f, grid and block sizes, dynamic_smem, stream, cluster_blocks (1: no cluster)
+    and cooperative; ``dynamic_smem_at`` is the address of its sharedMemBytes field."""
+    if cbid not in LAUNCH_CALLBACKS:
+        raise ShimrtError(f"callback {cbid} is not a kernel launch (those are {sorted(LAUNCH_CALLBACKS)})")
+    if cbid in (307, 442):
+        launch = _read(LAUNCH_PARAMS, params)
+        launch.update(cluster_blocks=1, cooperative=False, dynamic_smem_at=params + LAUNCH_PARAMS["dynamic_smem"][0])
+        return launch
+    ex = _read(LAUNCH_EX_PARAMS, params)
+    launch = _read(LAUNCH_CONFIG, ex["config"])
+    launch.update(f=ex["f"], cluster_blocks=1, cooperative=False,
+                  dynamic_smem_at=ex["config"] + LAUNCH_CONFIG["dynamic_smem"][0])
+    size = LAUNCH_ATTRIBUTE["size"][0]
+    for i in range(launch["num_attrs"]):
+        attr = _read({k: v for k, v in LAUNCH_ATTRIBUTE.items() if k != "size"}, launch["attrs"] + i * size)
+        if attr["id"] == _ATTRIBUTE_COOPERATIVE:
+            launch["cooperative"] = attr["cooperative"] != 0
+        elif attr["id"] == _ATTRIBUTE_CLUSTER:
+            launch["cluster_blocks"] = max(1, attr["cluster_x"] * attr["cluster_y"] * attr["cluster_z"])
+    return launch
+
+
+def write_dynamic_smem(launch: dict, value: int) -> None:
+    """Set the dynamic shared memory of the launch ``read_launch`` returned, in place (in the
+    parameter struct the driver is about to use)."""
+    ctypes.c_uint32.from_address(launch["dynamic_smem_at"]).value = value
+
 
 # The C types of cupti_activity.h by name, so each table entry reads like its prototype (private:
 # this module's public names are the mirrored ones in __all__).

@@ -11,7 +11,8 @@ from ..errors import ShimrtError
 
 # The trace part's public names; shimrt.cuda.trace has the same ones with the same signatures.
 __all__ = ["KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "KernelRecorder",
-           "library_path"]
+           "library_path", "LAUNCH_CALLBACKS", "CALLBACK_DATA", "LAUNCH_PARAMS", "LAUNCH_EX_PARAMS", "LAUNCH_CONFIG",
+           "LAUNCH_ATTRIBUTE", "read_launch", "write_dynamic_smem"]
 
 _UNAVAILABLE = ("kernel tracing is not available on HIP yet: it needs roctracer (rocprofiler), "
                 "which shimrt does not bind yet")
@@ -26,6 +27,26 @@ KERNEL_RECORD = dict.fromkeys((
     "kind", "registers", "start", "end", "device_id", "stream_id", "grid_x", "grid_y", "grid_z",
     "block_x", "block_y", "block_z", "static_smem", "dynamic_smem", "local_per_thread", "name",
 ))
+
+
+# Launch callbacks: roctracer's HIP API callbacks (hipLaunchKernel, hipExtLaunchKernel,
+# hipModuleLaunchKernel) would be the counterpart; none is bound, so the tables are empty.
+LAUNCH_CALLBACKS: dict = {}
+CALLBACK_DATA: dict = {}
+LAUNCH_PARAMS: dict = {}
+LAUNCH_EX_PARAMS: dict = {}
+LAUNCH_CONFIG: dict = {}
+LAUNCH_ATTRIBUTE: dict = {}
+
+
+def read_launch(cbid: int, params: int) -> dict:
+    """Would read a launch from a HIP API callback; raises ShimrtError: roctracer is not bound."""
+    raise ShimrtError(_UNAVAILABLE)
+
+
+def write_dynamic_smem(launch: dict, value: int) -> None:
+    """Would rewrite a launch's dynamic shared memory; raises ShimrtError: roctracer is not bound."""
+    raise ShimrtError(_UNAVAILABLE)
 
 
 def library_path() -> str | None:
