@@ -118,6 +118,7 @@ def test_trace_parts_mirror_each_other():
             assert type(a) is type(b), name
     assert cuda_trace.KERNEL_RECORD.keys() == hip_trace.KERNEL_RECORD.keys()
     assert cuda_trace.KernelRecorder.__annotations__ == hip_trace.KernelRecorder.__annotations__
+    assert cuda_trace.LaunchInterposer.__annotations__ == hip_trace.LaunchInterposer.__annotations__
 
 
 def test_nccl_loads_from_the_wheel_with_every_table_entry():
@@ -207,3 +208,66 @@ def test_launch_callback_layouts_match_the_headers(tmp_path):
         cuda_trace.read_launch(999, ctypes.addressof(params))
     with pytest.raises(ShimrtError, match="roctracer"):
         hip_trace.read_launch(307, 0)
+
+
+def _c_layouts(tmp_path):
+    tables, blobs = {}, {}
+    for line in _run_c(tmp_path, "cupti_launch_offsets.c").splitlines():
+        kind, name, *rest = line.split()
+        if kind == "bytes":
+            blobs[name] = bytes.fromhex(rest[0])
+        elif kind != "CONST":
+            tables.setdefault(kind, {})[name] = (int(rest[0]), int(rest[1]))
+    return tables, blobs
+
+
+def test_the_interposer_rewrites_a_launch_as_cupti_hands_it_over(tmp_path):
+    """The callback path, on a CUpti_CallbackData and a launch laid out by the C compiler: the
+    rewrite's value lands in the launch; exit sites, other callbacks and a failing rewrite leave
+    it unchanged, the failure recorded."""
+    cupti_path()
+    tables, blobs = _c_layouts(tmp_path)
+    launch = ctypes.create_string_buffer(blobs["launch"], len(blobs["launch"]))
+    data = ctypes.create_string_buffer(80)
+    struct.pack_into("<Q", data, tables["CALLBACK_DATA"]["params"][0], ctypes.addressof(launch))
+    smem_at = tables["LAUNCH_PARAMS"]["dynamic_smem"][0]
+
+    def smem() -> int:
+        return struct.unpack_from("<I", launch.raw, smem_at)[0]
+
+    seen = []
+    li = cuda_trace.LaunchInterposer(lambda launch: seen.append(launch["block_x"]) or launch["dynamic_smem"] + 1024)
+    li._on_callback(None, 1, 307, ctypes.addressof(data))  # driver domain, cuLaunchKernel, API enter
+    assert smem() == 4096 + 1024 and seen == [128] and li.failure_count == 0
+    struct.pack_into("<I", data, tables["CALLBACK_DATA"]["site"][0], 1)  # CUPTI_API_EXIT: too late, left alone
+    li._on_callback(None, 1, 307, ctypes.addressof(data))
+    struct.pack_into("<I", data, tables["CALLBACK_DATA"]["site"][0], 0)
+    li._on_callback(None, 1, 17, ctypes.addressof(data))  # not a launch
+    li._on_callback(None, 2, 307, ctypes.addressof(data))  # the runtime domain
+    assert smem() == 5120 and seen == [128]
+
+    def broken(launch):
+        raise ValueError("no attributes for this function")
+    failing = cuda_trace.LaunchInterposer(broken)
+    failing._on_callback(None, 1, 307, ctypes.addressof(data))  # must not raise into the launch
+    assert smem() == 5120 and failing.failure_count == 1
+    assert failing.failures == ["ValueError: no attributes for this function"]
+    with pytest.raises(ShimrtError, match="rewrite must be a function of a launch"):
+        cuda_trace.LaunchInterposer(42)
+    with pytest.raises(ShimrtError, match="roctracer"):
+        hip_trace.LaunchInterposer(lambda launch: None)
+
+
+def test_the_interposer_without_a_driver_says_so():
+    """Subscribing needs the NVIDIA driver: without one the error is CUPTI's, by name."""
+    cupti_path()
+    from shimrt import Device, NoDeviceError
+    try:
+        Device()
+    except NoDeviceError:
+        pass
+    else:
+        pytest.skip("this machine has a GPU: tests/gpu covers the interposer there")
+    with pytest.raises(DriverError, match="cuptiSubscribe failed"):
+        with cuda_trace.LaunchInterposer(lambda launch: None):
+            pass

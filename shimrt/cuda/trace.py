@@ -23,7 +23,7 @@ from .check import CuptiResult, check
 # The trace part's public names; shimrt.hip.trace has the same ones with the same signatures.
 __all__ = ["KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "KernelRecorder",
            "library_path", "LAUNCH_CALLBACKS", "CALLBACK_DATA", "LAUNCH_PARAMS", "LAUNCH_EX_PARAMS", "LAUNCH_CONFIG",
-           "LAUNCH_ATTRIBUTE", "read_launch", "write_dynamic_smem"]
+           "LAUNCH_ATTRIBUTE", "read_launch", "write_dynamic_smem", "LaunchInterposer"]
 
 KIND_KERNEL = 3              # CUPTI_ACTIVITY_KIND_KERNEL
 KIND_CONCURRENT_KERNEL = 10  # CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
@@ -135,7 +135,19 @@ _BuffersRequested = ctypes.CFUNCTYPE(None, _POINTER(_uint8_p), _POINTER(_c_size_
 _BuffersCompleted = ctypes.CFUNCTYPE(None, _CUcontext, _c_uint32, _uint8_p, _c_size_t, _c_size_t)
 
 # name -> (restype, argtypes). The C prototype from cupti_activity.h is the comment above each entry.
+# typedef void (CUPTIAPI *CUpti_CallbackFunc)(void *userdata, CUpti_CallbackDomain domain,
+#                                            CUpti_CallbackId cbid, const void *cbdata);
+_CallbackFunc = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p)
+_CUpti_SubscriberHandle = ctypes.c_void_p
+
 _TABLE = {
+    # CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc callback, void *userdata);
+    "cuptiSubscribe": (_CUptiResult, [_POINTER(_CUpti_SubscriberHandle), _CallbackFunc, ctypes.c_void_p]),
+    # CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+    #                                 CUpti_CallbackDomain domain, CUpti_CallbackId cbid);
+    "cuptiEnableCallback": (_CUptiResult, [_c_uint32, _CUpti_SubscriberHandle, ctypes.c_int, _c_uint32]),
+    # CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber);
+    "cuptiUnsubscribe": (_CUptiResult, [_CUpti_SubscriberHandle]),
     # CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc funcBufferRequested,
     #                                            CUpti_BuffersCallbackCompleteFunc funcBufferCompleted);
     "cuptiActivityRegisterCallbacks": (_CUptiResult, [_BuffersRequested, _BuffersCompleted]),
@@ -260,3 +272,61 @@ class KernelRecorder:
                     gc.enable()
         if self._error is not None:
             check((self._error,), "cuptiActivityGetNextRecord")
+
+
+class LaunchInterposer:
+    """``with LaunchInterposer(rewrite) as li: ...`` calls ``rewrite(launch)`` at the entry of
+    every kernel launch made in the process while the block runs, whoever launches it (PyTorch,
+    cuBLAS, Triton, NCCL), on the launching thread. ``launch`` is :func:`read_launch`'s dict;
+    ``rewrite`` returns the dynamic shared memory to launch with, or None to leave it.
+
+    A failure in ``rewrite`` (or in reading the launch) never breaks the launch: it goes ahead
+    as it was, and the failure is kept in ``li.failures`` (at most 100, counted in
+    ``li.failure_count``). Outside the block nothing is subscribed, so it costs nothing.
+    CUPTI takes one subscriber per process: a second interposer at once is refused.
+    """
+
+    failures: list[str]
+    failure_count: int
+    path: str
+
+    def __init__(self, rewrite: Any) -> None:
+        if not callable(rewrite):
+            raise ShimrtError(f"rewrite must be a function of a launch, not {rewrite!r:.100}")
+        self._rewrite = rewrite
+        self.failures, self.failure_count = [], 0
+        self._lib, self.path = _library()
+        self._callback = _CallbackFunc(self._on_callback)  # kept alive here while CUPTI holds it
+        self._subscriber = _CUpti_SubscriberHandle()
+
+    def _on_callback(self, userdata, domain, cbid, cbdata) -> None:
+        try:
+            if domain != _DRIVER_DOMAIN or cbid not in LAUNCH_CALLBACKS:
+                return
+            data = _read(CALLBACK_DATA, cbdata)
+            if data["site"] != _API_ENTER:
+                return
+            launch = read_launch(cbid, data["params"])
+            value = self._rewrite(launch)
+            if value is not None and value != launch["dynamic_smem"]:
+                write_dynamic_smem(launch, int(value))
+        except BaseException as exc:  # a callback must not raise: the launch goes ahead unchanged
+            self.failure_count += 1
+            if len(self.failures) < 100:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> LaunchInterposer:
+        lib = self._lib
+        check((CuptiResult(lib.cuptiSubscribe(ctypes.byref(self._subscriber), self._callback, None)),),
+              "cuptiSubscribe")
+        try:
+            for cbid in LAUNCH_CALLBACKS:
+                check((CuptiResult(lib.cuptiEnableCallback(1, self._subscriber, _DRIVER_DOMAIN, cbid)),),
+                      "cuptiEnableCallback")
+        except BaseException:
+            lib.cuptiUnsubscribe(self._subscriber)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        check((CuptiResult(self._lib.cuptiUnsubscribe(self._subscriber)),), "cuptiUnsubscribe")

@@ -7,12 +7,14 @@ not bind yet: the names are here, with the same signatures, and recording raises
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import ShimrtError
 
 # The trace part's public names; shimrt.cuda.trace has the same ones with the same signatures.
 __all__ = ["KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "KernelRecorder",
            "library_path", "LAUNCH_CALLBACKS", "CALLBACK_DATA", "LAUNCH_PARAMS", "LAUNCH_EX_PARAMS", "LAUNCH_CONFIG",
-           "LAUNCH_ATTRIBUTE", "read_launch", "write_dynamic_smem"]
+           "LAUNCH_ATTRIBUTE", "read_launch", "write_dynamic_smem", "LaunchInterposer"]
 
 _UNAVAILABLE = ("kernel tracing is not available on HIP yet: it needs roctracer (rocprofiler), "
                 "which shimrt does not bind yet")
@@ -67,4 +69,16 @@ class KernelRecorder:
     path: str
 
     def __init__(self) -> None:
+        raise ShimrtError(_UNAVAILABLE)
+
+
+class LaunchInterposer:
+    """The CUDA backend's launch interposer, not available on HIP: constructing one raises
+    ShimrtError naming what is missing (roctracer's HIP API callbacks)."""
+
+    failures: list[str]
+    failure_count: int
+    path: str
+
+    def __init__(self, rewrite: Any) -> None:
         raise ShimrtError(_UNAVAILABLE)

@@ -1,0 +1,59 @@
+"""Rewriting launches of kernels shimrt did not compile (torch's), through CUPTI's launch
+callbacks: the rewrite takes effect (CUPTI's activity records show it), outputs are unchanged,
+and nothing is left once the interposer's block ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from shimrt.cuda import trace
+
+
+@pytest.fixture
+def torch_gelu(device):
+    torch = pytest.importorskip("torch")
+    if device.backend != "cuda" or not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA on a CUDA device")
+    if trace.library_path() is None:
+        pytest.skip("CUPTI is not available (pip install nvidia-cuda-cupti)")
+    x = torch.randn(1 << 22, device=f"cuda:{device.index}")
+    ref = torch.nn.functional.gelu(x)
+    torch.cuda.synchronize()
+    return torch, x, ref
+
+
+def _gelu_records(kernels):
+    return [r for r in kernels if "gelu" in r["name"].lower()]
+
+
+def test_a_torch_kernel_launched_inside_takes_the_rewritten_dynamic_smem(device, torch_gelu):
+    torch, x, ref = torch_gelu
+    pad = 16384  # below the default 48 KiB limit: no attribute to raise first
+    with device.record_kernels() as rec:
+        with trace.LaunchInterposer(lambda launch: launch["dynamic_smem"] + pad) as li:
+            y = torch.nn.functional.gelu(x)
+        torch.cuda.synchronize()
+    assert li.failure_count == 0, li.failures
+    assert torch.equal(y, ref)  # the padding is shared memory the kernel never touches
+    gelu = _gelu_records(rec.kernels)
+    assert gelu and all(r["dynamic_smem"] >= pad for r in gelu), gelu
+    # Once the block has ended, launches are torch's own again.
+    with device.record_kernels() as rec:
+        z = torch.nn.functional.gelu(x)
+        torch.cuda.synchronize()
+    assert torch.equal(z, ref)
+    assert all(r["dynamic_smem"] < pad for r in _gelu_records(rec.kernels))
+
+
+def test_a_failing_rewrite_leaves_the_launch_as_it_was(device, torch_gelu):
+    torch, x, ref = torch_gelu
+
+    def broken(launch):
+        raise RuntimeError("no decision for this kernel")
+    with device.record_kernels() as rec:
+        with trace.LaunchInterposer(broken) as li:
+            y = torch.nn.functional.gelu(x)
+        torch.cuda.synchronize()
+    assert torch.equal(y, ref)
+    assert li.failure_count >= 1 and li.failures[0] == "RuntimeError: no decision for this kernel"
+    assert all(r["dynamic_smem"] < 16384 for r in _gelu_records(rec.kernels))
