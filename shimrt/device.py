@@ -222,6 +222,14 @@ class Device(Closing):
         Work must have finished by the end of the block (synchronize inside it)."""
         return backends.load(self.backend, "trace").KernelRecorder()
 
+    def interpose_launches(self, rewrite: Any) -> Any:
+        """A context manager that calls ``rewrite(launch)`` at the entry of every kernel launch
+        inside it, whoever launches it (CUPTI's launch callbacks on CUDA), and launches with the
+        dynamic shared memory it returns (None: unchanged). ``launch`` holds the function, grid,
+        block, dynamic shared memory, stream, cluster size and the cooperative flag. A failing
+        ``rewrite`` leaves the launch unchanged and is kept in ``.failures``."""
+        return backends.load(self.backend, "trace").LaunchInterposer(rewrite)
+
 
 def stream_priority(priority: Any, priority_range: tuple[int, int]) -> int:
     """The driver's value of a stream ``priority``: "high" (the greatest of ``priority_range``,

@@ -30,7 +30,7 @@ def test_a_torch_kernel_launched_inside_takes_the_rewritten_dynamic_smem(device,
     torch, x, ref = torch_gelu
     pad = 16384  # below the default 48 KiB limit: no attribute to raise first
     with device.record_kernels() as rec:
-        with trace.LaunchInterposer(lambda launch: launch["dynamic_smem"] + pad) as li:
+        with device.interpose_launches(lambda launch: launch["dynamic_smem"] + pad) as li:
             y = torch.nn.functional.gelu(x)
         torch.cuda.synchronize()
     assert li.failure_count == 0, li.failures
@@ -51,7 +51,7 @@ def test_a_failing_rewrite_leaves_the_launch_as_it_was(device, torch_gelu):
     def broken(launch):
         raise RuntimeError("no decision for this kernel")
     with device.record_kernels() as rec:
-        with trace.LaunchInterposer(broken) as li:
+        with device.interpose_launches(broken) as li:
             y = torch.nn.functional.gelu(x)
         torch.cuda.synchronize()
     assert torch.equal(y, ref)
