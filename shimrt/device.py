@@ -222,6 +222,22 @@ class Device(Closing):
         Work must have finished by the end of the block (synchronize inside it)."""
         return backends.load(self.backend, "trace").KernelRecorder()
 
+    def foreign_function_attributes(self, handle: int) -> dict:
+        """Registers, static and largest dynamic shared memory, threads, ... of a function other
+        code launched, by the handle a launch interposer sees (an int): a CUfunction, or the
+        CUkernel PyTorch's kernels are. Call it outside the interposer's callbacks."""
+        handle = validate.integer(handle, "handle", least=1)
+        self.activate()
+        return self._drv.handle_attributes(handle, self._dev)
+
+    def set_foreign_max_dynamic_smem(self, handle: int, nbytes: int) -> None:
+        """Let the function behind ``handle`` (see :meth:`foreign_function_attributes`) launch
+        with up to ``nbytes`` of dynamic shared memory (above 48 KiB a function must opt in)."""
+        handle = validate.integer(handle, "handle", least=1)
+        nbytes = validate.integer(nbytes, "nbytes", least=0, most=self.target.smem_per_block_optin)
+        self.activate()
+        self._drv.handle_set_max_dynamic_smem(handle, self._dev, nbytes)
+
     def interpose_launches(self, rewrite: Any) -> Any:
         """A context manager that calls ``rewrite(launch)`` at the entry of every kernel launch
         inside it, whoever launches it (CUPTI's launch callbacks on CUDA), and launches with the

@@ -164,6 +164,30 @@ def function_attributes(fn: Any) -> dict:
                             lambda attr: driver.cuFuncGetAttribute(attr, fn), "cuFuncGetAttribute")
 
 
+def handle_attributes(handle: int, dev: Any) -> dict:
+    """function_attributes of a function some other code launched, known by its handle (an int,
+    as a launch callback sees it): a CUfunction, or a CUkernel cast to one (PyTorch's, from
+    the runtime's library loading), whose attributes only cuKernelGetAttribute answers."""
+    driver = _driver()
+    first = driver.cuFuncGetAttribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS,
+                                      driver.CUfunction(handle))
+    if first[0] != driver.CUresult.CUDA_ERROR_INVALID_HANDLE:
+        return function_attributes(driver.CUfunction(handle))
+    kernel = driver.CUkernel(handle)
+    return read_attributes(check, _FUNC_ATTRS, driver.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_",
+                           lambda attr: driver.cuKernelGetAttribute(attr, kernel, dev), "cuKernelGetAttribute")
+
+
+def handle_set_max_dynamic_smem(handle: int, dev: Any, nbytes: int) -> None:
+    """function_set_max_dynamic_smem for a handle as handle_attributes takes it."""
+    driver = _driver()
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    err = driver.cuFuncSetAttribute(driver.CUfunction(handle), attr, nbytes)
+    if err[0] == driver.CUresult.CUDA_ERROR_INVALID_HANDLE:
+        err = driver.cuKernelSetAttribute(attr, nbytes, driver.CUkernel(handle), dev)
+    check(err, "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+
+
 def function_param_layout(fn: Any) -> list[tuple[int, int]] | None:
     """[(offset, size)] of each kernel parameter from the driver, or None if it cannot say."""
     driver = _driver()

@@ -277,7 +277,8 @@ class KernelRecorder:
 class LaunchInterposer:
     """``with LaunchInterposer(rewrite) as li: ...`` calls ``rewrite(launch)`` at the entry of
     every kernel launch made in the process while the block runs, whoever launches it (PyTorch,
-    cuBLAS, Triton, NCCL), on the launching thread. ``launch`` is :func:`read_launch`'s dict;
+    cuBLAS, Triton, NCCL), on the launching thread. ``launch`` is :func:`read_launch`'s dict
+    with the kernel's ``name`` (its symbol, as CUPTI gives it);
     ``rewrite`` returns the dynamic shared memory to launch with, or None to leave it.
 
     A failure in ``rewrite`` (or in reading the launch) never breaks the launch: it goes ahead
@@ -307,6 +308,8 @@ class LaunchInterposer:
             if data["site"] != _API_ENTER:
                 return
             launch = read_launch(cbid, data["params"])
+            launch["name"] = ctypes.string_at(data["symbol_name"]).decode(errors="replace") \
+                if data["symbol_name"] else ""
             value = self._rewrite(launch)
             if value is not None and value != launch["dynamic_smem"]:
                 write_dynamic_smem(launch, int(value))

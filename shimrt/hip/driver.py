@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..errors import NoDeviceError
+from ..errors import NoDeviceError, ShimrtError
 from ..vendor import read_attributes, ready
 from .check import _bindings, check, loaded, raise_for
 from .check import library_path as _library_path
@@ -181,6 +181,18 @@ def function_attributes(fn: Any) -> dict:
     hip = _hip()
     return read_attributes(check, _FUNC_ATTRS, hip.hipFunction_attribute, "HIP_FUNC_ATTRIBUTE_",
                             lambda attr: hip.hipFuncGetAttribute(attr, fn), "hipFuncGetAttribute")
+
+
+def handle_attributes(handle: int, dev: Any) -> dict:
+    """The CUDA backend reads a foreign launch's function by its handle (launch interposition);
+    HIP has no launch interposer bound yet (roctracer), so nothing hands it a handle."""
+    raise ShimrtError("attributes of functions other code launches are not read on HIP yet: launch interposition "
+                      "needs roctracer, which shimrt does not bind yet")
+
+
+def handle_set_max_dynamic_smem(handle: int, dev: Any, nbytes: int) -> None:
+    """Not on HIP yet (see handle_attributes)."""
+    raise ShimrtError("launch interposition is not available on HIP yet (it needs roctracer)")
 
 
 def function_param_layout(fn: Any) -> list[tuple[int, int]] | None:

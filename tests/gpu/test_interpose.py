@@ -57,3 +57,37 @@ def test_a_failing_rewrite_leaves_the_launch_as_it_was(device, torch_gelu):
     assert torch.equal(y, ref)
     assert li.failure_count >= 1 and li.failures[0] == "RuntimeError: no decision for this kernel"
     assert all(r["dynamic_smem"] < 16384 for r in _gelu_records(rec.kernels))
+
+
+def test_the_interposer_caps_torch_kernels_from_the_second_step_on(device, torch_gelu):
+    """Step 1 learns the kernels (launched unchanged; attributes read at the block's end); step
+    2 launches them padded to 2 resident blocks per SM, outputs unchanged; a persistent GEMM
+    (bf16 on Hopper: one CTA per SM) is reported, not padded."""
+    from shimrt import occupancy
+    from shimrt.overlap.interpose import Interposer
+    torch, x, ref = torch_gelu
+    a = torch.randn(8192, 8192, device=x.device, dtype=torch.bfloat16)
+    mm_ref = a @ a
+    torch.cuda.synchronize()
+    ip = Interposer(device, cap=2)
+    with ip:
+        torch.nn.functional.gelu(x)
+        a @ a
+        torch.cuda.synchronize()
+    first = ip.report()
+    assert first["padded"] == {} and first["functions"] >= 2 and first["failure_count"] == 0, first
+    with device.record_kernels() as rec:
+        with ip:
+            y = torch.nn.functional.gelu(x)
+            mm = a @ a
+            torch.cuda.synchronize()
+    report = ip.report()
+    print("\ninterposer report:", report)
+    assert report["failure_count"] == 0, report["failures"]
+    assert torch.equal(y, ref) and torch.equal(mm, mm_ref)
+    gelu = _gelu_records(rec.kernels)
+    assert gelu and any("gelu" in name.lower() for name in report["padded"]), report
+    for r in gelu:  # the padding really caps it at 2 per SM
+        threads = r["block_x"] * r["block_y"] * r["block_z"]
+        assert occupancy.max_active_blocks(device.target, block_size=threads, registers=r["registers"],
+                                           static_smem=r["static_smem"] + r["dynamic_smem"]) <= 2, r
