@@ -58,6 +58,10 @@ _API_ENTER = 0      # CUPTI_API_ENTER
 #: cbid -> the driver function (cupti_driver_cbid.h); the _Ex ones take a CUlaunchConfig.
 LAUNCH_CALLBACKS = {307: "cuLaunchKernel", 442: "cuLaunchKernel_ptsz", 652: "cuLaunchKernelEx",
                     653: "cuLaunchKernelEx_ptsz"}
+# A graph launched inside the block replays kernels whose launches were captured before it: the
+# interposer cannot rewrite them, so it counts them (kernels captured inside the block are
+# rewritten at capture, like any launch).
+_GRAPH_LAUNCHES = {514: "cuGraphLaunch", 515: "cuGraphLaunch_ptsz"}
 # Our name -> (offsetof, struct code), each compared with the C compiler on the headers by
 # tests/test_trace.py, as KERNEL_RECORD is.
 CALLBACK_DATA = {  # CUpti_CallbackData (cupti_callbacks.h)
@@ -279,7 +283,9 @@ class LaunchInterposer:
     every kernel launch made in the process while the block runs, whoever launches it (PyTorch,
     cuBLAS, Triton, NCCL), on the launching thread. ``launch`` is :func:`read_launch`'s dict
     with the kernel's ``name`` (its symbol, as CUPTI gives it);
-    ``rewrite`` returns the dynamic shared memory to launch with, or None to leave it.
+    ``rewrite`` returns the dynamic shared memory to launch with, or None to leave it. Kernels
+    captured into a CUDA graph inside the block are rewritten at capture; a graph launched inside
+    the block replays what it captured, unrewritten, and is counted in ``li.graph_launches``.
 
     A failure in ``rewrite`` (or in reading the launch) never breaks the launch: it goes ahead
     as it was, and the failure is kept in ``li.failures`` (at most 100, counted in
@@ -289,23 +295,29 @@ class LaunchInterposer:
 
     failures: list[str]
     failure_count: int
+    graph_launches: int
     path: str
 
     def __init__(self, rewrite: Any) -> None:
         if not callable(rewrite):
             raise ShimrtError(f"rewrite must be a function of a launch, not {rewrite!r:.100}")
         self._rewrite = rewrite
-        self.failures, self.failure_count = [], 0
+        self.failures, self.failure_count, self.graph_launches = [], 0, 0
         self._lib, self.path = _library()
         self._callback = _CallbackFunc(self._on_callback)  # kept alive here while CUPTI holds it
         self._subscriber = _CUpti_SubscriberHandle()
 
     def _on_callback(self, userdata, domain, cbid, cbdata) -> None:
         try:
-            if domain != _DRIVER_DOMAIN or cbid not in LAUNCH_CALLBACKS:
+            if domain != _DRIVER_DOMAIN:
                 return
             data = _read(CALLBACK_DATA, cbdata)
             if data["site"] != _API_ENTER:
+                return
+            if cbid in _GRAPH_LAUNCHES:
+                self.graph_launches += 1
+                return
+            if cbid not in LAUNCH_CALLBACKS:
                 return
             launch = read_launch(cbid, data["params"])
             launch["name"] = ctypes.string_at(data["symbol_name"]).decode(errors="replace") \
@@ -323,7 +335,7 @@ class LaunchInterposer:
         check((CuptiResult(lib.cuptiSubscribe(ctypes.byref(self._subscriber), self._callback, None)),),
               "cuptiSubscribe")
         try:
-            for cbid in LAUNCH_CALLBACKS:
+            for cbid in (*LAUNCH_CALLBACKS, *_GRAPH_LAUNCHES):
                 check((CuptiResult(lib.cuptiEnableCallback(1, self._subscriber, _DRIVER_DOMAIN, cbid)),),
                       "cuptiEnableCallback")
         except BaseException:

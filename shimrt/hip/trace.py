@@ -78,6 +78,7 @@ class LaunchInterposer:
 
     failures: list[str]
     failure_count: int
+    graph_launches: int
     path: str
 
     def __init__(self, rewrite: Any) -> None:

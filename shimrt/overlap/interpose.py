@@ -91,6 +91,8 @@ class Interposer:
                 "skipped": {f"{name}: {why}": n for (name, why), n in self.decisions.skipped.items()},
                 "functions": len(self._attributes),
                 "failures": list(inner.failures) if inner is not None else [],
+                # graphs captured before the block and replayed in it: their kernels are not shaped
+                "graph_launches_not_shaped": inner.graph_launches if inner is not None else 0,
                 "failure_count": inner.failure_count if inner is not None else 0}
 
     def __enter__(self) -> "Interposer":

@@ -60,6 +60,8 @@ int main(void) {
            (int)CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, (int)CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
            (int)CUPTI_CB_DOMAIN_DRIVER_API, (int)CUPTI_API_ENTER, (int)CU_LAUNCH_ATTRIBUTE_COOPERATIVE,
            (int)CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+    printf("CONST cuGraphLaunch %d\nCONST cuGraphLaunch_ptsz %d\n", (int)CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+           (int)CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz);
     /* Examples: a plain launch, and an Ex launch with a cluster and the cooperative flag. */
     cuLaunchKernel_params p;
     memset(&p, 0, sizeof p);
