@@ -83,3 +83,21 @@ def test_bad_decision_arguments_are_refused():
         decide("sm_90", {"grid": 1}, 2)
     with pytest.raises(UsageError, match="footprint must be an occupancy.Footprint"):
         decide("sm_90", LAYERNORM, 2, footprint="nccl")
+
+
+def test_the_torch_helpers_say_what_they_need():
+    import importlib.util
+
+    import shimrt.torch as st
+    if importlib.util.find_spec("torch") is None:
+        with pytest.raises(UsageError, match="needs PyTorch: pip install 'shimrt\\[torch\\]'"):
+            st.stream(object())
+        with pytest.raises(UsageError, match="needs PyTorch"):
+            with st.sm_carveout(16):
+                pass
+    else:
+        with pytest.raises(UsageError, match="takes an open shimrt Stream"):
+            st.stream(object())
+        with pytest.raises(UsageError, match="sms must be an int >= 0"):
+            with st.sm_carveout(-1):
+                pass

@@ -1,0 +1,58 @@
+"""PyTorch beside shimrt (``pip install 'shimrt[torch]'``): torch's work on shimrt's streams and
+SM partitions, and cuBLAS told how many SMs to leave free.
+
+- :func:`stream`: a shimrt Stream (a partition's, or one of a given priority) as a
+  ``torch.cuda.ExternalStream``, so that ``with torch.cuda.stream(shimrt.torch.stream(s)):``
+  runs torch's kernels there (on a partition's SMs, for a green context's stream);
+- :func:`sm_carveout`: cuBLAS(Lt) matmuls inside the block leave ``sms`` SMs free
+  (``torch._C._set_sm_carveout_experimental``, where this torch has it), restored after;
+- :class:`shimrt.overlap.interpose.Interposer` shapes torch's kernels themselves.
+
+torch is imported when a function is called, never at shimrt's import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+from . import validate
+from .errors import UsageError
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("shimrt.torch needs PyTorch: pip install 'shimrt[torch]'") from None
+    return torch
+
+
+def stream(s: Any) -> Any:
+    """The shimrt Stream ``s`` as a ``torch.cuda.ExternalStream`` on its device (torch does not
+    own it: keep ``s`` open while torch uses it)."""
+    torch = _torch()
+    if not hasattr(s, "handle") or not hasattr(s, "device") or getattr(s, "closed", True):
+        raise UsageError(f"stream() takes an open shimrt Stream, not {s!r:.100}")
+    return torch.cuda.ExternalStream(s.handle, device=torch.device("cuda", s.device.index))
+
+
+@contextlib.contextmanager
+def sm_carveout(sms: int | None) -> Iterator[None]:
+    """cuBLAS(Lt) matmuls launched inside the block leave ``sms`` SMs free (None: torch's
+    default), as ``torch._C._set_sm_carveout_experimental`` sets it; the previous value is
+    restored at the end. UsageError where this torch lacks the knob."""
+    torch = _torch()
+    if sms is not None:
+        sms = validate.integer(sms, "sms", least=0)
+    setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
+    getter = getattr(torch._C, "_get_sm_carveout_experimental", None)
+    if setter is None or getter is None:
+        raise UsageError(f"torch {torch.__version__} has no SM carveout for cuBLAS "
+                         "(torch._C._set_sm_carveout_experimental)")
+    previous = getter()
+    setter(sms)
+    try:
+        yield
+    finally:
+        setter(previous)
