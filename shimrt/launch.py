@@ -65,6 +65,14 @@ class Rendezvous:
     source: str
 
 
+def store_port(master_port: int) -> int:
+    """The port of shimrt's store under torchrun: beside torchrun's own (MASTER_PORT), on the
+    next port, or the one before when MASTER_PORT is the last (65535); every rank computes the
+    same one."""
+    master_port = validate.integer(master_port, "MASTER_PORT", least=1, most=65535)
+    return master_port + 1 if master_port < 65535 else master_port - 1
+
+
 def _torch_store_share(env: LaunchEnv, uid_maker) -> bytes:
     try:
         from torch.distributed import TCPStore
@@ -72,8 +80,7 @@ def _torch_store_share(env: LaunchEnv, uid_maker) -> bytes:
         raise ShimrtError("torchrun's environment found but torch is not installed") from None
     if not env.master_addr or not env.master_port:
         raise ShimrtError("torchrun's environment lacks MASTER_ADDR/MASTER_PORT")
-    # torchrun's own store listens on MASTER_PORT; shimrt's sits on the next port.
-    store = TCPStore(env.master_addr, env.master_port + 1, env.world_size, env.rank == 0,
+    store = TCPStore(env.master_addr, store_port(env.master_port), env.world_size, env.rank == 0,
                      timeout=datetime.timedelta(seconds=300))
     if env.rank == 0:
         store.set("shimrt_nccl_unique_id", uid_maker().hex())
@@ -155,6 +162,18 @@ def init(device: Any = None, *, options: Any = None) -> Any:
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)
 
 
+def _one_node(value: Any, what: str) -> int:
+    """torchrun's --nnodes, which can only be 1 here."""
+    try:
+        nodes = int(value)
+    except ValueError:
+        raise UsageError(f"{what} must be 1, not {value!r}") from None
+    if nodes != 1:
+        raise UsageError(f"{what} must be 1: python -m shimrt.launch starts ranks on this machine only; across "
+                         f"machines use torchrun or MPI (shimrt.launch.init() follows them), not {value!r}")
+    return nodes
+
+
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def __init__(self, prog):
         super().__init__(prog, max_help_position=36)
@@ -194,6 +213,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", metavar="N", required=True,
                         type=validate.argument(validate.integer, "--nproc", least=1),
                         help="how many processes to start (one per local GPU); the names are torchrun's too")
+    parser.add_argument("--nnodes", metavar="1", default=1, type=validate.argument(_one_node, "--nnodes"),
+                        help="torchrun's flag: this launcher starts ranks on this machine only, so 1 (across "
+                             "machines, use torchrun or MPI; shimrt.launch.init() follows them)")
+    parser.add_argument("--standalone", action="store_true",
+                        help="torchrun's flag, accepted for its command lines: this launcher is always standalone")
     parser.add_argument("--devices", metavar="I,J,...", default=None,
                         type=validate.argument(devices_of, "--devices"),
                         help="the GPU of each rank, one index per rank (0,0: two ranks on GPU 0; default: rank i on "

@@ -153,6 +153,8 @@ BAD_ARGUMENTS = [
     (["--nproc", "2", "--devices", "a,b"], "--devices must be comma-separated GPU indices"),
     (["--nproc", "2", "--devices", "0,,1"], "--devices must be comma-separated GPU indices"),
     (["--nproc", "2", "--devices", ""], "--devices must be a string (not empty)"),
+    (["--nproc", "2", "--nnodes", "2"], "--nnodes must be 1: python -m shimrt.launch starts ranks on this machine"),
+    (["--nproc", "2", "--nnodes", "x"], "--nnodes must be 1, not 'x'"),
 ]
 
 
@@ -263,6 +265,16 @@ def test_a_device_map_of_the_wrong_length_in_the_environment_is_refused_before_t
     run = launch_cmd("--nproc", "3", LAUNCH_PROBE, "env", timeout=20, env=clean_env(SHIMRT_DEVICES="0,0"))
     assert run.returncode == 2 and "must name one GPU per rank (3), not 2: 0,0" in run.stderr, run.stderr
     assert run.stdout == "" and "Traceback" not in run.stderr
+
+
+def test_torchruns_single_node_flags_are_taken_and_the_store_port_fits():
+    run = launch_cmd("--standalone", "--nnodes", "1", "--nproc-per-node", "2", LAUNCH_PROBE, "env", timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(rank_lines(run.stdout)) == [0, 1]
+    assert (launch.store_port(29500), launch.store_port(65535), launch.store_port(1)) == (29501, 65534, 2)
+    for bad in (0, 65536, "29500"):
+        with pytest.raises(UsageError, match="MASTER_PORT must be an int in 1..65535"):
+            launch.store_port(bad)
 
 
 def test_the_device_map_is_read_and_checked():
