@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from . import validate
-from .config import BACKENDS, LaunchEnv, devices_of, launch_env, settings
+from .config import BACKENDS, LaunchEnv, device_map, devices_of, launch_env, settings
 from .errors import CollectiveError, ShimrtError, UsageError
 from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
 
@@ -160,6 +160,43 @@ def init(device: Any = None, *, options: Any = None) -> Any:
         check_shared_gpu(load(device.backend), device.backend, f"SHIMRT_DEVICES={','.join(map(str, env.devices))}")
     r = rendezvous(backend=device.backend)
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)
+
+
+def local_devices(dev: Any, wanted: int | None = None) -> list[Any]:
+    """The devices of the ranks one process holds (``Communicator.local``), ``dev`` (a shimrt
+    Device) first: the GPUs SHIMRT_DEVICES lists; else ``wanted`` ranks (default: one per GPU)
+    on the first GPUs, or all on ``dev`` when it is the only one, where ``wanted`` defaults to 2
+    if the NCCL loaded can put two ranks on one GPU and 1 otherwise. CollectiveError, naming
+    what is missing, when ranks would share a GPU that NCCL cannot share."""
+    from .device import Device
+    from .nccl import library
+    from .nccl.config import check_shared_gpu
+    if not isinstance(dev, Device):
+        raise UsageError(f"dev must be a shimrt Device, not {dev!r:.100}")
+    if wanted is not None:
+        wanted = validate.integer(wanted, "wanted (local ranks)", least=1)
+    lib = library.load(dev.backend)
+    count, mapped = dev.device_count(), device_map()
+    if mapped is not None:
+        indices = list(mapped)
+        if wanted is not None and len(indices) != wanted:
+            raise UsageError(f"{wanted} local ranks need as many GPUs in SHIMRT_DEVICES, not {mapped}")
+    elif count >= 2:
+        indices = [(dev.index + i) % count for i in range(wanted or count)]
+    else:
+        if wanted is None:
+            try:
+                check_shared_gpu(lib, dev.backend, "")
+                wanted = 2
+            except ShimrtError:
+                wanted = 1
+        indices = [dev.index] * wanted
+    if indices[0] != dev.index:
+        raise UsageError(f"the first GPU of SHIMRT_DEVICES ({indices[0]}) must be the one measured ({dev.index})")
+    if len(set(indices)) < len(indices):
+        check_shared_gpu(lib, dev.backend, f"{len(indices)} ranks on GPUs {indices}")
+    opened = {dev.index: dev}
+    return [opened[i] if i in opened else opened.setdefault(i, Device(i, backend=dev.backend)) for i in indices]
 
 
 def _one_node(value: Any, what: str) -> int:

@@ -308,23 +308,18 @@ def _communication(dev, results, progress):
 
     def many():
         from .config import device_map
-        from .device import Device
+        from .launch import local_devices
         from .nccl import group
-        from .nccl.config import check_shared_gpu
         count = dev.device_count()
-        indices = list(device_map() or range(count))
-        if len(indices) < 2:  # one GPU: two ranks on it, where this NCCL can do that
-            indices = [dev.index, dev.index]
-        if len(set(indices)) < len(indices):
-            try:
-                check_shared_gpu(lib, dev.backend, f"{len(indices)} ranks on GPUs {indices}")
-            except CollectiveError as exc:
-                raise _Skip(f"this machine has {count} GPU{'s' if count != 1 else ''}: {exc}",
-                            "run on a machine with several GPUs, or with NCCL 2.30+ (SHIMRT_NCCL_LIBRARY) and "
-                            "NCCL_MULTI_RANK_GPU_ENABLE=1") from None
-        opened = {dev.index: dev}
-        devices = [opened[i] if i in opened else opened.setdefault(i, Device(i, backend=dev.backend))
-                   for i in indices]
+        try:  # one GPU and no map: two ranks on it, where this NCCL can do that
+            devices = local_devices(dev, 2 if count < 2 and device_map() is None else None)
+        except CollectiveError as exc:
+            raise _Skip(f"this machine has {count} GPU{'s' if count != 1 else ''}: {exc}",
+                        "run on a machine with several GPUs, or with NCCL 2.30+ (SHIMRT_NCCL_LIBRARY) and "
+                        "NCCL_MULTI_RANK_GPU_ENABLE=1") from None
+        if len(devices) < 2:
+            raise _Skip(f"SHIMRT_DEVICES names one GPU: {devices[0].index}", "list two or more, e.g. 0,0")
+        indices = [d.index for d in devices]
         comms = Communicator.local(devices)
         try:
             xs = [rng.standard_normal(1 << 18).astype(np.float32) for _ in comms]

@@ -99,9 +99,8 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def _communicators(local_ranks: int | None = None):
-    from ..launch import init
+    from ..launch import init, local_devices
     from ..nccl import Communicator
-    from .communication import local_devices
     if launch_env().source is not None:
         return [init()]
     return Communicator.local(local_devices(Device(launch_env().device), local_ranks))

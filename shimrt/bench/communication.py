@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import LaunchEnv, launch_env
-from ..device import Device
-from ..errors import ShimrtError, UsageError
+from ..launch import local_devices
 from ..overlap.engine import Engine, Schedule
 from ..overlap.standin import CommStandIn, StandInSpec
 from ..overlap.workloads import ComputeWorkload
@@ -20,39 +19,6 @@ def comm_kind(comm: str, env: LaunchEnv) -> str:
     if comm != "auto":
         return comm
     return "nccl" if env.source is not None and env.world_size >= 2 else "stand-in"
-
-
-def local_devices(dev: Device, wanted: int | None = None) -> list[Device]:
-    """The devices of the ranks one process holds, ``dev`` first: the GPUs SHIMRT_DEVICES lists;
-    else ``wanted`` ranks (default: one per GPU) on the first GPUs, or all on ``dev`` when it is
-    the only one, where ``wanted`` defaults to 2 if the NCCL loaded can put two ranks on one GPU
-    and 1 otherwise. CollectiveError, naming what is missing, when ranks would share a GPU that
-    NCCL cannot share."""
-    from ..config import device_map
-    from ..nccl import library
-    from ..nccl.config import check_shared_gpu
-    lib = library.load(dev.backend)
-    count, mapped = dev.device_count(), device_map()
-    if mapped is not None:
-        indices = list(mapped)
-        if wanted is not None and len(indices) != wanted:
-            raise UsageError(f"{wanted} local ranks need as many GPUs in SHIMRT_DEVICES, not {mapped}")
-    elif count >= 2:
-        indices = [(dev.index + i) % count for i in range(wanted or count)]
-    else:
-        if wanted is None:
-            try:
-                check_shared_gpu(lib, dev.backend, "")
-                wanted = 2
-            except ShimrtError:
-                wanted = 1
-        indices = [dev.index] * wanted
-    if indices[0] != dev.index:
-        raise UsageError(f"the first GPU of SHIMRT_DEVICES ({indices[0]}) must be the one measured ({dev.index})")
-    if len(set(indices)) < len(indices):
-        check_shared_gpu(lib, dev.backend, f"{len(indices)} ranks on GPUs {indices}")
-    opened = {dev.index: dev}
-    return [opened[i] if i in opened else opened.setdefault(i, Device(i, backend=dev.backend)) for i in indices]
 
 
 class Communication:
