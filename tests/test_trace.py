@@ -274,3 +274,18 @@ def test_the_interposer_without_a_driver_says_so():
     with pytest.raises(DriverError, match="cuptiSubscribe failed"):
         with cuda_trace.LaunchInterposer(lambda launch: None):
             pass
+
+
+def test_a_kernel_record_is_read_field_by_field():
+    """parse_kernel_record on a record written at KERNEL_RECORD's offsets (checked against the
+    header above), with its name behind a pointer."""
+    name = ctypes.create_string_buffer(b"ncclDevKernel_AllReduce_f32_RING")
+    size = max(o + struct.calcsize(f) for o, f in cuda_trace.KERNEL_RECORD.values())
+    raw = ctypes.create_string_buffer(size)
+    values = {"kind": 10, "registers": 96, "start": 1_000, "end": 5_000, "device_id": 0, "stream_id": 7,
+              "grid_x": 64, "grid_y": 1, "grid_z": 1, "block_x": 544, "block_y": 1, "block_z": 1,
+              "static_smem": 36800, "dynamic_smem": 82240, "local_per_thread": 0, "name": ctypes.addressof(name)}
+    for key, (offset, code) in cuda_trace.KERNEL_RECORD.items():
+        struct.pack_into("<" + code, raw, offset, values[key])
+    rec = cuda_trace.parse_kernel_record(ctypes.addressof(raw))
+    assert rec == {**values, "name": "ncclDevKernel_AllReduce_f32_RING"}

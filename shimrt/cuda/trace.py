@@ -204,9 +204,7 @@ def library_path() -> str | None:
 def parse_kernel_record(address: int) -> dict:
     """The fields of KERNEL_RECORD read from a kernel activity record at ``address``, with
     ``name`` decoded to str."""
-    size = max(o + struct.calcsize(f) for o, f in KERNEL_RECORD.values())
-    raw = ctypes.string_at(address, size)
-    rec = {k: struct.unpack_from("<" + f, raw, o)[0] for k, (o, f) in KERNEL_RECORD.items()}
+    rec = _read(KERNEL_RECORD, address)
     rec["name"] = ctypes.string_at(rec["name"]).decode(errors="replace") if rec["name"] else ""
     return rec
 
