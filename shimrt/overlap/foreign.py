@@ -100,8 +100,6 @@ def decide(target: Target | str, launch: Launch, cap: int, footprint: occupancy.
     if launch.grid_blocks <= t.num_sms:
         return skip(f"persistent or one-wave ({launch.grid_blocks} blocks on {t.num_sms} SMs, at most one per SM): "
                     "a cap cannot change it and padding could break a kernel that waits for its other blocks")
-    if natural <= cap and footprint is None:
-        return skip(f"already at most {cap} resident blocks per SM ({natural})")
     try:
         room = occupancy.shape(t, resources, launch.block_threads, reserve=footprint) if footprint is not None \
             else None
@@ -109,7 +107,8 @@ def decide(target: Target | str, launch: Launch, cap: int, footprint: occupancy.
         return skip(f"cannot leave the communication room at any residency: {exc}")
     limit = min(cap, room.resident_blocks if room is not None else cap)
     if natural <= limit:
-        return skip(f"already at most {limit} resident blocks per SM ({natural}), room left for the footprint")
+        return skip(f"already at most {limit} resident blocks per SM ({natural})"
+                    + (", room left for the footprint" if footprint is not None else ""))
     shaped = occupancy.shape(t, resources, launch.block_threads, resident_blocks=limit)
     total = own + shaped.dynamic_smem
     if launch.static_smem + total > t.smem_per_block_optin:
