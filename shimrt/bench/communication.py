@@ -1,11 +1,15 @@
 """The communication side of ``bench overlap``: stand-ins, or real NCCL collectives on this
-process's rank(s), and (in one process) communicators of other channel counts for auto."""
+process's rank(s), and (in one process) communicators of other channel counts, which
+:func:`auto_nccl` measures."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from ..config import LaunchEnv, launch_env
+from ..errors import ShimrtError
 from ..launch import local_devices
 from ..overlap.engine import Engine, Schedule
 from ..overlap.standin import CommStandIn, StandInSpec
@@ -137,3 +141,46 @@ class Communication:
         if not self.devices:
             for c in self.comms:
                 c.close()
+
+
+def auto_nccl(engine: Engine, seq, args: Any, retune: Any) -> tuple[Any, dict]:
+    """Auto with real NCCL: the engine's candidates (priority, shaping, ...) on NCCL's own
+    channel count and, where ``retune(ctas)`` can make one, on communicators with each of
+    ``--auto-ctas`` channels (fewer blocks leave compute more room, but take longer); the fastest
+    run of all. Every rank of this process runs the same candidates in the same order, so no
+    cache. Returns (the result, auto's details)."""
+    comm = engine.schedule.of("comm")[0].work
+    settings_ = [None] + ([c for c in retune.settings if c != comm.channels] if retune is not None else [])
+    best, measured, rejected = None, {}, []
+    for ctas in settings_:
+        setting = _channels(ctas)
+        eng = engine
+        try:
+            if ctas is not None:
+                eng = retune(ctas)
+                eng.alone()  # one run first: the planner then sees this communicator's channels, from CUPTI
+            choice, times, rej = eng.auto(None)
+            rejected += [f"{r.what}: {r.why}" for r in rej]
+            measured.update({f"{c.describe()} @ {setting}": round(t, 4) for c, t in times.items()})
+            result = eng.measure(choice, t_seq=seq.makespan)
+        except ShimrtError as exc:
+            rejected.append(f"{setting}: {exc}")
+            continue
+        finally:
+            if eng is not engine:  # a result keeps its timings, not the engine
+                eng.close()
+        result.policy, result.detail = "auto", setting
+        if best is None or result.makespan < best.makespan:
+            best = result
+    if best is None:
+        return None, {"rejected": rejected}
+    auto = {"choice": f"{best.choice.describe()}, {best.detail}", "cached": False,
+            "measured": dict(sorted(measured.items(), key=lambda x: x[1])), "rejected": rejected}
+    return best, auto
+
+
+def _channels(ctas: int | str | None) -> str:
+    """An NCCL channel setting as reports name it."""
+    if ctas is None:
+        return "NCCL default channels"
+    return f"NCCL {ctas} channels" if isinstance(ctas, int) else f"NCCL CTA policy {ctas}"

@@ -35,7 +35,7 @@ from ..overlap.collective import COLLECTIVES
 from ..overlap.engine import Engine, Schedule
 from ..overlap.standin import STEPS, StandInSpec
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
-from .communication import Communication
+from .communication import Communication, auto_nccl
 from .communication import comm_kind as _comm_kind
 from .progress import Progress
 
@@ -171,51 +171,6 @@ def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
             "identical": result.note != "differs"}
 
 
-def _auto_nccl(engine: Engine, seq, args: Any, retune: Any) -> tuple[Any, dict]:
-    """Auto with real NCCL: the engine's candidates (priority, shaping, ...) on NCCL's own
-    channel count and, where ``retune(ctas)`` can make one, on communicators with each of
-    ``--auto-ctas`` channels (fewer blocks leave compute more room, but take longer); the fastest
-    run of all. Every rank of this process runs the same candidates in the same order, so no
-    cache. Returns (the result, auto's details)."""
-    comm = engine.schedule.of("comm")[0].work
-    settings_ = [None] + ([c for c in retune.settings if c != comm.channels] if retune is not None else [])
-    best, measured, rejected = None, {}, []
-    for ctas in settings_:
-        eng = engine
-        try:
-            if ctas is not None:
-                eng = retune(ctas)
-                eng.alone()  # one run first: the planner then sees this communicator's channels, from CUPTI
-            choice, times, rej = eng.auto(None)
-            rejected += [f"{r.what}: {r.why}" for r in rej]
-            label = "NCCL's channels" if ctas is None else f"{ctas} channels" if isinstance(ctas, int) else \
-                f"CTA policy {ctas}"
-            measured.update({f"{c.describe()} @ {label}": round(t, 4) for c, t in times.items()})
-            result = eng.measure(choice, t_seq=seq.makespan)
-        except ShimrtError as exc:
-            rejected.append(f"{ctas or 'NCCL default'} channels: {exc}")
-            if eng is not engine:
-                eng.close()
-            continue
-        result.policy = "auto"
-        result.detail = "NCCL default channels" if ctas is None else f"NCCL {ctas} channels" if isinstance(ctas, int) \
-            else f"NCCL CTA policy {ctas}"
-        if best is None or result.makespan < best[0].makespan:
-            if best is not None and best[1] is not engine:
-                best[1].close()
-            best = (result, eng)
-        elif eng is not engine:
-            eng.close()
-    if best is None:
-        return None, {"rejected": rejected}
-    result, eng = best
-    if eng is not engine:
-        eng.close()
-    auto = {"choice": f"{result.choice.describe()}, {result.detail}", "cached": False,
-            "measured": dict(sorted(measured.items(), key=lambda x: x[1])), "rejected": rejected}
-    return result, auto
-
-
 def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any, progress: Progress,
                      retune: Any = None) -> tuple[list, list, dict, object]:
     """Every policy on one workload: (results, infeasible [(policy, why)], auto's details, the
@@ -240,7 +195,7 @@ def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any, progres
                                        "stream, which has not been tried"))
             continue
         if policy == "auto" and nccl:
-            result, auto = _auto_nccl(engine, seq, args, retune)
+            result, auto = auto_nccl(engine, seq, args, retune)
             if result is None:
                 infeasible.append((policy, "; ".join(auto["rejected"]) or "no choice could run"))
                 continue
