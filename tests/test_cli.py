@@ -105,6 +105,11 @@ BAD_INTEGERS = [
     ("launch", "--batches", "--batches", ["-1"]),
     ("launch", "--launches", "--launches", ["0", "1.5"]),
     ("launch", "--rounds", "--rounds", ["0"]),
+    ("overlap", "--local-ranks", "--local-ranks", ["0", "-1", "65", "x", "1.5"]),
+    ("overlap", "--auto-ctas", "--auto-ctas", ["0", "65", "x", "8,8", ","]),
+    ("collectives", "--local-ranks", "--local-ranks", ["0", "65", "x"]),
+    ("host-cost", "--calls", "--calls", ["0", "-1", "x"]),
+    ("host-cost", "--batches", "--batches", ["0", "2.5"]),
 ]
 
 
@@ -527,3 +532,10 @@ def test_selftest_json_keeps_every_fix(capsys, monkeypatch):
     results = json.loads(out)["results"]
     assert [r["fix"] for r in results] == [c.fix for c in checks]
     assert sum(r["fix"] == "run on a machine with a GPU" for r in results) == len(selftest.DEVICE_CHECKS)
+
+
+def test_collectives_torch_needs_torch(capsys, ran):
+    import importlib.util
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here: --torch is taken")
+    refused(capsys, ran, bench.main, ["collectives", "--torch"], "--torch needs torch", "shimrt[torch]")
