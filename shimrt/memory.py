@@ -84,6 +84,12 @@ class Buffer(Closing):
         return self.device_pointer
 
     @property
+    def base(self) -> "Buffer":
+        """The Buffer that owns this memory: itself, or the one a view was made from. Its
+        ``device_pointer`` is None once the memory is freed."""
+        return self._owner or self
+
+    @property
     def size(self) -> int:
         """Elements."""
         return math.prod(self.shape)

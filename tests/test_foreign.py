@@ -57,9 +57,13 @@ def test_decisions_are_cached_and_counted():
     from shimrt import targets
     decisions = Decisions(targets.get("sm_90"), 2)
     for _ in range(3):
-        assert decisions("fn-a", LAYERNORM).action == "pad"
-    decisions("fn-b", NVJET)
+        d = decisions("fn-a", LAYERNORM)
+        assert d.action == "pad"
+        decisions.record(LAYERNORM.name, True)
+    d = decisions("fn-b", NVJET)
+    decisions.record(NVJET.name, d.action == "pad", d.reason)
     assert decisions.padded == {"layernorm": 3}
+    assert list(decisions.skipped) == [(NVJET.name, d.reason)] and "persistent" in d.reason
     assert list(decisions.skipped.values()) == [1] and len(decisions._cache) == 2
 
 

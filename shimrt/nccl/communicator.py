@@ -38,6 +38,25 @@ from .config import MIN_VERSION, CommOptions, check_shared_gpu
 _GROUP = threading.local()
 
 
+class _Stand:
+    """What a prepared call checks where there is no shimrt object to check: always live."""
+    device_pointer, closed = 1, False
+
+
+_ALWAYS = _NEVER_CLOSED = _Stand()
+
+
+class _AllOf:
+    """Views and their bases, checked together: no pointer once any of them is freed."""
+
+    def __init__(self, buffers: list) -> None:
+        self.buffers = buffers
+
+    @property
+    def device_pointer(self) -> int | None:
+        return None if any(b.device_pointer is None for b in self.buffers) else 1
+
+
 def unique_id(lib: library.Library | None = None, *, backend: str | None = None) -> bytes:
     """A fresh ncclUniqueId (128 bytes) for rank 0 to share with the others. No GPU needed.
 
@@ -363,24 +382,31 @@ class Communicator:
         refuses a closed communicator and a freed shimrt Buffer; other arrays (torch, CuPy)
         must outlive the function, as they must outlive any collective on them."""
         row, handle, args = self._packed(name, send, recv, op, root, peer, stream)
-        buffers = tuple({id(b): b for b in (send, recv) if b is not None and hasattr(b, "array_info")}.values())
+        # What each call checks, as plain attribute reads (the call is a loop's whole host cost):
+        # the communicator's handle object (close and abort replace it), the stream, and the
+        # memory of each shimrt Buffer (its base's pointer is None once freed).
+        held = [b for b in (send, recv) if b is not None and hasattr(b, "array_info")]
+        held = list({id(b): b for b in held + [b.base for b in held]}.values()) or [_ALWAYS]
+        first, last = (held[0], held[-1]) if len(held) <= 2 else (_AllOf(held), _ALWAYS)
         function = getattr(self.lib, row.function)
         target = self._target(stream)
-        closable = target if hasattr(target, "closed") else None  # a shimrt Stream: refused once closed
+        closable = target if hasattr(target, "closed") else _NEVER_CLOSED  # a shimrt Stream: refused once closed
+        comm_handle = self._handle
 
         def call() -> None:
-            if not self._handle:
-                raise CollectiveError("the communicator is closed or was aborted")
-            if closable is not None and closable.closed:
-                raise UsageError("the stream this collective was prepared for is closed")
-            for b in buffers:
-                b.ptr  # UsageError once freed  # noqa: B018
-            if getattr(_GROUP, "calls", None) is None:
+            if self._handle is comm_handle and not closable.closed and first.device_pointer is not None \
+                    and last.device_pointer is not None and getattr(_GROUP, "calls", None) is None:
                 result = function(*args)
                 if result:
                     self._poll(result, row.function)
-            else:
-                self._issue_or_queue(name, row, handle, args)
+                return
+            if self._handle is not comm_handle:
+                raise CollectiveError("the communicator is closed or was aborted")
+            if closable.closed:
+                raise UsageError("the stream this collective was prepared for is closed")
+            if first.device_pointer is None or last.device_pointer is None:
+                raise UsageError("the buffer has been freed")
+            self._issue_or_queue(name, row, handle, args)
         return call
 
     def all_reduce(self, send: Any, recv: Any = None, *, op: str = "sum", stream: Any = None) -> None:

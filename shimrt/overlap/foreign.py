@@ -121,7 +121,7 @@ def decide(target: Target | str, launch: Launch, cap: int, footprint: occupancy.
 @dataclass
 class Decisions:
     """Decisions cached per (function, block threads, own dynamic smem, grid class), with counts
-    of what was padded and skipped and why, for the interposer's report."""
+    of the launches padded and left alone and why, for the interposer's report."""
 
     target: Target
     cap: int
@@ -131,15 +131,19 @@ class Decisions:
     skipped: dict = field(default_factory=dict)  # (name, reason) -> launches skipped
 
     def __call__(self, function: Any, launch: Launch) -> Decision:
-        """The decision for ``launch`` of ``function`` (any hashable handle), counted."""
+        """The decision for ``launch`` of ``function`` (any hashable handle); not counted: the
+        caller says what it did with :meth:`record`."""
         key = (function, launch.block_threads, launch.dynamic_smem, launch.grid_blocks <= self.target.num_sms,
                launch.cluster_blocks, launch.cooperative)
         d = self._cache.get(key)
         if d is None:
             d = self._cache[key] = decide(self.target, launch, self.cap, self.footprint)
-        if d.action == "pad":
-            self.padded[launch.name] = self.padded.get(launch.name, 0) + 1
-        else:
-            k = (launch.name, d.reason)
-            self.skipped[k] = self.skipped.get(k, 0) + 1
         return d
+
+    def record(self, name: str, padded: bool, reason: str = "") -> None:
+        """Count one launch of kernel ``name``: padded, or left alone for ``reason``."""
+        if padded:
+            self.padded[name] = self.padded.get(name, 0) + 1
+        else:
+            k = (name, reason)
+            self.skipped[k] = self.skipped.get(k, 0) + 1

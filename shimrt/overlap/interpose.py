@@ -25,9 +25,14 @@ from ..errors import ShimrtError, UsageError
 from ..occupancy import Footprint
 from .foreign import Decisions, Launch
 
+#: Why a launch that should be padded went unchanged: its limit is raised at the next settle.
+DEFERRED = "its dynamic shared memory limit is raised at the block's end; launched unchanged until then"
+
 
 class Interposer:
-    """Shapes the launches inside its block on ``device`` (see the module's docstring)."""
+    """Shapes the launches inside its block on ``device`` (see the module's docstring). Usable
+    for many blocks (one per training step); :meth:`close` restores the dynamic shared memory
+    limits it raised."""
 
     def __init__(self, device: Any, cap: int, footprint: Footprint | None = None):
         if not isinstance(device, Device):
@@ -38,8 +43,9 @@ class Interposer:
         self.device, self.cap, self.footprint = device, cap, footprint
         self.decisions = Decisions(device.target, cap, footprint)
         self._attributes: dict[int, dict] = {}   # handle -> its attributes, read outside callbacks
-        self._limits: dict[int, int] = {}        # handle -> the dynamic smem it may launch with
-        self._first_seen: set[int] = set()       # handles to read at the next settle
+        self._limits: dict[int, int] = {}        # handle -> the dynamic smem it may launch with now
+        self._raised: dict[int, int] = {}        # handle -> its own limit, before this raised it
+        self._first_seen: dict[int, dict] = {}   # handle -> its first launch, to read at the next settle
         self._wants: dict[int, int] = {}         # handle -> a padded size above its limit
         self._lock = threading.Lock()            # callbacks come from every launching thread
         self._names: dict[int, str] = {}         # handle -> the kernel's name, as CUPTI gave it
@@ -47,49 +53,75 @@ class Interposer:
         self._last: Any = None
         self.launches = 0
 
+    def _launch(self, handle: int, launch: dict) -> Launch:
+        attributes = self._attributes[handle]
+        return Launch(self._names[handle], launch["grid_x"] * launch["grid_y"] * launch["grid_z"],
+                      launch["block_x"] * launch["block_y"] * launch["block_z"], attributes["registers"],
+                      attributes["static_smem"], launch["dynamic_smem"], launch["cluster_blocks"],
+                      launch["cooperative"])
+
     def _rewrite(self, launch: dict) -> int | None:
         handle = launch["f"]
         self.launches += 1
-        attributes = self._attributes.get(handle)
-        if attributes is None:
+        if handle not in self._attributes:
             with self._lock:
-                self._first_seen.add(handle)
-                self._names.setdefault(handle, launch.get("name") or f"function {handle:#x}")
+                if handle not in self._first_seen:
+                    self._first_seen[handle] = {k: v for k, v in launch.items() if not k.endswith("_at")}
+                    self._names.setdefault(handle, launch.get("name") or f"function {handle:#x}")
             return None
-        grid = launch["grid_x"] * launch["grid_y"] * launch["grid_z"]
-        block = launch["block_x"] * launch["block_y"] * launch["block_z"]
-        decision = self.decisions(handle, Launch(self._names.get(handle, f"function {handle:#x}"), grid, block,
-                                                 attributes["registers"], attributes["static_smem"],
-                                                 launch["dynamic_smem"], launch["cluster_blocks"],
-                                                 launch["cooperative"]))
+        shape = self._launch(handle, launch)
+        decision = self.decisions(handle, shape)
         if decision.action != "pad":
+            self.decisions.record(shape.name, False, decision.reason)
             return None
-        if decision.dynamic_smem > self._limits.get(handle, attributes["max_dynamic_smem"]):
+        if decision.dynamic_smem > self._limits[handle]:
             with self._lock:
                 self._wants[handle] = max(self._wants.get(handle, 0), decision.dynamic_smem)
-            return None  # the limit is raised at the next settle; until then, unchanged
+            self.decisions.record(shape.name, False, DEFERRED)
+            return None
+        self.decisions.record(shape.name, True)
         return decision.dynamic_smem
 
     def settle(self) -> None:
-        """Outside the callbacks: read the attributes of the functions first seen, and raise
-        the dynamic shared memory limit of those whose padding needs it."""
+        """Outside the callbacks: read the attributes of the functions first seen, and raise the
+        dynamic shared memory limit of those whose padding needs it (worked out from the first
+        launch seen, so the next launch of the same shape is padded)."""
         with self._lock:
-            seen, self._first_seen = self._first_seen, set()
+            seen, self._first_seen = self._first_seen, {}
             wants, self._wants = self._wants, {}
-        for handle in seen:
+        for handle, launch in seen.items():
             if handle not in self._attributes:
                 self._attributes[handle] = self.device.foreign_function_attributes(handle)
+                self._limits[handle] = self._attributes[handle]["max_dynamic_smem"]
+                decision = self.decisions(handle, self._launch(handle, launch))
+                if decision.action == "pad":
+                    wants[handle] = max(wants.get(handle, 0), decision.dynamic_smem)
         for handle, nbytes in wants.items():
+            if nbytes > self._limits[handle]:
+                self.device.set_foreign_max_dynamic_smem(handle, nbytes)
+                self._raised.setdefault(handle, self._limits[handle])
+                self._limits[handle] = nbytes
+
+    def close(self) -> None:
+        """Put back the dynamic shared memory limits this raised (a raised limit changes no
+        launch by itself: it only allows larger ones)."""
+        if self._inner is not None:
+            raise ShimrtError("close the Interposer after its block has ended")
+        raised, self._raised = self._raised, {}
+        for handle, nbytes in raised.items():
             self.device.set_foreign_max_dynamic_smem(handle, nbytes)
             self._limits[handle] = nbytes
 
     def report(self) -> dict:
-        """What was padded (launches per kernel), skipped (launches per kernel and reason), first
-        seen (functions whose launches went unchanged until a settle) and failed."""
+        """What was padded (launches per kernel), left alone (launches per kernel and reason),
+        the functions known, and failures inside the callbacks."""
         inner = self._inner or self._last
         return {"launches": self.launches, "padded": dict(self.decisions.padded),
                 "skipped": {f"{name}: {why}": n for (name, why), n in self.decisions.skipped.items()},
                 "functions": len(self._attributes),
+                # kernel -> its handle and the dynamic shared memory limit raised, from and to
+                "raised_limits": {self._names[h]: {"handle": h, "from": old, "to": self._limits[h]}
+                                  for h, old in self._raised.items()},
                 "failures": list(inner.failures) if inner is not None else [],
                 # graphs captured before the block and replayed in it: their kernels are not shaped
                 "graph_launches_not_shaped": inner.graph_launches if inner is not None else 0,

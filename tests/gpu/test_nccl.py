@@ -164,3 +164,24 @@ def test_a_prepared_collective_repeats_the_checked_call(comm, device, rng):
     out.free()
     with pytest.raises(UsageError, match="freed"):
         call()  # each call refuses a freed buffer
+    # A view of a buffer is refused once its base is freed; a closed stream, a closed communicator too.
+    base = device.to_device(x)
+    on_view = comm.prepare("all_reduce", base[: n // 2])
+    on_view()
+    comm.wait()
+    base.free()
+    with pytest.raises(UsageError, match="freed"):
+        on_view()
+    stream = device.stream(priority="high")
+    on_stream = comm.prepare("all_reduce", dx, stream=stream)
+    on_stream()
+    stream.synchronize(30)
+    stream.close()
+    with pytest.raises(UsageError, match="stream .* is closed"):
+        on_stream()
+    own = Communicator(device, unique_id(), 0, 1)
+    on_own = own.prepare("all_reduce", dx)
+    on_own()
+    own.close()
+    with pytest.raises(CollectiveError, match="closed or was aborted"):
+        on_own()
