@@ -37,7 +37,10 @@ def describe(obj: Any, what: str = "array") -> ArrayInfo:
     info = getattr(obj, "array_info", None)  # a shimrt Buffer: what it knows of itself, checked live
     if info is not None:
         return info()
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except (TypeError, RuntimeError, KeyError, ValueError):
+        cai = None  # torch raises for dtypes numpy lacks (bfloat16): DLPack below describes those
     if cai is not None:
         try:
             dtype, shape, strides = np.dtype(cai["typestr"]), tuple(cai["shape"]), cai.get("strides")

@@ -14,7 +14,7 @@ from .. import cli
 
 #: subcommand -> its module in shimrt.bench, in the order --help lists them.
 COMMANDS = {"launch": "launch", "collectives": "collectives", "gemm": "gemm", "overlap": "overlap",
-            "host-cost": "host_cost", "plot": "plots"}
+            "host-cost": "host_cost", "torch": "torch_step", "plot": "plots"}
 
 
 def module(command: str) -> ModuleType:

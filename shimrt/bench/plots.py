@@ -98,7 +98,7 @@ def timeline_png(results: Any, workload: str, path: Any) -> Path:
     """
     validate(results)
     runs = _runs_of(results, workload)
-    figure = _figure(TIMELINE_WIDTH, TIMELINE_EXTRA + TIMELINE_PANEL * len(runs))
+    figure = new_figure(TIMELINE_WIDTH, TIMELINE_EXTRA + TIMELINE_PANEL * len(runs))
     from matplotlib.collections import LineCollection, PolyCollection
     from matplotlib.lines import Line2D
 
@@ -128,7 +128,7 @@ def timeline_png(results: Any, workload: str, path: Any) -> Path:
     figure.legend(handles=handles, loc="outside upper right", ncols=2, frameon=False)
     # Wrapped so that a long label leaves room for the legend at the right.
     figure.suptitle(textwrap.fill(f"{workload}: thread blocks per SM{_where(results)}", 80), x=0.01, ha="left")
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
 def makespan_png(results: Any, path: Any) -> Path:
@@ -140,7 +140,7 @@ def makespan_png(results: Any, path: Any) -> Path:
     policies = _ordered({run["policy"] for run in results["runs"]})
     columns = min(len(names), MAKESPAN_COLUMNS)
     rows = math.ceil(len(names) / columns)
-    figure = _figure(columns * _makespan_panel_width(len(policies)), MAKESPAN_EXTRA + rows * MAKESPAN_PANEL_HEIGHT)
+    figure = new_figure(columns * _makespan_panel_width(len(policies)), MAKESPAN_EXTRA + rows * MAKESPAN_PANEL_HEIGHT)
     from matplotlib.lines import Line2D
 
     colors = _policy_colors(policies)
@@ -178,7 +178,7 @@ def makespan_png(results: Any, path: Any) -> Path:
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles) if figure.get_figwidth() >= 9 else 1,
                   frameon=False, fontsize=9)
     figure.suptitle(f"Makespan per policy{_where(results)}", x=0.01, ha="left")
-    return _save(figure, path)
+    return save_png(figure, path)
 
 
 def write_all(results: Any, out_dir: Any) -> list[Path]:
@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     """A Figure rendered through Agg. No pyplot: it would keep every figure alive in its registry and
     switch the process's backend, and a library should do neither."""
     try:
@@ -250,7 +250,7 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
-def _save(figure, path) -> Path:
+def save_png(figure, path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(figure)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from . import validate
-from .errors import UsageError
+from .. import validate
+from ..errors import UsageError
 
 
 def _torch() -> Any:

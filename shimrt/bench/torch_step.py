@@ -1,0 +1,361 @@
+"""Time a real PyTorch training step (a torch.nn transformer decoder in bf16 whose gradients are
+reduced bucket by bucket during backward) under every overlap policy, side by side.
+
+Communication is real NCCL over this process's ranks (two ranks on one GPU where NCCL 2.30+
+allows it, NCCL_MULTI_RANK_GPU_ENABLE=1; else one per GPU of SHIMRT_DEVICES); ranks after the
+first add zeros, so the gradients stay rank 0's own, bit for bit. Policies:
+- baselines a user already has: sequential (every all-reduce after backward), torch default
+  (each bucket on a separate stream at default priority, as DDP does) and DDP's high-priority
+  stream (the same at the greatest priority: also shimrt's "priority" policy);
+- shimrt: shaping (every torch kernel capped at N blocks per SM through launch interposition),
+  partition (torch on a green context of all but K SMs, NCCL's channels sized to fit K), carveout
+  (cuBLAS leaves K SMs, NCCL sized alike), and auto (each choice tried for a few steps, the
+  fastest kept; its tuning time is reported).
+Reported per configuration: step time, its ratio to torch's default, communication hidden, the
+compute's own slowdown under the policy, whether losses and gradients equal the sequential run's
+bit for bit; --json, and --plots for CUPTI timelines of one step per policy (PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from .. import cli, validate
+from ..device import Device
+from ..errors import ShimrtError, UsageError
+from .progress import Progress
+
+#: name -> model and batch: the same model, fewer tokens per step as communication weighs more.
+CONFIGS = {"compute-heavy": dict(batch=8, seq=1024), "balanced": dict(batch=2, seq=1024),
+           "comm-heavy": dict(batch=1, seq=512)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``bench torch``."""
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   type=cli.distinct(validate.one_of, "--configs", allowed=tuple(CONFIGS)),
+        help=f"configurations, comma-separated, of {', '.join(CONFIGS)} (default: all)")
+    for flag, default, least, what in (("--width", 2048, 64, "model width"), ("--layers", 8, 1, "blocks"),
+                                       ("--steps", 8, 1, "timed steps per policy"),
+                                       ("--warmup", 2, 1, "untimed steps before them (the first teaches the "
+                                                          "interposer the kernels)"),
+                                       ("--trial-steps", 3, 1, "steps auto times each choice for"),
+                                       ("--bucket-mb", 25, 1, "gradient bucket size in MiB (DDP's default: 25)")):
+        p.add_argument(flag, metavar="N", default=default,
+                       type=validate.argument(validate.integer, flag, least=least),
+                       help=f"{what}, at least {least} (default {default})")
+    p.add_argument("--sms", default="16,32", type=cli.distinct(validate.integer, "--sms", least=2),
+        help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 16,32)")
+    p.add_argument("--local-ranks", metavar="N", default=None,
+                   type=validate.argument(validate.integer, "--local-ranks", least=2),
+                   help="ranks in this process (default: 2 on one GPU where NCCL can, else one per GPU)")
+    p.add_argument("--plots", metavar="DIR", default=None, type=lambda v: cli.writable_folder(v, "--plots"),
+                   help="write a CUPTI timeline of one step per policy as DIR/torch_CONFIG.png")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    cli.add_json(p)
+    p.set_defaults(run=run)
+
+
+def policies(sms: list[int], ranks_per_gpu: int) -> list:
+    """The fixed policies, baselines first; NCCL gets sms // ranks_per_gpu channels per rank
+    where SMs are kept for it (one block per channel, one NCCL block per SM)."""
+    from ..torch.step import Policy
+    out = [Policy("sequential", overlap=False, priority="low"), Policy("torch default", priority="low"),
+           Policy("DDP high priority", priority="high"), Policy("shaping N=2", cap=2), Policy("shaping N=1", cap=1)]
+    for k in sms:
+        ctas = max(1, k // ranks_per_gpu)
+        out += [Policy(f"partition {k} SMs", partition=k, ctas=ctas),
+                Policy(f"carveout {k} SMs", carveout=k, ctas=ctas)]
+    return out
+
+
+class _Bench:
+    """What one run holds: communicators per channel setting, partitions per size, the
+    interposers per cap; closed at the end."""
+
+    def __init__(self, dev: Device, devices: list):
+        self.dev, self.devices = dev, devices
+        self._comms: dict = {}
+        self._parts: dict = {}
+
+    def comms(self, ctas: int | None) -> list:
+        from ..nccl import CommOptions, Communicator
+        if ctas not in self._comms:
+            options = CommOptions(blocking=True, min_ctas=ctas, max_ctas=ctas)
+            self._comms[ctas] = Communicator.local(self.devices, options=options)
+        return self._comms[ctas]
+
+    def partition_stream(self, sms: int) -> Any:
+        if sms not in self._parts:
+            kept, rest = self.dev.partition(sms)
+            self._parts[sms] = (kept, rest, rest.stream())
+        return self._parts[sms][2]
+
+    def close(self) -> None:
+        for kept, rest, s in self._parts.values():
+            s.close()
+            kept.close()
+            rest.close()
+        for comms in self._comms.values():
+            for c in comms:
+                c.close()
+
+
+def _timed(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int, steps: int, keep: bool = False,
+           settle: Any = None):
+    """(ms per step over ``steps`` after ``warmup``, the losses, the gradients after the first
+    step when ``keep``) on the current stream, from the initial weights. ``settle`` (an
+    interposer's) runs after each warm-up step: the kernels it learnt are shaped from the next."""
+    trainer.reset()
+    losses, grads = [], None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(warmup + steps):
+        if i == warmup:
+            start.record()
+        losses.append(trainer.step(comm, overlap))
+        if i == 0 and keep:
+            grads = trainer.buckets.copy()
+        if i < warmup and settle is not None:
+            settle()
+    end.record()
+    _finish(torch)
+    return start.elapsed_time(end) / steps, torch.stack(losses), grads
+
+
+def _finish(torch: Any) -> None:
+    """Wait for the current stream (a green context's too, which a device-wide sync of torch's
+    context does not cover) and then the whole device."""
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    torch.cuda.synchronize()
+
+
+def _comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
+    """ms for every bucket's all-reduce back to back, with no compute."""
+    ready = torch.cuda.Event()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats + 1):
+        stream = torch.cuda.current_stream()
+        start.record(stream)
+        ready.record(stream)
+        for i in range(len(buckets.flats)):
+            comm.launch(i, ready)
+        comm.join(stream)
+        end.record(stream)
+        _finish(torch)
+        times.append(start.elapsed_time(end))
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def _timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -> list:
+    """[short name, start us, end us, NCCL?] of every kernel of one step."""
+    with dev.record_kernels() as rec:
+        trainer.step(comm, overlap)
+        _finish(torch)
+    kernels = sorted((k for k in rec.kernels if k.get("device_id", dev.index) == dev.index), key=lambda k: k["start"])
+    t0 = kernels[0]["start"] if kernels else 0
+    return [[k["name"][:60], (k["start"] - t0) / 1e3, (k["end"] - t0) / 1e3, k["name"].startswith("ncclDevKernel")]
+            for k in kernels]
+
+
+def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
+    """(bitwise equal, largest absolute difference) of two lists of tensors."""
+    if all(torch.equal(x, y) for x, y in zip(a, b, strict=True)):
+        return True, 0.0
+    return False, max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Progress) -> dict:
+    """Every policy and auto on configuration ``name``: the result as JSON-ready dict."""
+    import torch
+
+    from ..overlap.collective import channels_and_footprint
+    from ..overlap.interpose import Interposer
+    from ..torch.model import ModelSize, batch, build
+    from ..torch.step import GradientBuckets, NcclBuckets, Trainer, compute_context
+    dev = bench.dev
+    size = ModelSize(width=args.width, layers=args.layers, heads=max(1, args.width // 128), **CONFIGS[name])
+    where = torch.device("cuda", dev.index)
+    model = build(size, where)
+    buckets = GradientBuckets(model, args.bucket_mb << 20)
+    trainer = Trainer(model, batch(size, where), buckets)
+    ranks_per_gpu = sum(d.index == dev.index for d in bench.devices)
+    fixed = policies(args.sms, ranks_per_gpu)
+    comm_sets: dict = {}
+
+    def comm_of(policy):
+        key = (policy.ctas, policy.priority)
+        if key not in comm_sets:
+            comm_sets[key] = NcclBuckets(bench.comms(policy.ctas), buckets, policy.priority)
+        return comm_sets[key]
+
+    interposers = {p.cap: Interposer(dev, p.cap) for p in fixed if p.cap is not None}
+
+    def context(policy):
+        return compute_context(policy, interposers.get(policy.cap),
+                               bench.partition_stream(policy.partition) if policy.partition else None)
+
+    def settle(policy):
+        return interposers[policy.cap].settle if policy.cap is not None else None
+
+    result: dict = {"model": vars(size) | {"parameters": size.parameters, "tokens": size.tokens},
+                    "gradient_bytes": buckets.nbytes, "buckets": len(buckets.flats), "policies": {}}
+    try:
+        progress.step(f"{name}: compute alone")
+        compute_ms, _, _ = _timed(torch, trainer, None, True, args.warmup, args.steps)
+        result["compute_ms"] = compute_ms
+        comm_ms = {}
+        for p in fixed:
+            if p.ctas not in comm_ms:
+                comm_ms[p.ctas] = _comm_alone(torch, comm_of(p), buckets)
+        result["comm_ms"] = {str(k): v for k, v in comm_ms.items()}
+        with dev.record_kernels() as rec:
+            _comm_alone(torch, comm_of(fixed[2]), buckets, repeats=0)
+        nccl = [k for k in rec.kernels if k["name"].startswith("ncclDevKernel")]
+        if nccl:
+            channels, footprint = channels_and_footprint(nccl[0])
+            result["nccl"] = {"kernel": footprint.name, "channels_per_rank": channels,
+                              "ranks_on_this_gpu": ranks_per_gpu,
+                              "blocks_on_this_gpu": channels * ranks_per_gpu, "threads": footprint.threads,
+                              "registers": footprint.registers,
+                              "smem": footprint.static_smem + footprint.dynamic_smem}
+        reference = None
+        for p in fixed + ["auto"]:
+            key = p if isinstance(p, str) else p.name
+            progress.step(f"{name}: {key}")
+            entry: dict = {}
+            try:
+                if p == "auto":
+                    p, entry = _tune(torch, trainer, [q for q in fixed if q.name in result["policies"]], comm_of,
+                                     context, settle, args)
+                comm = comm_of(p)
+                with context(p):
+                    step_ms, losses, grads = _timed(torch, trainer, comm, p.overlap, args.warmup, args.steps,
+                                                    keep=True, settle=settle(p))
+                    alone_ms = compute_ms if p.cap is None and p.partition is None and p.carveout is None else \
+                        _timed(torch, trainer, None, True, 1, args.steps, settle=settle(p))[0]
+                    timeline = _timeline(dev, torch, trainer, comm, p.overlap) if args.plots or args.json else []
+            except (ShimrtError, RuntimeError) as exc:  # one policy that cannot run here: said, the rest go on
+                print(f"bench torch: {name}: {key} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                result.setdefault("failed", {})[key] = f"{type(exc).__name__}: {exc}"
+                continue
+            if reference is None:
+                reference = (losses, grads)
+                same_losses, loss_diff, same_grads, grad_diff = True, 0.0, True, 0.0
+            else:
+                same_losses, loss_diff = _same(torch, [losses], [reference[0]])
+                same_grads, grad_diff = _same(torch, grads, reference[1])
+            del grads
+            t_comm = comm_ms[p.ctas]
+            entry.update(policy=p.name, choice=p.describe(), step_ms=step_ms, compute_alone_ms=alone_ms,
+                         compute_slowdown=alone_ms / compute_ms, comm_alone_ms=t_comm,
+                         comm_hidden=max(0.0, min(1.0, (compute_ms + t_comm - step_ms) / t_comm)),
+                         losses=[float(x) for x in losses], losses_bitwise=same_losses, loss_max_diff=loss_diff,
+                         grads_bitwise=same_grads, grad_max_diff=grad_diff, timeline=timeline)
+            if p.cap is not None:
+                entry["interposer"] = {k: v for k, v in interposers[p.cap].report().items() if k != "raised_limits"}
+            result["policies"]["auto" if entry.get("tried") else p.name] = entry
+    finally:
+        for c in comm_sets.values():
+            c.close()
+        for ip in interposers.values():
+            ip.close()
+    return result
+
+
+def _tune(torch: Any, trainer: Any, fixed: list, comm_of: Any, context: Any, settle: Any, args: argparse.Namespace):
+    """auto: every fixed policy that ran here, for ``--trial-steps`` steps after one warm-up; the
+    fastest."""
+    t0 = time.perf_counter()
+    tried = {}
+    for p in fixed:
+        with context(p):
+            tried[p.name] = _timed(torch, trainer, comm_of(p), p.overlap, 1, args.trial_steps, settle=settle(p))[0]
+    best = min(fixed, key=lambda p: tried[p.name])
+    return best, {"tried": tried, "picked": best.name, "tuning_s": time.perf_counter() - t0}
+
+
+def report(name: str, r: dict) -> str:
+    """The table of one configuration and its summary lines."""
+    ran = r["policies"]
+    base_name = "torch default" if "torch default" in ran else next(iter(ran), None)
+    comm = r["comm_ms"]["None"]
+    lines = [f"== {name}: {r['model']['parameters'] / 1e6:.0f} M parameters, {r['model']['tokens']} tokens/step, "
+             f"{r['gradient_bytes'] / 2**20:.0f} MiB of gradients in {r['buckets']} buckets; compute alone "
+             f"{r['compute_ms']:.2f} ms, all-reduces alone {comm:.2f} ms (ratio {comm / r['compute_ms']:.2f})"]
+    if "nccl" in r:
+        n = r["nccl"]
+        lines.append(f"   NCCL: {n['kernel']}, {n['channels_per_rank']} channels x {n['ranks_on_this_gpu']} ranks "
+                     f"on this GPU = {n['blocks_on_this_gpu']} blocks of {n['threads']} threads, "
+                     f"{n['registers']} registers, {n['smem']} B smem (one rank per GPU would need "
+                     f"{n['channels_per_rank']})")
+    lines.append(f"{'policy':20s} {'choice':52s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
+                 f"{'slowdown':>8s}  losses/grads as {next(iter(ran), '-')}")
+    for key, e in ran.items():
+        same = ("bitwise" if e["losses_bitwise"] else f"loss diff {e['loss_max_diff']:.2g}") + " / " + \
+               ("bitwise" if e["grads_bitwise"] else f"grad diff {e['grad_max_diff']:.2g}")
+        ratio = e["step_ms"] / ran[base_name]["step_ms"]
+        lines.append(f"{key:20s} {e['choice'][:52]:52s} {e['step_ms']:8.2f} {ratio:15.3f}x "
+                     f"{e['comm_hidden']:6.0%} {e['compute_slowdown']:7.3f}x  {same}")
+    for key, why in r.get("failed", {}).items():
+        lines.append(f"{key:20s} failed: {why}")
+    fixed = {k: e for k, e in ran.items() if k != "auto"}
+    if "auto" in ran and fixed:
+        best = min(fixed, key=lambda k: fixed[k]["step_ms"])
+        auto = ran["auto"]
+        lines.append(f"   auto picked {auto['picked']} after {auto['tuning_s']:.1f} s of trials: "
+                     f"{auto['step_ms'] / fixed[best]['step_ms']:.3f}x the best fixed ({best}), "
+                     f"{1 - auto['step_ms'] / ran[base_name]['step_ms']:+.1%} step time against {base_name}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``bench torch``: every configuration, its table, --json and --plots."""
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("bench torch needs PyTorch with CUDA: pip install 'shimrt[torch]'") from None
+    from ..launch import launch_env, local_devices
+    dev = Device(launch_env().device)
+    if dev.backend != "cuda" or not torch.cuda.is_available():
+        raise UsageError("bench torch needs torch with CUDA on a CUDA device")
+    torch.cuda.set_device(dev.index)
+    devices = local_devices(dev, args.local_ranks)
+    if len(devices) < 2:
+        raise ShimrtError("bench torch needs at least 2 ranks to all-reduce between: two GPUs (SHIMRT_DEVICES), or "
+                          "two ranks on one GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1)")
+    bench = _Bench(dev, devices)
+    fixed = len(policies(args.sms, 1))
+    progress = Progress(len(args.configs) * (fixed + 2), enabled=not args.quiet)
+    results = {"device": repr(dev), "ranks": [d.index for d in devices], "configs": {}}
+    try:
+        for name in args.configs:
+            results["configs"][name] = run_config(bench, name, args, progress)
+            torch.cuda.empty_cache()  # the model of this configuration is gone
+            progress.close()
+            print(report(name, results["configs"][name]), flush=True)
+    finally:
+        progress.close()
+        bench.close()
+    results["nccl_version"] = _nccl_version()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f)
+        print(f"wrote {args.json}")
+    if args.plots:
+        from .torch_plots import timelines_png
+        for name, r in results["configs"].items():
+            print(f"wrote {timelines_png(name, r, args.plots / f'torch_{name}.png')}")
+    return 0
+
+
+def _nccl_version() -> str:
+    from ..nccl import library
+    return library.load("cuda").version_text
+

@@ -1,0 +1,243 @@
+"""One data-parallel training step whose gradient all-reduces overlap backward, under a policy.
+
+- :class:`Policy`: how the step overlaps: all-reduces after backward (sequential) or bucket by
+  bucket as gradients become ready, on streams of default or greatest priority, with torch's
+  compute shaped (every kernel capped at ``cap`` blocks per SM), confined to an SM partition, or
+  with cuBLAS leaving SMs free (carveout), and NCCL's channels per rank.
+- :class:`GradientBuckets`: the parameters' gradients as views of flat buckets (as DDP's
+  ``gradient_as_bucket_view``), in the order backward produces them, zeroed each step.
+- :class:`NcclBuckets`: a bucket's all-reduce over this process's ranks (shimrt
+  Communicators), launched on its own streams once torch's compute stream reaches the bucket's
+  event. Ranks other than the first, where one process holds several (two ranks on one GPU),
+  are peers that add zeros, so rank 0's gradients come out bit for bit as they went in.
+- :class:`Trainer`: model, batch, optimizer and hooks; ``step(policy, comm)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .. import nccl, validate
+from ..errors import UsageError
+from . import stream as torch_stream
+
+#: Stream priorities a policy may give its communication.
+PRIORITIES = ("low", "high")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a step overlaps its all-reduces (see the module's docstring). ``partition`` and
+    ``carveout`` are SMs kept from torch's compute (NCCL's channels belong there: ``ctas`` per
+    rank); ``cap`` shapes every compute kernel to at most that many blocks per SM."""
+
+    name: str
+    overlap: bool = True
+    priority: str = "high"
+    cap: int | None = None
+    partition: int | None = None
+    carveout: int | None = None
+    ctas: int | None = None
+
+    def __post_init__(self) -> None:
+        validate.text(self.name, "Policy.name")
+        object.__setattr__(self, "overlap", validate.boolean(self.overlap, "Policy.overlap"))
+        validate.one_of(self.priority, "Policy.priority", PRIORITIES)
+        for name, most in (("cap", 64), ("partition", None), ("carveout", None), ("ctas", 64)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, validate.integer(getattr(self, name), f"Policy.{name}", least=1,
+                                                                most=most))
+        if sum(x is not None for x in (self.cap, self.partition, self.carveout)) > 1:
+            raise UsageError(f"Policy {self.name!r}: one of cap, partition and carveout at a time")
+
+    def describe(self) -> str:
+        parts = ["after backward" if not self.overlap else f"{self.priority} priority"]
+        if self.cap is not None:
+            parts.append(f"compute capped at {self.cap} blocks/SM")
+        if self.partition is not None:
+            parts.append(f"compute on all but {self.partition} SMs")
+        if self.carveout is not None:
+            parts.append(f"cuBLAS leaves {self.carveout} SMs")
+        if self.ctas is not None:
+            parts.append(f"NCCL {self.ctas} channels/rank")
+        return ", ".join(parts)
+
+
+class GradientBuckets:
+    """Every parameter's ``.grad`` as a view of a flat bucket of at most ``bucket_bytes`` (one
+    parameter larger than that gets a bucket of its own), filled in reverse registration order,
+    the order backward produces gradients in."""
+
+    def __init__(self, model: Any, bucket_bytes: int):
+        import torch
+        bucket_bytes = validate.integer(bucket_bytes, "bucket_bytes", least=1)
+        params = [p for p in model.parameters() if p.requires_grad][::-1]
+        groups: list[list[Any]] = [[]]
+        size = 0
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            if groups[-1] and (size + nbytes > bucket_bytes or p.dtype != groups[-1][0].dtype):
+                groups.append([])
+                size = 0
+            groups[-1].append(p)
+            size += nbytes
+        self.flats, self.bucket_of, self.counts = [], {}, []
+        for i, group in enumerate(groups):
+            flat = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype, device=group[0].device)
+            offset = 0
+            for p in group:
+                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                self.bucket_of[p] = i
+                offset += p.numel()
+            self.flats.append(flat)
+            self.counts.append(len(group))
+        self.params = params
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.numel() * f.element_size() for f in self.flats)
+
+    def zero(self) -> None:
+        for f in self.flats:
+            f.zero_()
+
+    def copy(self) -> list:
+        return [f.clone() for f in self.flats]
+
+
+class NcclBuckets:
+    """All-reduces (sum) of each bucket of ``buckets`` over ``comms`` (this process's ranks, from
+    ``Communicator.local`` or one rank per process), on one stream per rank at ``priority``.
+    Calls are checked and packed once (:meth:`Communicator.prepare`)."""
+
+    def __init__(self, comms: list, buckets: GradientBuckets, priority: str = "high"):
+        import torch
+        validate.one_of(priority, "priority", PRIORITIES)
+        self.comms, self.priority = list(comms), priority
+        self.streams = [c.device.stream(priority) for c in self.comms]
+        self.torch_streams = [torch_stream(s) for s in self.streams]
+        largest = max(f.numel() for f in buckets.flats)
+        dtype, device = buckets.flats[0].dtype, buckets.flats[0].device
+        # Peers send zeros (never written) and receive into scratch: rank 0's sum is its own gradient.
+        #: per peer rank: (the zeros it sends, where it receives each bucket's sum)
+        self.peers = [(torch.zeros(largest, dtype=dtype, device=device),
+                       torch.empty(largest, dtype=dtype, device=device)) for _ in self.comms[1:]]
+        self._views: list = []
+        self.calls = []
+        for flat in buckets.flats:
+            n = flat.numel()
+            calls = [self.comms[0].prepare("all_reduce", flat, stream=self.streams[0])]
+            for c, s, (zeros, scratch) in zip(self.comms[1:], self.streams[1:], self.peers, strict=True):
+                send, recv = zeros[:n], scratch[:n]
+                self._views.append((send, recv))  # prepared calls hold their pointers: keep them alive
+                calls.append(c.prepare("all_reduce", send, recv, stream=s))
+            self.calls.append(calls)
+        torch.cuda.synchronize(device)
+
+    def launch(self, index: int, ready: Any) -> None:
+        """Bucket ``index``'s all-reduce, once every rank's stream has reached event ``ready``."""
+        for ts in self.torch_streams:
+            ts.wait_event(ready)
+        if len(self.comms) == 1:
+            self.calls[index][0]()
+            return
+        with nccl.group(*self.comms):
+            for call in self.calls[index]:
+                call()
+
+    def join(self, stream: Any) -> None:
+        """Torch stream ``stream`` waits for every all-reduce launched so far."""
+        for ts in self.torch_streams:
+            stream.wait_stream(ts)
+
+    def close(self) -> None:
+        for s in self.streams:
+            s.synchronize()
+            s.close()
+        self.calls = []
+
+
+class Trainer:
+    """A model's training step on one batch: forward, backward with the gradients' all-reduces
+    launched as their buckets fill (or after backward), the optimizer after they finish."""
+
+    def __init__(self, model: Any, batch: tuple[Any, Any], buckets: GradientBuckets, lr: float = 1e-4):
+        import torch
+        self.model, self.batch, self.buckets, self.lr = model, batch, buckets, lr
+        self.initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.optimizer = self._optimizer()
+        self._comm: NcclBuckets | None = None
+        self._filled = [0] * len(buckets.counts)
+        self._events = [torch.cuda.Event() for _ in buckets.counts]
+        self._overlap = True
+        self._launched = [False] * len(buckets.counts)
+        for p in buckets.params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+
+    def _optimizer(self) -> Any:
+        import torch
+        return torch.optim.SGD(self.model.parameters(), lr=self.lr, momentum=0.9, foreach=True)
+
+    def reset(self) -> None:
+        """Back to the initial weights, with a fresh optimizer: every policy starts alike."""
+        import torch
+        with torch.no_grad():
+            self.model.load_state_dict(self.initial)
+        self.optimizer = self._optimizer()
+
+    def _on_grad(self, param: Any) -> None:
+        # Runs on autograd's thread, on the stream that produced the gradient (as DDP's hooks do).
+        i = self.buckets.bucket_of[param]
+        self._filled[i] += 1
+        if self._comm is not None and self._overlap and self._filled[i] == self.buckets.counts[i]:
+            self._launch(i)
+
+    def _launch(self, i: int) -> None:
+        import torch
+        self._launched[i] = True
+        self._events[i].record(torch.cuda.current_stream())
+        self._comm.launch(i, self._events[i])
+
+    def step(self, comm: NcclBuckets | None, overlap: bool = True) -> Any:
+        """One step on the current torch stream; returns the loss (a tensor: no host sync).
+        ``comm`` None: no communication (compute alone)."""
+        import torch
+        self._comm, self._overlap = comm, overlap
+        self._filled = [0] * len(self.buckets.counts)
+        self._launched = [False] * len(self.buckets.counts)
+        self.buckets.zero()
+        loss = self.model(*self.batch)
+        loss.backward()
+        if comm is not None:
+            # Sequential: every bucket now. Overlapped: any bucket a parameter without a gradient
+            # kept from filling (its zeros are all-reduced all the same, so ranks stay in step).
+            for i, launched in enumerate(self._launched):
+                if not launched:
+                    self._launch(i)
+            comm.join(torch.cuda.current_stream())
+        self.optimizer.step()
+        self._comm = None
+        return loss.detach()
+
+
+@contextlib.contextmanager
+def compute_context(policy: Policy, interposer: Any = None, partition_stream: Any = None) -> Iterator[None]:
+    """torch's compute as ``policy`` shapes it: on ``partition_stream`` (a shimrt Stream of an SM
+    partition), with cuBLAS's carveout, or inside ``interposer``'s block."""
+    import torch
+
+    from . import sm_carveout
+    with contextlib.ExitStack() as stack:
+        if policy.partition is not None:
+            if partition_stream is None:
+                raise UsageError(f"policy {policy.name!r} needs the partition's stream")
+            stack.enter_context(torch.cuda.stream(torch_stream(partition_stream)))
+        if policy.carveout is not None:
+            stack.enter_context(sm_carveout(policy.carveout))
+        if policy.cap is not None:
+            if interposer is None:
+                raise UsageError(f"policy {policy.name!r} needs an Interposer")
+            stack.enter_context(interposer)
+        yield

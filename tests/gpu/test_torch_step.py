@@ -1,0 +1,82 @@
+"""A real torch training step with its gradients all-reduced bucket by bucket over two NCCL
+ranks of this process: the peers' sums come back, rank 0's gradients stay bit for bit, and the
+step gives the same loss under a partition."""
+
+from __future__ import annotations
+
+import pytest
+
+from shimrt import ShimrtError
+
+
+@pytest.fixture
+def setup(device):
+    torch = pytest.importorskip("torch")
+    if device.backend != "cuda" or not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA on a CUDA device")
+    from shimrt.launch import local_devices
+    from shimrt.nccl import CommOptions, Communicator
+    from shimrt.torch.model import ModelSize, batch, build
+    from shimrt.torch.step import GradientBuckets, Trainer
+    try:
+        devices = local_devices(device, 2)
+        comms = Communicator.local(devices, options=CommOptions(blocking=True))
+    except ShimrtError as exc:
+        pytest.skip(f"needs two NCCL ranks in this process: {exc}")
+    torch.cuda.set_device(device.index)
+    size = ModelSize(width=256, heads=2, layers=2, vocab=1000, seq=128, batch=2)
+    where = torch.device("cuda", device.index)
+    model = build(size, where, seed=1)
+    buckets = GradientBuckets(model, 1 << 20)
+    trainer = Trainer(model, batch(size, where, seed=1), buckets)
+    yield torch, comms, buckets, trainer
+    for c in comms:
+        c.close()
+
+
+def test_an_overlapped_step_all_reduces_every_bucket_and_keeps_rank0s_gradients(setup):
+    from shimrt.torch.step import NcclBuckets
+    torch, comms, buckets, trainer = setup
+    flats = {f.untyped_storage().data_ptr() for f in buckets.flats}
+    assert len(buckets.flats) > 1 and all(p.grad.untyped_storage().data_ptr() in flats for p in buckets.params)
+    trainer.reset()
+    alone = trainer.step(None)
+    want = buckets.copy()
+    comm = NcclBuckets(comms, buckets, "low")
+    try:
+        for overlap in (True, False):
+            trainer.reset()
+            loss = trainer.step(comm, overlap)
+            torch.cuda.synchronize()
+            assert torch.equal(loss, alone)
+            assert all(torch.equal(g, w) for g, w in zip(buckets.flats, want, strict=True))
+            # The peer received 0 + rank 0's gradient of the last bucket launched (the first layers').
+            last = buckets.flats[-1]
+            assert torch.equal(comm.peers[0][1][: last.numel()], last)
+    finally:
+        comm.close()
+
+
+def test_a_step_on_a_partition_gives_the_same_loss(setup, device):
+    from shimrt.torch.step import NcclBuckets, Policy, compute_context
+    torch, comms, buckets, trainer = setup
+    trainer.reset()
+    want = trainer.step(None)
+    try:
+        kept, rest = device.partition(16)
+    except ShimrtError as exc:
+        pytest.skip(f"no SM partition here: {exc}")
+    s = rest.stream()
+    comm = NcclBuckets(comms, buckets, "high")
+    try:
+        with compute_context(Policy("p", partition=16, ctas=8), partition_stream=s):
+            trainer.reset()
+            loss = trainer.step(comm)
+        s.synchronize(30)
+        torch.cuda.synchronize()
+        assert torch.allclose(loss.float(), want.float(), rtol=1e-2), (loss, want)
+    finally:
+        comm.close()
+        s.close()
+        kept.close()
+        rest.close()

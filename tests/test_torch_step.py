@@ -1,0 +1,92 @@
+"""bench torch's arithmetic without a GPU: the policies, the model's size, the report's ratios,
+and a clear refusal where torch is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from shimrt import UsageError
+from shimrt.bench import torch_step
+from shimrt.torch.model import ModelSize
+from shimrt.torch.step import Policy
+
+
+def test_the_parameter_count_matches_a_count_by_hand():
+    size = ModelSize(width=64, heads=2, layers=1, vocab=100, seq=8, batch=1)
+    embed, position, head = 100 * 64, 8 * 64, 64 * 100
+    block = 3 * 64 * 64 + 64 * 64 + 2 * 64 * 256 + 2 * 2 * 64  # qkv, out, MLP, two LayerNorms
+    assert size.parameters == embed + position + block + 2 * 64 + head
+    assert size.tokens == 8
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(width=100, heads=3), "ModelSize.width must be a multiple of heads"),
+    (dict(width=72, heads=6), "head size that is a multiple of 8"),
+    (dict(batch=0), "ModelSize.batch must be an int >= 1"),
+])
+def test_bad_model_sizes_are_refused(fields, message):
+    with pytest.raises(UsageError, match=message):
+        ModelSize(**fields)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(priority="urgent"), "Policy.priority must be one of"),
+    (dict(cap=0), "Policy.cap must be an int"),
+    (dict(cap=2, carveout=16), "one of cap, partition and carveout at a time"),
+    (dict(ctas=65), "Policy.ctas must be an int"),
+    (dict(overlap="yes"), "Policy.overlap must be"),
+])
+def test_bad_policies_are_refused(fields, message):
+    with pytest.raises(UsageError, match=message):
+        Policy("p", **fields)
+
+
+def test_the_policies_keep_one_nccl_block_per_kept_sm():
+    fixed = torch_step.policies([16, 32], ranks_per_gpu=2)
+    names = [p.name for p in fixed]
+    assert names[:3] == ["sequential", "torch default", "DDP high priority"]
+    assert not fixed[0].overlap and fixed[1].priority == "low" and fixed[2].priority == "high"
+    by_name = {p.name: p for p in fixed}
+    assert by_name["partition 32 SMs"].ctas == 16 and by_name["carveout 16 SMs"].ctas == 8
+    assert torch_step.policies([16], ranks_per_gpu=1)[-1].ctas == 16
+    assert "cuBLAS leaves 16 SMs, NCCL 8 channels/rank" in by_name["carveout 16 SMs"].describe()
+
+
+def _entry(step_ms, slowdown=1.0, **more):
+    return dict(policy="p", choice="c", step_ms=step_ms, compute_slowdown=slowdown, comm_hidden=0.5,
+                losses_bitwise=True, loss_max_diff=0.0, grads_bitwise=more.pop("grads_bitwise", True),
+                grad_max_diff=more.pop("grad_max_diff", 0.0), **more)
+
+
+def test_the_report_gives_ratios_to_torchs_default_and_autos_distance_from_the_best():
+    result = {"model": {"parameters": 537e6, "tokens": 8192}, "gradient_bytes": 1 << 30, "buckets": 41,
+              "compute_ms": 10.0, "comm_ms": {"None": 5.0},
+              "policies": {"sequential": _entry(15.0), "torch default": _entry(14.0),
+                           "carveout 16 SMs": _entry(11.2, 1.1, grads_bitwise=False, grad_max_diff=0.004),
+                           "auto": _entry(11.27, picked="carveout 16 SMs", tuning_s=2.5)},
+              "failed": {"partition 16 SMs": "DriverError: no green contexts"}}
+    text = torch_step.report("balanced", result)
+    assert "ratio 0.50" in text and "0.800x" in text and "grad diff 0.004" in text
+    assert "auto picked carveout 16 SMs after 2.5 s of trials: 1.006x the best fixed (carveout 16 SMs), " \
+           "+19.5% step time against torch default" in text
+    assert "partition 16 SMs     failed: DriverError: no green contexts" in text
+
+
+def test_bench_torch_without_torch_says_how_to_get_it(capsys):
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here")
+    from shimrt.bench.__main__ import main
+    assert main(["torch", "--configs", "balanced"]) == 2
+    err = capsys.readouterr().err
+    assert "bench torch needs PyTorch" in err and "shimrt[torch]" in err and "Traceback" not in err
+
+
+def test_bad_bench_torch_options_are_refused(capsys):
+    from shimrt.bench.__main__ import main
+    for argv, needle in ((["--configs", "huge"], "--configs"), (["--sms", "1"], "--sms"),
+                         (["--steps", "0"], "--steps"), (["--local-ranks", "1"], "--local-ranks")):
+        assert main(["torch", *argv]) == 2
+        err = capsys.readouterr().err
+        assert f"argument {needle}" in err and "Traceback" not in err
