@@ -46,7 +46,8 @@ if [ "$part" = all ] || [ "$part" = nccl ]; then
     steps+=("shimrt.bench host-cost --json $OUT/host_cost_multirank.json" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
             "shimrt.launch --nproc 2 --devices 0,0 --timeout 300 -m shimrt.bench collectives -e 64M -n 10 -w 3 --torch --json $OUT/collectives_2procs.json" \
-            "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json")
+            "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
+            "shimrt.bench torch --quiet --json $OUT/torch.json --plots $OUT")
   else
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
   fi
