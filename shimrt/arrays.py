@@ -30,6 +30,17 @@ class ArrayInfo(NamedTuple):
 _ITEMSIZE = {"bfloat16": 2}
 
 
+def _from_dlpack(obj: Any, what: str) -> ArrayInfo:
+    kind, _ = dlpack.device_of(obj)
+    if kind not in dlpack.DEVICE_MEMORY:
+        raise UsageError(f"{what} lives on the host (DLPack device {kind}); pass device memory")
+    ptr, dtype, shape, contiguous = dlpack.tensor_info(obj)
+    if not contiguous:
+        raise UsageError(f"{what} is not contiguous; pass a contiguous array")
+    itemsize = _ITEMSIZE.get(dtype) or np.dtype(dtype).itemsize
+    return ArrayInfo(ptr, dtype, int(np.prod(shape, dtype=np.int64)), itemsize)
+
+
 def describe(obj: Any, what: str = "array") -> ArrayInfo:
     """ArrayInfo of a contiguous device array; UsageError for host arrays and strided views."""
     if isinstance(obj, np.ndarray):
@@ -48,18 +59,13 @@ def describe(obj: Any, what: str = "array") -> ArrayInfo:
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise UsageError(f"{what}: its __cuda_array_interface__ must have typestr, shape and data as the "
                              f"protocol (version 3) says, not {cai!r} ({type(exc).__name__}: {exc})") from None
+        if dtype.kind == "V" and hasattr(obj, "__dlpack__"):
+            return _from_dlpack(obj, what)  # torch gives bfloat16 as raw "<V2": DLPack names it
         if strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize):
             raise UsageError(f"{what} is not contiguous (strides {tuple(strides)}); pass a contiguous array")
         return ArrayInfo(int(cai["data"][0] or 0), dtype.name, int(np.prod(shape, dtype=np.int64)), dtype.itemsize)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        kind, _ = dlpack.device_of(obj)
-        if kind not in dlpack.DEVICE_MEMORY:
-            raise UsageError(f"{what} lives on the host (DLPack device {kind}); pass device memory")
-        ptr, dtype, shape, contiguous = dlpack.tensor_info(obj)
-        if not contiguous:
-            raise UsageError(f"{what} is not contiguous; pass a contiguous array")
-        itemsize = _ITEMSIZE.get(dtype) or np.dtype(dtype).itemsize
-        return ArrayInfo(ptr, dtype, int(np.prod(shape, dtype=np.int64)), itemsize)
+        return _from_dlpack(obj, what)
     raise UsageError(f"{what}: cannot use {type(obj).__name__} as device memory (a shimrt Buffer, a torch "
                      "or CuPy array, or anything with __cuda_array_interface__ or DLPack)")
 
