@@ -150,7 +150,8 @@ def _comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
         end.record(stream)
         _finish(torch)
         times.append(start.elapsed_time(end))
-    return sorted(times[1:])[len(times[1:]) // 2]
+    timed = sorted(times[1:] or times)  # the first round warms up, where there are more
+    return timed[len(timed) // 2]
 
 
 def _timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -> list:
