@@ -232,9 +232,9 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             progress.step(f"{name}: {key}")
             entry: dict = {}
             try:
-                if p == "auto":
-                    p, entry = _tune(torch, trainer, [q for q in fixed if q.name in result["policies"]], comm_of,
-                                     context, settle, args)
+                if p == "auto":  # among the policies that ran here with finite losses
+                    sound = [q for q in fixed if result["policies"].get(q.name, {}).get("finite")]
+                    p, entry = _tune(torch, trainer, sound, comm_of, context, settle, args)
                 comm = comm_of(p)
                 with context(p):
                     step_ms, losses, grads = _timed(torch, trainer, comm, p.overlap, args.warmup, args.steps,
@@ -254,7 +254,8 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                 same_grads, grad_diff = _same(torch, grads, reference[1])
             del grads
             t_comm = comm_ms[p.ctas]
-            entry.update(policy=p.name, choice=p.describe(), step_ms=step_ms, compute_alone_ms=alone_ms,
+            finite = bool(torch.isfinite(losses).all())
+            entry.update(policy=p.name, choice=p.describe(), step_ms=step_ms, compute_alone_ms=alone_ms, finite=finite,
                          compute_slowdown=alone_ms / compute_ms, comm_alone_ms=t_comm,
                          comm_hidden=max(0.0, min(1.0, (compute_ms + t_comm - step_ms) / t_comm)),
                          losses=[float(x) for x in losses], losses_bitwise=same_losses, loss_max_diff=loss_diff,
@@ -299,14 +300,15 @@ def report(name: str, r: dict) -> str:
     lines.append(f"{'policy':20s} {'choice':52s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
                  f"{'slowdown':>8s}  losses/grads as {next(iter(ran), '-')}")
     for key, e in ran.items():
-        same = ("bitwise" if e["losses_bitwise"] else f"loss diff {e['loss_max_diff']:.2g}") + " / " + \
+        same = ("" if e.get("finite", True) else "NOT FINITE: ") + \
+               ("bitwise" if e["losses_bitwise"] else f"loss diff {e['loss_max_diff']:.2g}") + " / " + \
                ("bitwise" if e["grads_bitwise"] else f"grad diff {e['grad_max_diff']:.2g}")
         ratio = e["step_ms"] / ran[base_name]["step_ms"]
         lines.append(f"{key:20s} {e['choice'][:52]:52s} {e['step_ms']:8.2f} {ratio:15.3f}x "
                      f"{e['comm_hidden']:6.0%} {e['compute_slowdown']:7.3f}x  {same}")
     for key, why in r.get("failed", {}).items():
         lines.append(f"{key:20s} failed: {why}")
-    fixed = {k: e for k, e in ran.items() if k != "auto"}
+    fixed = {k: e for k, e in ran.items() if k != "auto" and e.get("finite", True)}
     if "auto" in ran and fixed:
         best = min(fixed, key=lambda k: fixed[k]["step_ms"])
         auto = ran["auto"]
