@@ -161,8 +161,13 @@ def _timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -
         _finish(torch)
     kernels = sorted((k for k in rec.kernels if k.get("device_id", dev.index) == dev.index), key=lambda k: k["start"])
     t0 = kernels[0]["start"] if kernels else 0
-    return [[k["name"][:60], (k["start"] - t0) / 1e3, (k["end"] - t0) / 1e3, k["name"].startswith("ncclDevKernel")]
+    return [[k["name"][:60], (k["start"] - t0) / 1e3, (k["end"] - t0) / 1e3, _is_nccl(k["name"])]
             for k in kernels]
+
+
+def _is_nccl(name: str) -> bool:
+    """An NCCL kernel by its CUPTI name, mangled ("_Z32ncclDevKernel_...") or not."""
+    return "ncclDevKernel" in name[:48] or "ncclKernel" in name[:48]
 
 
 def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
@@ -218,7 +223,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
         result["comm_ms"] = {str(k): v for k, v in comm_ms.items()}
         with dev.record_kernels() as rec:
             _comm_alone(torch, comm_of(fixed[2]), buckets, repeats=0)
-        nccl = [k for k in rec.kernels if k["name"].startswith("ncclDevKernel")]
+        nccl = [k for k in rec.kernels if _is_nccl(k["name"])]
         if nccl:
             channels, footprint = channels_and_footprint(nccl[0])
             result["nccl"] = {"kernel": footprint.name, "channels_per_rank": channels,
