@@ -88,6 +88,15 @@ def _shimrt(comms: list, bufs: list, prepared: bool = False) -> Callable[[], Non
         c, b = comms[0], bufs[0]
         return c.prepare("all_reduce", b) if prepared else (lambda: c.all_reduce(b))
 
+    if prepared:  # each rank's call made once; the group queues them as it does any call
+        calls = [c.prepare("all_reduce", b) for c, b in zip(comms, bufs, strict=True)]
+
+        def grouped_prepared() -> None:
+            with group(*comms):
+                for call in calls:
+                    call()
+        return grouped_prepared
+
     def grouped() -> None:
         with group(*comms):
             for c, b in zip(comms, bufs, strict=True):
@@ -184,8 +193,7 @@ def measure(dev: Device, calls: int = 200, batches: int = 50, torch_too: bool = 
                 for c in cs:
                     c.wait(timeout=60)
             methods[f"{label}: shimrt"] = (_shimrt(comms, bufs), sync)
-            if len(comms) == 1:
-                methods[f"{label}: shimrt prepared"] = (_shimrt(comms, bufs, prepared=True), sync)
+            methods[f"{label}: shimrt prepared"] = (_shimrt(comms, bufs, prepared=True), sync)
             methods[f"{label}: direct ctypes"] = (_direct(comms, bufs), sync)
         torch_setup = _torch(dev) if torch_too else None
         torch_version = None
