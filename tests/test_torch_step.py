@@ -52,6 +52,10 @@ def test_the_policies_keep_one_nccl_block_per_kept_sm():
     assert by_name["partition 32 SMs"].ctas == 16 and by_name["carveout 16 SMs"].ctas == 8
     assert torch_step.policies([16], ranks_per_gpu=1)[-1].ctas == 16
     assert "cuBLAS leaves 16 SMs, NCCL 8 channels/rank" in by_name["carveout 16 SMs"].describe()
+    assert [torch_step.kind(p) for p in fixed] == ["sequential", "torch-default", "ddp-high-priority", "shaping",
+                                                   "shaping", "partition", "carveout", "partition", "carveout"]
+    assert [p.name for p in torch_step.policies([16, 32], 2, ("sequential", "carveout"))] == \
+        ["sequential", "carveout 16 SMs", "carveout 32 SMs"]
 
 
 def _entry(step_ms, slowdown=1.0, **more):
@@ -86,7 +90,8 @@ def test_bench_torch_without_torch_says_how_to_get_it(capsys):
 def test_bad_bench_torch_options_are_refused(capsys):
     from shimrt.bench.__main__ import main
     for argv, needle in ((["--configs", "huge"], "--configs"), (["--sms", "1"], "--sms"),
-                         (["--steps", "0"], "--steps"), (["--local-ranks", "1"], "--local-ranks")):
+                         (["--steps", "0"], "--steps"), (["--local-ranks", "1"], "--local-ranks"),
+                         (["--policies", "sequential,fast"], "--policies"), (["--timeout", "0"], "--timeout")):
         assert main(["torch", *argv]) == 2
         err = capsys.readouterr().err
         assert f"argument {needle}" in err and "Traceback" not in err

@@ -19,6 +19,7 @@ bit for bit; --json, and --plots for CUPTI timelines of one step per policy (PNG
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import time
@@ -50,6 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"{what}, at least {least} (default {default})")
     p.add_argument("--sms", default="16,32", type=cli.distinct(validate.integer, "--sms", least=2),
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 16,32)")
+    p.add_argument("--policies", default=",".join(KINDS),
+                   type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
+                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all; the first is the "
+                        "reference the others' losses and gradients are compared with)")
+    p.add_argument("--timeout", metavar="S", default=1800.0,
+                   type=validate.argument(validate.number, "--timeout", positive=True),
+                   help="end the run with every thread's stack on stderr after S seconds (default 1800): a "
+                        "hung collective never holds the machine")
     p.add_argument("--local-ranks", metavar="N", default=None,
                    type=validate.argument(validate.integer, "--local-ranks", least=2),
                    help="ranks in this process (default: 2 on one GPU where NCCL can, else one per GPU)")
@@ -60,9 +69,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
-def policies(sms: list[int], ranks_per_gpu: int) -> list:
-    """The fixed policies, baselines first; NCCL gets sms // ranks_per_gpu channels per rank
-    where SMs are kept for it (one block per channel, one NCCL block per SM)."""
+#: What --policies takes: the baselines, shimrt's kinds (shaping at N=2 and 1, partition and
+#: carveout at each of --sms) and auto.
+KINDS = ("sequential", "torch-default", "ddp-high-priority", "shaping", "partition", "carveout", "auto")
+
+
+def kind(policy: Any) -> str:
+    """The --policies name of a fixed policy."""
+    return policy.name.split(" N=")[0].split(" SMs")[0].rstrip("0123456789 ").lower().replace(" ", "-")
+
+
+def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
+    """The fixed policies of ``kinds``, baselines first; NCCL gets sms // ranks_per_gpu channels
+    per rank where SMs are kept for it (one block per channel, one NCCL block per SM)."""
     from ..torch.step import Policy
     out = [Policy("sequential", overlap=False, priority="low"), Policy("torch default", priority="low"),
            Policy("DDP high priority", priority="high"), Policy("shaping N=2", cap=2), Policy("shaping N=1", cap=1)]
@@ -70,7 +89,7 @@ def policies(sms: list[int], ranks_per_gpu: int) -> list:
         ctas = max(1, k // ranks_per_gpu)
         out += [Policy(f"partition {k} SMs", partition=k, ctas=ctas),
                 Policy(f"carveout {k} SMs", carveout=k, ctas=ctas)]
-    return out
+    return [p for p in out if kind(p) in kinds]
 
 
 class _Bench:
@@ -184,7 +203,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
     from ..overlap.collective import channels_and_footprint
     from ..overlap.interpose import Interposer
     from ..torch.model import ModelSize, batch, build
-    from ..torch.step import GradientBuckets, NcclBuckets, Trainer, compute_context
+    from ..torch.step import GradientBuckets, NcclBuckets, Policy, Trainer, compute_context
     dev = bench.dev
     size = ModelSize(width=args.width, layers=args.layers, heads=max(1, args.width // 128), **CONFIGS[name])
     where = torch.device("cuda", dev.index)
@@ -192,7 +211,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
     buckets = GradientBuckets(model, args.bucket_mb << 20)
     trainer = Trainer(model, batch(size, where), buckets)
     ranks_per_gpu = sum(d.index == dev.index for d in bench.devices)
-    fixed = policies(args.sms, ranks_per_gpu)
+    fixed = policies(args.sms, ranks_per_gpu, args.policies)
     comm_sets: dict = {}
 
     def comm_of(policy):
@@ -217,12 +236,13 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
         compute_ms, _, _ = _timed(torch, trainer, None, True, args.warmup, args.steps)
         result["compute_ms"] = compute_ms
         comm_ms = {}
-        for p in fixed:
+        natural = Policy("NCCL's own channels")  # the reference for comm alone, whatever policies run
+        for p in [natural, *fixed]:
             if p.ctas not in comm_ms:
                 comm_ms[p.ctas] = _comm_alone(torch, comm_of(p), buckets)
         result["comm_ms"] = {str(k): v for k, v in comm_ms.items()}
         with dev.record_kernels() as rec:
-            _comm_alone(torch, comm_of(fixed[2]), buckets, repeats=0)
+            _comm_alone(torch, comm_of(natural), buckets, repeats=0)
         nccl = [k for k in rec.kernels if _is_nccl(k["name"])]
         if nccl:
             channels, footprint = channels_and_footprint(nccl[0])
@@ -232,7 +252,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                               "registers": footprint.registers,
                               "smem": footprint.static_smem + footprint.dynamic_smem}
         reference = None
-        for p in fixed + ["auto"]:
+        for p in fixed + (["auto"] if "auto" in args.policies else []):
             key = p if isinstance(p, str) else p.name
             progress.step(f"{name}: {key}")
             entry: dict = {}
@@ -339,8 +359,9 @@ def run(args: argparse.Namespace) -> int:
         raise ShimrtError("bench torch needs at least 2 ranks to all-reduce between: two GPUs (SHIMRT_DEVICES), or "
                           "two ranks on one GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1)")
     bench = _Bench(dev, devices)
-    fixed = len(policies(args.sms, 1))
+    fixed = len(policies(args.sms, 1, args.policies))
     progress = Progress(len(args.configs) * (fixed + 2), enabled=not args.quiet)
+    faulthandler.dump_traceback_later(args.timeout, exit=True)
     results = {"device": repr(dev), "ranks": [d.index for d in devices], "configs": {}}
     try:
         for name in args.configs:
@@ -349,6 +370,7 @@ def run(args: argparse.Namespace) -> int:
             progress.close()
             print(report(name, results["configs"][name]), flush=True)
     finally:
+        faulthandler.cancel_dump_traceback_later()
         progress.close()
         bench.close()
     results["nccl_version"] = _nccl_version()
