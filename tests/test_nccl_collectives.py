@@ -285,3 +285,10 @@ def test_unique_id_takes_a_lib_or_a_backend(nccl):
         unique_id(nccl, backend="cuda")
     with pytest.raises(UsageError, match="backend must be one of cuda, hip, not 'rocm'"):
         unique_id(backend="rocm")
+
+
+def test_prepare_group_takes_only_prepared_calls():
+    from shimrt.nccl import prepare_group
+    for bad in ((), (lambda: None,), (42,)):
+        with pytest.raises(UsageError, match="prepare_group\\(\\) takes functions made by Communicator.prepare"):
+            prepare_group(*bad)

@@ -83,19 +83,13 @@ def _direct(comms: list, bufs: list) -> Callable[[], None]:
 
 
 def _shimrt(comms: list, bufs: list, prepared: bool = False) -> Callable[[], None]:
-    from ..nccl import group
+    from ..nccl import group, prepare_group
     if len(comms) == 1:
         c, b = comms[0], bufs[0]
         return c.prepare("all_reduce", b) if prepared else (lambda: c.all_reduce(b))
 
-    if prepared:  # each rank's call made once; the group queues them as it does any call
-        calls = [c.prepare("all_reduce", b) for c, b in zip(comms, bufs, strict=True)]
-
-        def grouped_prepared() -> None:
-            with group(*comms):
-                for call in calls:
-                    call()
-        return grouped_prepared
+    if prepared:  # each rank's call made once, and their group too
+        return prepare_group(*(c.prepare("all_reduce", b) for c, b in zip(comms, bufs, strict=True)))
 
     def grouped() -> None:
         with group(*comms):

@@ -4,8 +4,9 @@ collectives and their buffer-size rule (``buffer_counts``, ``nccl_count``), ``co
 the Communicator."""
 
 from .collectives import COLLECTIVES, buffer_counts, nccl_count
-from .communicator import Communicator, group, unique_id
+from .communicator import Communicator, group, prepare_group, unique_id
 from .config import CommOptions
 from .library import load
 
-__all__ = ["COLLECTIVES", "CommOptions", "Communicator", "buffer_counts", "group", "load", "nccl_count", "unique_id"]
+__all__ = ["COLLECTIVES", "CommOptions", "Communicator", "buffer_counts", "group", "load", "nccl_count",
+           "prepare_group", "unique_id"]

@@ -12,7 +12,8 @@ timeout, and :meth:`Communicator.wait` bounds the wait for the collectives thems
 the time runs out the communicator is aborted (``ncclCommAbort``) and a
 :class:`CollectiveError` says what did not finish.
 
-:func:`group` queues the calls of several communicators and hands them to NCCL together. The
+:func:`group` queues the calls of several communicators and hands them to NCCL together;
+:func:`prepare_group` makes prepared calls (:meth:`Communicator.prepare`) a group once. The
 module is longer than the project's ~400 lines because groups, settling and aborting work on
 each communicator's handle, state poll and queued calls: split apart, those internals would be
 reached across modules.
@@ -183,6 +184,53 @@ def group(*comms: "Communicator") -> Any:
     finally:
         _GROUP.calls = None
     _issue(list(comms), calls)
+
+
+def prepare_group(*calls: Any) -> Any:
+    """Calls made by :meth:`Communicator.prepare` (one per rank of this process, say) as one
+    group, checked once: a function of no arguments that refuses what each call refuses (a
+    closed communicator or stream, a freed Buffer), then hands them to NCCL between
+    ncclGroupStart and ncclGroupEnd and polls non-blocking communicators, as :func:`group`
+    does. Inside an open :func:`group` its calls join that group."""
+    if not calls or not all(callable(c) and hasattr(c, "queued") for c in calls):
+        raise UsageError(f"prepare_group() takes functions made by Communicator.prepare, not {calls!r:.200}")
+    queued = [c.queued for c in calls]
+    members = list(dict.fromkeys(comm for comm, *_ in queued))
+    lib = members[0].lib
+    if any(c.lib is not lib for c in members):
+        raise UsageError("a group takes communicators of one NCCL library")
+    streams: dict = {}
+    for comm, handle, *_ in queued:  # as group() refuses it: two ranks on one stream wait for good
+        other = streams.setdefault((comm._clique, handle), comm.rank)
+        if other != comm.rank:
+            raise UsageError(f"prepare_group(): rank {comm.rank} and rank {other} of one communicator on one stream "
+                             "(on one stream they wait for each other for good); prepare each with its own stream")
+    functions = [(getattr(lib, function), args, function, comm) for comm, _, function, args in queued]
+    checks = [c.live for c in calls]
+    start, end = lib.ncclGroupStart, lib.ncclGroupEnd
+
+    def grouped() -> None:
+        for check, call in zip(checks, calls, strict=True):
+            if not check():
+                call.refuse()
+        outer = getattr(_GROUP, "calls", None)
+        if outer is not None:
+            outer.extend(queued)
+            return
+        lib.check(start(), "ncclGroupStart")
+        failed = None
+        try:
+            for function, args, name, comm in functions:
+                result = function(*args)
+                if result and result != library.IN_PROGRESS and failed is None:
+                    failed = (result, name, comm)
+        finally:
+            ended = end()  # a group is always closed, even after a failed call
+        if failed is not None:
+            lib.check(failed[0], f"{failed[1]} (in a group)", failed[2]._handle)
+        if ended:
+            _settle(members, ended, "ncclGroupEnd")
+    return grouped
 
 
 def _issue(listed: list["Communicator"], calls: list) -> None:
@@ -400,13 +448,21 @@ class Communicator:
                 if result:
                     self._poll(result, row.function)
                 return
+            refuse()
+            self._issue_or_queue(name, row, handle, args)
+
+        def live() -> bool:  # for prepare_group: the same checks as call's, one frame per call
+            return self._handle is comm_handle and not closable.closed and first.device_pointer is not None \
+                and last.device_pointer is not None
+
+        def refuse() -> None:
             if self._handle is not comm_handle:
                 raise CollectiveError("the communicator is closed or was aborted")
             if closable.closed:
                 raise UsageError("the stream this collective was prepared for is closed")
             if first.device_pointer is None or last.device_pointer is None:
                 raise UsageError("the buffer has been freed")
-            self._issue_or_queue(name, row, handle, args)
+        call.live, call.refuse, call.queued = live, refuse, (self, handle, row.function, args)
         return call
 
     def all_reduce(self, send: Any, recv: Any = None, *, op: str = "sum", stream: Any = None) -> None:

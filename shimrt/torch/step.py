@@ -110,7 +110,7 @@ class GradientBuckets:
 class NcclBuckets:
     """All-reduces (sum) of each bucket of ``buckets`` over ``comms`` (this process's ranks, from
     ``Communicator.local`` or one rank per process), on one stream per rank at ``priority``.
-    Calls are checked and packed once (:meth:`Communicator.prepare`)."""
+    Calls are checked and packed once (:meth:`Communicator.prepare`, :func:`nccl.prepare_group`)."""
 
     def __init__(self, comms: list, buckets: GradientBuckets, priority: str = "high"):
         import torch
@@ -125,7 +125,7 @@ class NcclBuckets:
         self.peers = [(torch.zeros(largest, dtype=dtype, device=device),
                        torch.empty(largest, dtype=dtype, device=device)) for _ in self.comms[1:]]
         self._views: list = []
-        self.calls = []
+        self.calls = []  # per bucket: one function making every rank's call (a group of them)
         for flat in buckets.flats:
             n = flat.numel()
             calls = [self.comms[0].prepare("all_reduce", flat, stream=self.streams[0])]
@@ -133,19 +133,14 @@ class NcclBuckets:
                 send, recv = zeros[:n], scratch[:n]
                 self._views.append((send, recv))  # prepared calls hold their pointers: keep them alive
                 calls.append(c.prepare("all_reduce", send, recv, stream=s))
-            self.calls.append(calls)
+            self.calls.append(calls[0] if len(calls) == 1 else nccl.prepare_group(*calls))
         torch.cuda.synchronize(device)
 
     def launch(self, index: int, ready: Any) -> None:
         """Bucket ``index``'s all-reduce, once every rank's stream has reached event ``ready``."""
         for ts in self.torch_streams:
             ts.wait_event(ready)
-        if len(self.comms) == 1:
-            self.calls[index][0]()
-            return
-        with nccl.group(*self.comms):
-            for call in self.calls[index]:
-                call()
+        self.calls[index]()
 
     def join(self, stream: Any) -> None:
         """Torch stream ``stream`` waits for every all-reduce launched so far."""

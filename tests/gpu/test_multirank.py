@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from shimrt import CollectiveError, Device, UsageError
-from shimrt.nccl import CommOptions, Communicator, group, library
+from shimrt.nccl import CommOptions, Communicator, group, library, prepare_group
 from shimrt.nccl.config import check_shared_gpu
 
 PROBE = Path(__file__).resolve().parents[1] / "data" / "multirank_probe.py"
@@ -101,6 +101,24 @@ def test_prepared_calls_of_two_ranks_go_into_one_group(ranks):
         c.wait()
     for b in bufs:
         np.testing.assert_array_equal(b.numpy(), xs[0] + xs[1])
+    # prepare_group: the same calls made a group once; twice in a row sums twice.
+    both = prepare_group(*calls)
+    both()
+    for c in ranks:
+        c.wait()
+    for b in bufs:
+        np.testing.assert_array_equal(b.numpy(), 2 * (xs[0] + xs[1]))
+    with group(*ranks):  # inside an open group its calls join that group
+        both()
+    for c in ranks:
+        c.wait()
+    for b in bufs:
+        np.testing.assert_array_equal(b.numpy(), 4 * (xs[0] + xs[1]))
+    with pytest.raises(UsageError, match="of one communicator on one stream"):
+        prepare_group(*(c.prepare("all_reduce", b, stream=ranks[0].stream) for c, b in zip(ranks, bufs, strict=True)))
+    bufs[1].free()
+    with pytest.raises(UsageError, match="freed"):
+        both()  # refused before NCCL sees any of it
 
 
 def _launch(*args, timeout=240):
