@@ -184,6 +184,36 @@ def _timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -
             for k in kernels]
 
 
+def interposer_cost(dev: Device, launches: int = 2000) -> dict:
+    """Host us per launch the Interposer adds, measured beside the same launches without it: a
+    small torch add (one block: left alone) and a large one (many blocks: padded to 2 per SM)."""
+    import torch
+
+    from ..overlap.interpose import Interposer
+    out = {}
+    for label, n in (("left alone", 256), ("padded", 1 << 22)):
+        a = torch.ones(n, device=torch.device("cuda", dev.index))
+        ip = Interposer(dev, cap=2)
+
+        def loop(count: int, a=a) -> float:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(count):
+                a.add_(1)
+            torch.cuda.synchronize()
+            return time.perf_counter() - t0
+        loop(20)
+        with ip:  # the first block learns the kernel
+            loop(20)
+        plain = min(loop(launches) for _ in range(3))
+        with ip:
+            shaped = min(loop(launches) for _ in range(3))
+        ip.close()
+        out[label] = {"plain_us": plain / launches * 1e6, "interposed_us": shaped / launches * 1e6,
+                      "added_us": (shaped - plain) / launches * 1e6, "padded": sum(ip.report()["padded"].values())}
+    return out
+
+
 def _is_nccl(name: str) -> bool:
     """An NCCL kernel by its CUPTI name, mangled ("_Z32ncclDevKernel_...") or not."""
     return "ncclDevKernel" in name[:48] or "ncclKernel" in name[:48]
@@ -364,6 +394,10 @@ def run(args: argparse.Namespace) -> int:
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     results = {"device": repr(dev), "ranks": [d.index for d in devices], "configs": {}}
     try:
+        results["interposer_cost"] = cost = interposer_cost(dev)
+        print("interposer host cost per launch (us): " + "; ".join(
+            f"{k}: {v['plain_us']:.2f} without, {v['interposed_us']:.2f} with (+{v['added_us']:.2f})"
+            for k, v in cost.items()), flush=True)
         for name in args.configs:
             results["configs"][name] = run_config(bench, name, args, progress)
             torch.cuda.empty_cache()  # the model of this configuration is gone

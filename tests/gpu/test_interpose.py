@@ -45,6 +45,27 @@ def test_a_torch_kernel_launched_inside_takes_the_rewritten_dynamic_smem(device,
     assert all(r["dynamic_smem"] < pad for r in _gelu_records(rec.kernels))
 
 
+def test_a_graph_captured_inside_replays_the_rewritten_launch(device, torch_gelu):
+    """A CUDA graph captured inside the block holds the rewritten dynamic shared memory: each
+    replay, inside the block or after it, launches padded."""
+    torch, x, ref = torch_gelu
+    pad = 16384
+    y = torch.empty_like(x)
+    graph = torch.cuda.CUDAGraph()
+    def rewrite(launch):
+        return launch["dynamic_smem"] + pad if "gelu" in launch["name"].lower() else None
+    with device.interpose_launches(rewrite) as li:
+        with torch.cuda.graph(graph):
+            y.copy_(torch.nn.functional.gelu(x))
+    assert li.failure_count == 0, li.failures
+    with device.record_kernels() as rec:
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(y, ref)
+    gelu = _gelu_records(rec.kernels)
+    assert gelu and all(r["dynamic_smem"] >= pad for r in gelu), gelu
+
+
 def test_a_failing_rewrite_leaves_the_launch_as_it_was(device, torch_gelu):
     torch, x, ref = torch_gelu
 
