@@ -336,5 +336,8 @@ class Partition(Device):
         """A non-blocking stream on this partition's SMs (HIP: CU-masked streams keep the
         default priority)."""
         value = self._priority(priority)
-        self.activate()
+        # The parent's context, not the partition's: the stream is made from the partition's
+        # handle, and a green context left current would give this thread's runtime users (torch)
+        # another context's default stream, out of step with their other threads.
+        self.parent.activate()
         return Stream(self, self._drv.partition_stream_create(self._partition, value))

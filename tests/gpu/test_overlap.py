@@ -166,6 +166,12 @@ def test_device_partition_sizes(device):
         assert split.target.num_sms + rest.target.num_sms <= device.target.num_sms
         with split.stream("high") as s:
             assert s.priority == device.priority_range[1]
+            if device.backend == "cuda":  # the thread is left on the device's own (primary) context
+                from cuda.bindings import driver as cu
+                _, primary = cu.cuDevicePrimaryCtxRetain(cu.CUdevice(device.index))
+                _, current = cu.cuCtxGetCurrent()
+                cu.cuDevicePrimaryCtxRelease(cu.CUdevice(device.index))
+                assert int(current) == int(primary)
     finally:
         split.close()
         rest.close()
