@@ -289,6 +289,9 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             try:
                 if p == "auto":  # among the policies that ran here with finite losses
                     sound = [q for q in fixed if result["policies"].get(q.name, {}).get("finite")]
+                    if not sound:
+                        raise ShimrtError("auto has no policy to choose from: none of the fixed policies ran here with "
+                                          "finite losses (list some in --policies besides auto)")
                     p, entry = _tune(torch, trainer, sound, comm_of, context, settle, args)
                 comm = comm_of(p)
                 with context(p):
@@ -298,6 +301,8 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                         _timed(torch, trainer, None, True, 1, args.steps, settle=settle(p))[0]
                     timeline = _timeline(dev, torch, trainer, comm, p.overlap) if args.plots or args.json else []
             except (ShimrtError, RuntimeError) as exc:  # one policy that cannot run here: said, the rest go on
+                if _fatal(exc):
+                    raise  # the device's context is broken: nothing after this could be trusted
                 print(f"bench torch: {name}: {key} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                 result.setdefault("failed", {})[key] = f"{type(exc).__name__}: {exc}"
                 continue
@@ -312,18 +317,34 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             finite = bool(torch.isfinite(losses).all())
             entry.update(policy=p.name, choice=p.describe(), step_ms=step_ms, compute_alone_ms=alone_ms, finite=finite,
                          compute_slowdown=alone_ms / compute_ms, comm_alone_ms=t_comm,
-                         comm_hidden=max(0.0, min(1.0, (compute_ms + t_comm - step_ms) / t_comm)),
+                         comm_hidden=max(0.0, min(1.0, (alone_ms + t_comm - step_ms) / t_comm)),
                          losses=[float(x) for x in losses], losses_bitwise=same_losses, loss_max_diff=loss_diff,
                          grads_bitwise=same_grads, grad_max_diff=grad_diff, timeline=timeline)
             if p.cap is not None:
                 entry["interposer"] = {k: v for k, v in interposers[p.cap].report().items() if k != "raised_limits"}
             result["policies"]["auto" if entry.get("tried") else p.name] = entry
     finally:
-        for c in comm_sets.values():
-            c.close()
-        for ip in interposers.values():
-            ip.close()
+        _close_each([*comm_sets.values(), *interposers.values()])
     return result
+
+
+def _fatal(exc: BaseException) -> bool:
+    """A CUDA error that poisons the context (an illegal address, a launch failure): torch says
+    "CUDA error", shimrt raises DriverError."""
+    from ..errors import DriverError
+    return isinstance(exc, DriverError) or "CUDA error" in str(exc)
+
+
+def _close_each(things: list) -> None:
+    """Close every one of ``things``, each whatever the others do; the first error after all."""
+    first = None
+    for thing in things:
+        try:
+            thing.close()
+        except Exception as exc:  # noqa: BLE001 - the rest must still be closed
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 def _tune(torch: Any, trainer: Any, fixed: list, comm_of: Any, context: Any, settle: Any, args: argparse.Namespace):

@@ -4,8 +4,9 @@ SM partitions, and cuBLAS told how many SMs to leave free.
 - :func:`stream`: a shimrt Stream (a partition's, or one of a given priority) as a
   ``torch.cuda.ExternalStream``, so that ``with torch.cuda.stream(shimrt.torch.stream(s)):``
   runs torch's kernels there (on a partition's SMs, for a green context's stream);
-- :func:`sm_carveout`: cuBLAS(Lt) matmuls inside the block leave ``sms`` SMs free
-  (``torch._C._set_sm_carveout_experimental``, where this torch has it), restored after;
+- :func:`sm_carveout`: matmuls inside the block leave ``sms`` SMs free
+  (``torch._C._set_sm_carveout_experimental``, where this torch has it, with cuBLASLt preferred:
+  torch applies the carveout there only), both restored after;
 - :class:`shimrt.overlap.interpose.Interposer` shapes torch's kernels themselves.
 
 torch is imported when a function is called, never at shimrt's import.
@@ -39,9 +40,10 @@ def stream(s: Any) -> Any:
 
 @contextlib.contextmanager
 def sm_carveout(sms: int | None) -> Iterator[None]:
-    """cuBLAS(Lt) matmuls launched inside the block leave ``sms`` SMs free (None: torch's
-    default), as ``torch._C._set_sm_carveout_experimental`` sets it; the previous value is
-    restored at the end. UsageError where this torch lacks the knob."""
+    """Matmuls launched inside the block leave ``sms`` SMs free (None: torch's default), as
+    ``torch._C._set_sm_carveout_experimental`` sets it, with cuBLASLt as torch's preferred BLAS
+    (torch applies the carveout on its cuBLASLt paths only); both are restored at the end.
+    UsageError where this torch lacks the knob."""
     torch = _torch()
     if sms is not None:
         sms = validate.integer(sms, "sms", least=0)
@@ -50,9 +52,16 @@ def sm_carveout(sms: int | None) -> Iterator[None]:
     if setter is None or getter is None:
         raise UsageError(f"torch {torch.__version__} has no SM carveout for cuBLAS "
                          "(torch._C._set_sm_carveout_experimental)")
-    previous = getter()
+    # torch applies the carveout on its cuBLASLt paths only; plain matmuls (bf16 Linear without a
+    # bias) go through cuBLAS unless cuBLASLt is preferred, so it is, inside the block.
+    prefer = getattr(torch.backends.cuda, "preferred_blas_library", None)
+    previous, previous_blas = getter(), prefer() if prefer is not None else None
     setter(sms)
+    if prefer is not None and sms is not None:
+        prefer("cublaslt")
     try:
         yield
     finally:
         setter(previous)
+        if prefer is not None:
+            prefer(previous_blas)

@@ -99,6 +99,17 @@ class GradientBuckets:
     def nbytes(self) -> int:
         return sum(f.numel() * f.element_size() for f in self.flats)
 
+    def check_views(self) -> None:
+        """UsageError unless every parameter's ``.grad`` is still its view of a bucket (autograd
+        replaces ``.grad`` instead of adding into it after ``zero_grad(set_to_none=True)``, or
+        under ``create_graph=True``: the all-reduces would then miss the gradients)."""
+        for p in self.params:
+            flat = self.flats[self.bucket_of[p]]
+            start = flat.data_ptr()
+            if p.grad is None or not start <= p.grad.data_ptr() < start + flat.numel() * flat.element_size():
+                raise UsageError("a parameter's .grad is no longer its view of a gradient bucket (was zero_grad() "
+                                 "called with set_to_none=True, or backward with create_graph=True?)")
+
     def zero(self) -> None:
         for f in self.flats:
             f.zero_()
@@ -116,6 +127,7 @@ class NcclBuckets:
         import torch
         validate.one_of(priority, "priority", PRIORITIES)
         self.comms, self.priority = list(comms), priority
+        self.flats = buckets.flats  # the prepared calls hold their pointers: keep them alive
         self.streams = [c.device.stream(priority) for c in self.comms]
         self.torch_streams = [torch_stream(s) for s in self.streams]
         largest = max(f.numel() for f in buckets.flats)
@@ -163,6 +175,7 @@ class Trainer:
         self.model, self.batch, self.buckets, self.lr = model, batch, buckets, lr
         self.initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.optimizer = self._optimizer()
+        self._views_checked = False
         self._comm: NcclBuckets | None = None
         self._filled = [0] * len(buckets.counts)
         self._events = [torch.cuda.Event() for _ in buckets.counts]
@@ -205,6 +218,9 @@ class Trainer:
         self.buckets.zero()
         loss = self.model(*self.batch)
         loss.backward()
+        if not self._views_checked:
+            self.buckets.check_views()
+            self._views_checked = True
         if comm is not None:
             # Sequential: every bucket now. Overlapped: any bucket a parameter without a gradient
             # kept from filling (its zeros are all-reduced all the same, so ranks stay in step).

@@ -145,7 +145,18 @@ def test_torch_runs_on_a_partition_stream_and_leaves_cublas_sms_free(device, tor
         s.close()
         comm_part.close()
         compute_part.close()
-    before = torch._C._get_sm_carveout_experimental()
+    before, blas = torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library()
     with st.sm_carveout(16):
         assert torch._C._get_sm_carveout_experimental() == 16
+        assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
+        a = torch.randn(4096, 4096, device=x.device, dtype=torch.bfloat16)
+        with device.record_kernels() as rec:
+            a @ a
+            torch.cuda.synchronize()
     assert torch._C._get_sm_carveout_experimental() == before
+    assert torch.backends.cuda.preferred_blas_library() == blas
+    # cuBLASLt's GEMM was told 116 SMs: a persistent one launches at most that many blocks.
+    gemms = [r for r in rec.kernels if r["name"].startswith(("nvjet", "sm90_xmma", "sm80_xmma", "cutlass"))]
+    print("GEMM kernels under a 16-SM carveout:", [(r["name"][:40], r["grid_x"] * r["grid_y"] * r["grid_z"])
+                                                   for r in gemms])
+    assert gemms
