@@ -74,7 +74,9 @@ class Stream(Closing):
         given)."""
         if timeout is not None:
             timeout = timeout_seconds(timeout)
-        self.device.activate()
+        # A partition's stream waits under its parent device's context: a green context left
+        # current would move this thread's runtime users (torch) to another default stream.
+        (getattr(self.device, "parent", None) or self.device).activate()
         if timeout is not None:
             wait_until(self.query, timeout, "the stream's work")
         self.device._drv.stream_synchronize(self._live())

@@ -91,8 +91,11 @@ class Interposer:
             wants, self._wants = self._wants, {}
         for handle, launch in seen.items():
             if handle not in self._attributes:
-                self._attributes[handle] = self.device.foreign_function_attributes(handle)
-                self._limits[handle] = self._attributes[handle]["max_dynamic_smem"]
+                attributes = self.device.foreign_function_attributes(handle)
+                # The limit before the attributes: a callback on another thread that finds the
+                # attributes reads the limit next.
+                self._limits[handle] = attributes["max_dynamic_smem"]
+                self._attributes[handle] = attributes
                 decision = self.decisions(handle, self._launch(handle, launch))
                 if decision.action == "pad":
                     wants[handle] = max(wants.get(handle, 0), decision.dynamic_smem)

@@ -159,9 +159,10 @@ class NcclBuckets:
         for ts in self.torch_streams:
             stream.wait_stream(ts)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 120.0) -> None:
+        """Wait (at most ``timeout`` s per stream: ShimrtError says a collective is stuck) and close."""
         for s in self.streams:
-            s.synchronize()
+            s.synchronize(timeout)
             s.close()
         self.calls = []
 
