@@ -25,6 +25,7 @@ def test_the_parameter_count_matches_a_count_by_hand():
     (dict(width=100, heads=3), "ModelSize.width must be a multiple of heads"),
     (dict(width=72, heads=6), "head size that is a multiple of 8"),
     (dict(batch=0), "ModelSize.batch must be an int >= 1"),
+    (dict(weights="float16"), "ModelSize.weights must be one of bfloat16, float32"),
 ])
 def test_bad_model_sizes_are_refused(fields, message):
     with pytest.raises(UsageError, match=message):

@@ -30,9 +30,10 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from .progress import Progress
 
-#: name -> model and batch: the same model, fewer tokens per step as communication weighs more.
+#: name -> model and batch: the same model, fewer tokens per step as communication weighs more;
+#: comm-heavy keeps fp32 master weights (mixed precision), so its gradients are twice the bytes.
 CONFIGS = {"compute-heavy": dict(batch=8, seq=1024), "balanced": dict(batch=2, seq=1024),
-           "comm-heavy": dict(batch=1, seq=512)}
+           "comm-heavy": dict(batch=1, seq=512, weights="float32")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -364,7 +365,8 @@ def report(name: str, r: dict) -> str:
     ran = r["policies"]
     base_name = "torch default" if "torch default" in ran else next(iter(ran), None)
     comm = r["comm_ms"]["None"]
-    lines = [f"== {name}: {r['model']['parameters'] / 1e6:.0f} M parameters, {r['model']['tokens']} tokens/step, "
+    lines = [f"== {name}: {r['model']['parameters'] / 1e6:.0f} M parameters ({r['model'].get('weights', 'bfloat16')} "
+             f"weights, bf16 compute), {r['model']['tokens']} tokens/step, "
              f"{r['gradient_bytes'] / 2**20:.0f} MiB of gradients in {r['buckets']} buckets; compute alone "
              f"{r['compute_ms']:.2f} ms, all-reduces alone {comm:.2f} ms (ratio {comm / r['compute_ms']:.2f})"]
     if "nccl" in r:

@@ -1,4 +1,5 @@
-"""A decoder-only transformer built from torch.nn, for benchmarking a real training step.
+"""A decoder-only transformer built from torch.nn (bf16 compute), for benchmarking a real
+training step.
 
 No weights are downloaded: the model is initialised from a seed, and its batch is random tokens
 from the same seed, so every run (and every policy in one run) starts from the same bits.
@@ -12,11 +13,16 @@ from typing import Any
 from .. import validate
 from ..errors import UsageError
 
+#: The parameters' dtype: bf16 throughout, or fp32 master weights with bf16 autocast (mixed
+#: precision, the usual data-parallel set-up: its gradients, and so its all-reduces, are fp32).
+WEIGHTS = ("bfloat16", "float32")
+
 
 @dataclass(frozen=True)
 class ModelSize:
     """A decoder's shape and its batch: ``layers`` blocks of ``width`` channels and ``heads``
-    attention heads, a ``vocab``-token vocabulary, ``batch`` sequences of ``seq`` tokens."""
+    attention heads, a ``vocab``-token vocabulary, ``batch`` sequences of ``seq`` tokens; its
+    ``weights`` one of :data:`WEIGHTS` (the compute is bf16 either way)."""
 
     width: int = 2048
     heads: int = 16
@@ -24,10 +30,12 @@ class ModelSize:
     vocab: int = 32768
     seq: int = 1024
     batch: int = 8
+    weights: str = "bfloat16"
 
     def __post_init__(self) -> None:
         for name in ("width", "heads", "layers", "vocab", "seq", "batch"):
             object.__setattr__(self, name, validate.integer(getattr(self, name), f"ModelSize.{name}", least=1))
+        validate.one_of(self.weights, "ModelSize.weights", WEIGHTS)
         if self.width % self.heads or (self.width // self.heads) % 8:
             raise UsageError(f"ModelSize.width must be a multiple of heads ({self.heads}) with a head size that is "
                              f"a multiple of 8, not {self.width}")
@@ -87,14 +95,15 @@ def build(size: ModelSize, device: Any, seed: int = 0) -> Any:
             self.head = nn.Linear(size.width, size.vocab, bias=False)
 
         def forward(self, tokens, targets):
-            x = self.embed(tokens) + self.position.weight[: tokens.shape[1]]
-            for block in self.blocks:
-                x = block(x)
-            logits = self.head(self.ln(x))
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=size.weights == "float32"):
+                x = self.embed(tokens) + self.position.weight[: tokens.shape[1]]
+                for block in self.blocks:
+                    x = block(x)
+                logits = self.head(self.ln(x))
             return functional.cross_entropy(logits.float().view(-1, size.vocab), targets.view(-1))
 
     torch.manual_seed(seed)
-    return Decoder().to(device=device, dtype=torch.bfloat16)
+    return Decoder().to(device=device, dtype=getattr(torch, size.weights))
 
 
 def batch(size: ModelSize, device: Any, seed: int = 0) -> tuple[Any, Any]:
