@@ -7,6 +7,9 @@ SM partitions, and cuBLAS told how many SMs to leave free.
 - :func:`sm_carveout`: matmuls inside the block leave ``sms`` SMs free
   (``torch._C._set_sm_carveout_experimental``, where this torch has it, with cuBLASLt preferred:
   torch applies the carveout there only), both restored after;
+- :func:`process_group_options`: torch.distributed's NCCL process group with its collectives on
+  a stream of the greatest priority, for users who keep ProcessGroupNCCL (or DDP) rather than a
+  shimrt Communicator;
 - :class:`shimrt.overlap.interpose.Interposer` shapes torch's kernels themselves.
 
 torch is imported when a function is called, never at shimrt's import.
@@ -65,3 +68,17 @@ def sm_carveout(sms: int | None) -> Iterator[None]:
         setter(previous)
         if prefer is not None:
             prefer(previous_blas)
+
+
+def process_group_options(high_priority: bool = True) -> Any:
+    """Options for ``torch.distributed.init_process_group("nccl", pg_options=...)`` (or
+    ``new_group``) that put ProcessGroupNCCL's collectives on streams of the greatest priority
+    (its ``is_high_priority_stream``), as shimrt's Communicator does by default."""
+    _torch()
+    high_priority = validate.boolean(high_priority, "high_priority")
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_nccl_available():
+        raise UsageError("this torch has no NCCL process group (torch.distributed with NCCL)")
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = high_priority
+    return options

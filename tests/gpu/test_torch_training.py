@@ -83,3 +83,23 @@ def test_a_step_on_a_partition_gives_the_same_loss(setup, device):
         s.close()
         kept.close()
         rest.close()
+
+
+def test_a_torch_process_group_on_high_priority_streams_all_reduces(device):
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import shimrt.torch as st
+    if device.backend != "cuda" or not torch.cuda.is_available() or not dist.is_nccl_available():
+        pytest.skip("needs torch with CUDA and NCCL")
+    options = st.process_group_options()
+    assert options.is_high_priority_stream is True
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, pg_options=options,
+                            device_id=torch.device("cuda", device.index))
+    try:
+        x = torch.arange(1 << 16, dtype=torch.float32, device=torch.device("cuda", device.index))
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+        assert torch.equal(x, torch.arange(1 << 16, dtype=torch.float32, device=x.device))
+    finally:
+        dist.destroy_process_group()
