@@ -96,3 +96,12 @@ def test_bad_bench_torch_options_are_refused(capsys):
         assert main(["torch", *argv]) == 2
         err = capsys.readouterr().err
         assert f"argument {needle}" in err and "Traceback" not in err
+
+
+def test_shimrt_torch_without_torch_says_how_to_get_it():
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here")
+    import shimrt.torch as st
+    for call in (st.process_group_options, lambda: st.sm_carveout(8).__enter__()):
+        with pytest.raises(UsageError, match=r"needs PyTorch: pip install 'shimrt\[torch\]'"):
+            call()
