@@ -47,7 +47,7 @@ if [ "$part" = all ] || [ "$part" = nccl ]; then
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
             "shimrt.launch --nproc 2 --devices 0,0 --timeout 300 -m shimrt.bench collectives -e 64M -n 10 -w 3 --torch --json $OUT/collectives_2procs.json" \
             "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
-            "shimrt.bench torch --quiet --json $OUT/torch.json --plots $OUT")
+            "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT")
   else
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
   fi
