@@ -116,13 +116,9 @@ class _Bench:
         return self._parts[sms][2]
 
     def close(self) -> None:
-        for kept, rest, s in self._parts.values():
-            s.close()
-            kept.close()
-            rest.close()
-        for comms in self._comms.values():
-            for c in comms:
-                c.close()
+        # Each partition's stream before the partitions; every one closed whatever the others do.
+        _close_each([x for kept, rest, stream in self._parts.values() for x in (stream, kept, rest)]
+                    + [c for comms in self._comms.values() for c in comms])
 
 
 def _timed(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int, steps: int, keep: bool = False,

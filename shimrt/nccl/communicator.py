@@ -195,19 +195,11 @@ def prepare_group(*calls: Any) -> Any:
     if not calls or not all(callable(c) and hasattr(c, "queued") for c in calls):
         raise UsageError(f"prepare_group() takes functions made by Communicator.prepare, not {calls!r:.200}")
     queued = [c.queued for c in calls]
-    members = list(dict.fromkeys(comm for comm, *_ in queued))
-    lib = members[0].lib
-    if any(c.lib is not lib for c in members):
-        raise UsageError("a group takes communicators of one NCCL library")
-    streams: dict = {}
-    for comm, handle, *_ in queued:  # as group() refuses it: two ranks on one stream wait for good
-        other = streams.setdefault((comm._clique, handle), comm.rank)
-        if other != comm.rank:
-            raise UsageError(f"prepare_group(): rank {comm.rank} and rank {other} of one communicator on one stream "
-                             "(on one stream they wait for each other for good); prepare each with its own stream")
-    functions = [(getattr(lib, function), args, function, comm) for comm, _, function, args in queued]
+    for i, (comm, handle, *_) in enumerate(queued):
+        _refuse_shared_stream("prepare_group()", comm, handle, queued[:i])
+    members, lib = _members([comm for comm, *_ in queued])
+    resolved = [(comm, getattr(lib, function), function, args) for comm, _, function, args in queued]
     checks = [c.live for c in calls]
-    start, end = lib.ncclGroupStart, lib.ncclGroupEnd
 
     def grouped() -> None:
         for check, call in zip(checks, calls, strict=True):
@@ -217,40 +209,52 @@ def prepare_group(*calls: Any) -> Any:
         if outer is not None:
             outer.extend(queued)
             return
-        lib.check(start(), "ncclGroupStart")
-        failed = None
-        try:
-            for function, args, name, comm in functions:
-                result = function(*args)
-                if result and result != library.IN_PROGRESS and failed is None:
-                    failed = (result, name, comm)
-        finally:
-            ended = end()  # a group is always closed, even after a failed call
-        if failed is not None:
-            lib.check(failed[0], f"{failed[1]} (in a group)", failed[2]._handle)
-        if ended:
-            _settle(members, ended, "ncclGroupEnd")
+        _run_group(lib, members, resolved)
     return grouped
 
 
-def _issue(listed: list["Communicator"], calls: list) -> None:
-    """Hand a group's calls to NCCL between ncclGroupStart and ncclGroupEnd, and settle them."""
-    members = list(dict.fromkeys([*listed, *(c for c, *_ in calls)]))
+def _refuse_shared_stream(what: str, comm: "Communicator", handle: int, earlier: list) -> None:
+    """UsageError when ``comm``'s call on stream ``handle`` would share it with another rank's
+    call of the same communicator among ``earlier`` (queued calls): in one group, two ranks on
+    one stream wait for each other for good."""
+    for other, other_handle, *_ in earlier:
+        if other._clique == comm._clique and other.rank != comm.rank and other_handle == handle:
+            raise UsageError(f"{what} of rank {comm.rank} on the stream of rank {other.rank}'s call in the same "
+                             "group: two ranks of one communicator need a stream each (two ranks of one "
+                             "communicator on one stream wait for each other for good); pass each rank its own, "
+                             "e.g. its comm.stream")
+
+
+def _members(comms: list["Communicator"]) -> tuple[list["Communicator"], library.Library]:
+    """The distinct communicators of a group, in order, and their one NCCL library."""
+    members = list(dict.fromkeys(comms))
     lib = members[0].lib
     if any(c.lib is not lib for c in members):
         raise UsageError("a group takes communicators of one NCCL library")
+    return members, lib
+
+
+def _run_group(lib: library.Library, members: list["Communicator"], calls: list) -> None:
+    """``calls`` ((communicator, C function, its name, arguments)) between ncclGroupStart and
+    ncclGroupEnd, then settled over ``members``."""
     lib.check(lib.ncclGroupStart(), "ncclGroupStart")
     failed = None
     try:
-        for comm, _, function, args in calls:
-            result = getattr(lib, function)(*args)
+        for comm, function, name, args in calls:
+            result = function(*args)
             if result not in (0, library.IN_PROGRESS) and failed is None:
-                failed = (result, function, comm)
+                failed = (result, name, comm)
     finally:
         end = lib.ncclGroupEnd()  # a group is always closed, even after a failed call
     if failed is not None:
         lib.check(failed[0], f"{failed[1]} (in a group)", failed[2]._handle)
     _settle(members, end, "ncclGroupEnd")
+
+
+def _issue(listed: list["Communicator"], calls: list) -> None:
+    """Hand a group's calls to NCCL between ncclGroupStart and ncclGroupEnd, and settle them."""
+    members, lib = _members([*listed, *(c for c, *_ in calls)])
+    _run_group(lib, members, [(comm, getattr(lib, function), function, args) for comm, _, function, args in calls])
 
 
 class Communicator:
@@ -404,11 +408,7 @@ class Communicator:
             if result:
                 self._poll(result, row.function)
             return
-        for other, other_handle, *_ in calls:
-            if other._clique == self._clique and other.rank != self.rank and other_handle == handle:
-                raise UsageError(f"{name} of rank {self.rank} on the stream of rank {other.rank}'s call in the same "
-                                 "group: two ranks of one communicator need a stream each (on one stream they wait "
-                                 "for each other for good); pass each rank its own, e.g. its comm.stream")
+        _refuse_shared_stream(name, self, handle, calls)
         calls.append((self, handle, row.function, args))
 
     def collective(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
