@@ -29,6 +29,7 @@ from .. import cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from .progress import Progress
+from .torch_report import report, timelines_png
 
 #: name -> model and batch: the same model, fewer tokens per step as communication weighs more;
 #: comm-heavy keeps fp32 master weights (mixed precision), so its gradients are twice the bytes.
@@ -356,42 +357,6 @@ def _tune(torch: Any, trainer: Any, fixed: list, comm_of: Any, context: Any, set
     return best, {"tried": tried, "picked": best.name, "tuning_s": time.perf_counter() - t0}
 
 
-def report(name: str, r: dict) -> str:
-    """The table of one configuration and its summary lines."""
-    ran = r["policies"]
-    base_name = "torch default" if "torch default" in ran else next(iter(ran), None)
-    comm = r["comm_ms"]["None"]
-    lines = [f"== {name}: {r['model']['parameters'] / 1e6:.0f} M parameters ({r['model'].get('weights', 'bfloat16')} "
-             f"weights, bf16 compute), {r['model']['tokens']} tokens/step, "
-             f"{r['gradient_bytes'] / 2**20:.0f} MiB of gradients in {r['buckets']} buckets; compute alone "
-             f"{r['compute_ms']:.2f} ms, all-reduces alone {comm:.2f} ms (ratio {comm / r['compute_ms']:.2f})"]
-    if "nccl" in r:
-        n = r["nccl"]
-        lines.append(f"   NCCL: {n['kernel']}, {n['channels_per_rank']} channels x {n['ranks_on_this_gpu']} ranks "
-                     f"on this GPU = {n['blocks_on_this_gpu']} blocks of {n['threads']} threads, "
-                     f"{n['registers']} registers, {n['smem']} B smem (one rank per GPU would need "
-                     f"{n['channels_per_rank']})")
-    lines.append(f"{'policy':20s} {'choice':52s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
-                 f"{'slowdown':>8s}  losses/grads as {next(iter(ran), '-')}")
-    for key, e in ran.items():
-        same = ("" if e.get("finite", True) else "NOT FINITE: ") + \
-               ("bitwise" if e["losses_bitwise"] else f"loss diff {e['loss_max_diff']:.2g}") + " / " + \
-               ("bitwise" if e["grads_bitwise"] else f"grad diff {e['grad_max_diff']:.2g}")
-        ratio = e["step_ms"] / ran[base_name]["step_ms"]
-        lines.append(f"{key:20s} {e['choice'][:52]:52s} {e['step_ms']:8.2f} {ratio:15.3f}x "
-                     f"{e['comm_hidden']:6.0%} {e['compute_slowdown']:7.3f}x  {same}")
-    for key, why in r.get("failed", {}).items():
-        lines.append(f"{key:20s} failed: {why}")
-    fixed = {k: e for k, e in ran.items() if k != "auto" and e.get("finite", True)}
-    if "auto" in ran and fixed:
-        best = min(fixed, key=lambda k: fixed[k]["step_ms"])
-        auto = ran["auto"]
-        lines.append(f"   auto picked {auto['picked']} after {auto['tuning_s']:.1f} s of trials: "
-                     f"{auto['step_ms'] / fixed[best]['step_ms']:.3f}x the best fixed ({best}), "
-                     f"{1 - auto['step_ms'] / ran[base_name]['step_ms']:+.1%} step time against {base_name}")
-    return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> int:
     """``bench torch``: every configuration, its table, --json and --plots."""
     try:
@@ -432,7 +397,6 @@ def run(args: argparse.Namespace) -> int:
             json.dump(results, f)
         print(f"wrote {args.json}")
     if args.plots:
-        from .torch_plots import timelines_png
         for name, r in results["configs"].items():
             print(f"wrote {timelines_png(name, r, args.plots / f'torch_{name}.png')}")
     return 0

@@ -1,0 +1,65 @@
+"""``bench torch``'s results shown: the table of each configuration, and CUPTI timelines of one
+training step per policy (PNG)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .plots import new_figure, save_png
+
+
+def timelines_png(name: str, result: dict, path: Any) -> Path:
+    """One row per policy of configuration ``name``: compute kernels above, NCCL's below, in ms
+    from the step's first kernel; the step time in the row's label."""
+    rows = [(k, e) for k, e in result["policies"].items() if e.get("timeline")]
+    figure = new_figure(12, 1.0 + 0.55 * max(len(rows), 1))
+    ax = figure.add_subplot()
+    for i, (_, entry) in enumerate(rows):
+        y = len(rows) - 1 - i
+        for lane, comm, color in ((0.22, False, "#4c72b0"), (-0.22, True, "#dd8452")):
+            bars = [(start / 1e3, (end - start) / 1e3) for _, start, end, is_comm in entry["timeline"]
+                    if is_comm == comm]
+            if bars:
+                ax.broken_barh(bars, (y + lane - 0.18, 0.36), facecolors=color, linewidth=0)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{k} ({e['step_ms']:.1f} ms)" for k, e in reversed(rows)], fontsize=8)
+    ax.set_xlabel("ms from the step's first kernel (upper lane: compute, lower: NCCL)")
+    ax.set_title(f"bench torch, {name}: one step per policy (CUPTI)", fontsize=10)
+    return save_png(figure, path)
+
+
+def report(name: str, r: dict) -> str:
+    """The table of one configuration and its summary lines."""
+    ran = r["policies"]
+    base_name = "torch default" if "torch default" in ran else next(iter(ran), None)
+    comm = r["comm_ms"]["None"]
+    lines = [f"== {name}: {r['model']['parameters'] / 1e6:.0f} M parameters ({r['model'].get('weights', 'bfloat16')} "
+             f"weights, bf16 compute), {r['model']['tokens']} tokens/step, "
+             f"{r['gradient_bytes'] / 2**20:.0f} MiB of gradients in {r['buckets']} buckets; compute alone "
+             f"{r['compute_ms']:.2f} ms, all-reduces alone {comm:.2f} ms (ratio {comm / r['compute_ms']:.2f})"]
+    if "nccl" in r:
+        n = r["nccl"]
+        lines.append(f"   NCCL: {n['kernel']}, {n['channels_per_rank']} channels x {n['ranks_on_this_gpu']} ranks "
+                     f"on this GPU = {n['blocks_on_this_gpu']} blocks of {n['threads']} threads, "
+                     f"{n['registers']} registers, {n['smem']} B smem (one rank per GPU would need "
+                     f"{n['channels_per_rank']})")
+    lines.append(f"{'policy':20s} {'choice':52s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
+                 f"{'slowdown':>8s}  losses/grads as {next(iter(ran), '-')}")
+    for key, e in ran.items():
+        same = ("" if e.get("finite", True) else "NOT FINITE: ") + \
+               ("bitwise" if e["losses_bitwise"] else f"loss diff {e['loss_max_diff']:.2g}") + " / " + \
+               ("bitwise" if e["grads_bitwise"] else f"grad diff {e['grad_max_diff']:.2g}")
+        ratio = e["step_ms"] / ran[base_name]["step_ms"]
+        lines.append(f"{key:20s} {e['choice'][:52]:52s} {e['step_ms']:8.2f} {ratio:15.3f}x "
+                     f"{e['comm_hidden']:6.0%} {e['compute_slowdown']:7.3f}x  {same}")
+    for key, why in r.get("failed", {}).items():
+        lines.append(f"{key:20s} failed: {why}")
+    fixed = {k: e for k, e in ran.items() if k != "auto" and e.get("finite", True)}
+    if "auto" in ran and fixed:
+        best = min(fixed, key=lambda k: fixed[k]["step_ms"])
+        auto = ran["auto"]
+        lines.append(f"   auto picked {auto['picked']} after {auto['tuning_s']:.1f} s of trials: "
+                     f"{auto['step_ms'] / fixed[best]['step_ms']:.3f}x the best fixed ({best}), "
+                     f"{1 - auto['step_ms'] / ran[base_name]['step_ms']:+.1%} step time against {base_name}")
+    return "\n".join(lines)
