@@ -33,8 +33,9 @@ from .torch_report import report, timelines_png
 
 #: name -> model and batch: the same model, fewer tokens per step as communication weighs more;
 #: comm-heavy keeps fp32 master weights (mixed precision), so its gradients are twice the bytes.
-CONFIGS = {"compute-heavy": dict(batch=8, seq=1024), "balanced": dict(batch=2, seq=1024),
-           "comm-heavy": dict(batch=1, seq=512, weights="float32")}
+CONFIGS = {"compute-heavy": dict(width=2048, layers=8, batch=8, seq=1024),
+           "balanced": dict(width=2048, layers=8, batch=2, seq=1024),
+           "comm-heavy": dict(width=2048, layers=8, batch=1, seq=512, weights="float32")}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,8 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=",".join(CONFIGS),
                    type=cli.distinct(validate.one_of, "--configs", allowed=tuple(CONFIGS)),
         help=f"configurations, comma-separated, of {', '.join(CONFIGS)} (default: all)")
-    for flag, default, least, what in (("--width", 2048, 64, "model width"), ("--layers", 8, 1, "blocks"),
-                                       ("--steps", 8, 1, "timed steps per policy"),
+    for flag, least, what in (("--width", 64, "model width"), ("--layers", 1, "blocks")):
+        p.add_argument(flag, metavar="N", default=None, type=validate.argument(validate.integer, flag, least=least),
+                       help=f"{what} of every configuration, at least {least} (default: each configuration's own)")
+    for flag, default, least, what in (("--steps", 8, 1, "timed steps per policy"),
                                        ("--warmup", 2, 1, "untimed steps before them (the first teaches the "
                                                           "interposer the kernels)"),
                                        ("--trial-steps", 3, 1, "steps auto times each choice for"),
@@ -233,7 +236,8 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
     from ..torch.model import ModelSize, batch, build
     from ..torch.step import GradientBuckets, NcclBuckets, Policy, Trainer, compute_context
     dev = bench.dev
-    size = ModelSize(width=args.width, layers=args.layers, heads=max(1, args.width // 128), **CONFIGS[name])
+    shape = CONFIGS[name] | {k: v for k in ("width", "layers") if (v := getattr(args, k)) is not None}
+    size = ModelSize(heads=max(1, shape["width"] // 128), **shape)
     where = torch.device("cuda", dev.index)
     model = build(size, where)
     buckets = GradientBuckets(model, args.bucket_mb << 20)
