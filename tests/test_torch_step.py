@@ -38,6 +38,9 @@ def test_bad_model_sizes_are_refused(fields, message):
     (dict(cap=2, carveout=16), "one of cap, partition and carveout at a time"),
     (dict(ctas=65), "Policy.ctas must be an int"),
     (dict(overlap="yes"), "Policy.overlap must be"),
+    (dict(window=True), "window=True needs a carveout"),
+    (dict(window=True, carveout=16, overlap=False), "window=True needs a carveout and overlap=True"),
+    (dict(window=1, carveout=16), "Policy.window must be"),
 ])
 def test_bad_policies_are_refused(fields, message):
     with pytest.raises(UsageError, match=message):
@@ -54,7 +57,11 @@ def test_the_policies_keep_one_nccl_block_per_kept_sm():
     assert torch_step.policies([16], ranks_per_gpu=1)[-1].ctas == 16
     assert "cuBLAS leaves 16 SMs, NCCL 8 channels/rank" in by_name["carveout 16 SMs"].describe()
     assert [torch_step.kind(p) for p in fixed] == ["sequential", "torch-default", "ddp-high-priority", "shaping",
-                                                   "shaping", "partition", "carveout", "partition", "carveout"]
+                                                   "shaping", "partition", "carveout", "windowed-carveout",
+                                                   "partition", "carveout", "windowed-carveout"]
+    window = by_name["windowed carveout 32 SMs"]
+    assert window.window and window.carveout == 32 and window.ctas == 16
+    assert "cuBLAS leaves 32 SMs while all-reduces run, NCCL 16 channels/rank" in window.describe()
     assert [p.name for p in torch_step.policies([16, 32], 2, ("sequential", "carveout"))] == \
         ["sequential", "carveout 16 SMs", "carveout 32 SMs"]
 
@@ -70,13 +77,16 @@ def test_the_report_gives_ratios_to_torchs_default_and_autos_distance_from_the_b
               "compute_ms": 10.0, "comm_ms": {"None": 5.0},
               "policies": {"sequential": _entry(15.0), "torch default": _entry(14.0),
                            "carveout 16 SMs": _entry(11.2, 1.1, grads_bitwise=False, grad_max_diff=0.004),
+                           "windowed carveout 16 SMs": _entry(11.5, None),
                            "auto": _entry(11.27, picked="carveout 16 SMs", tuning_s=2.5)},
               "failed": {"partition 16 SMs": "DriverError: no green contexts"}}
     text = torch_step.report("balanced", result)
     assert "ratio 0.50" in text and "0.800x" in text and "grad diff 0.004" in text
+    # A windowed carveout's compute alone is the plain one: no slowdown of its own is claimed.
+    assert [line.split()[-4] for line in text.splitlines() if line.startswith("windowed")] == ["-"]
     assert "auto picked carveout 16 SMs after 2.5 s of trials: 1.006x the best fixed (carveout 16 SMs), " \
            "+19.5% step time against torch default" in text
-    assert "partition 16 SMs     failed: DriverError: no green contexts" in text
+    assert "partition 16 SMs          failed: DriverError: no green contexts" in text
 
 
 def test_bench_torch_without_torch_says_how_to_get_it(capsys):

@@ -44,17 +44,18 @@ def report(name: str, r: dict) -> str:
                      f"on this GPU = {n['blocks_on_this_gpu']} blocks of {n['threads']} threads, "
                      f"{n['registers']} registers, {n['smem']} B smem (one rank per GPU would need "
                      f"{n['channels_per_rank']})")
-    lines.append(f"{'policy':20s} {'choice':52s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
+    lines.append(f"{'policy':25s} {'choice':60s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
                  f"{'slowdown':>8s}  losses/grads as {next(iter(ran), '-')}")
     for key, e in ran.items():
         same = ("" if e.get("finite", True) else "NOT FINITE: ") + \
                ("bitwise" if e["losses_bitwise"] else f"loss diff {e['loss_max_diff']:.2g}") + " / " + \
                ("bitwise" if e["grads_bitwise"] else f"grad diff {e['grad_max_diff']:.2g}")
         ratio = e["step_ms"] / ran[base_name]["step_ms"]
-        lines.append(f"{key:20s} {e['choice'][:52]:52s} {e['step_ms']:8.2f} {ratio:15.3f}x "
-                     f"{e['comm_hidden']:6.0%} {e['compute_slowdown']:7.3f}x  {same}")
+        slowdown = "-" if e["compute_slowdown"] is None else f"{e['compute_slowdown']:.3f}x"
+        lines.append(f"{key:25s} {e['choice'][:60]:60s} {e['step_ms']:8.2f} {ratio:15.3f}x "
+                     f"{e['comm_hidden']:6.0%} {slowdown:>8s}  {same}")
     for key, why in r.get("failed", {}).items():
-        lines.append(f"{key:20s} failed: {why}")
+        lines.append(f"{key:25s} failed: {why}")
     fixed = {k: e for k, e in ran.items() if k != "auto" and e.get("finite", True)}
     if "auto" in ran and fixed:
         best = min(fixed, key=lambda k: fixed[k]["step_ms"])

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import json
+import statistics
 import sys
 import time
 from typing import Any
@@ -76,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 #: What --policies takes: the baselines, shimrt's kinds (shaping at N=2 and 1, partition and
 #: carveout at each of --sms) and auto.
-KINDS = ("sequential", "torch-default", "ddp-high-priority", "shaping", "partition", "carveout", "auto")
+KINDS = ("sequential", "torch-default", "ddp-high-priority", "shaping", "partition", "carveout", "windowed-carveout",
+         "auto")
 
 
 def kind(policy: Any) -> str:
@@ -93,7 +96,8 @@ def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
     for k in sms:
         ctas = max(1, k // ranks_per_gpu)
         out += [Policy(f"partition {k} SMs", partition=k, ctas=ctas),
-                Policy(f"carveout {k} SMs", carveout=k, ctas=ctas)]
+                Policy(f"carveout {k} SMs", carveout=k, ctas=ctas),
+                Policy(f"windowed carveout {k} SMs", carveout=k, ctas=ctas, window=True)]
     return [p for p in out if kind(p) in kinds]
 
 
@@ -127,23 +131,31 @@ class _Bench:
 
 def _timed(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int, steps: int, keep: bool = False,
            settle: Any = None):
-    """(ms per step over ``steps`` after ``warmup``, the losses, the gradients after the first
-    step when ``keep``) on the current stream, from the initial weights. ``settle`` (an
-    interposer's) runs after each warm-up step: the kernels it learnt are shaped from the next."""
+    """(median ms per step over ``steps`` after ``warmup``, the losses, the gradients after the
+    first step when ``keep``) on the current stream, from the initial weights. ``settle`` (an
+    interposer's) runs after each warm-up step: the kernels it learnt are shaped from the next.
+    The median of per-step events, with Python's collector paused, so that one stalled step (a
+    collection, a preempted host thread) does not move the figure."""
     trainer.reset()
     losses, grads = [], None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for i in range(warmup + steps):
-        if i == warmup:
-            start.record()
-        losses.append(trainer.step(comm, overlap))
-        if i == 0 and keep:
-            grads = trainer.buckets.copy()
-        if i < warmup and settle is not None:
-            settle()
-    end.record()
-    _finish(torch)
-    return start.elapsed_time(end) / steps, torch.stack(losses), grads
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(warmup + steps):
+            if i >= warmup:
+                marks[i - warmup].record()
+            losses.append(trainer.step(comm, overlap))
+            if i == 0 and keep:
+                grads = trainer.buckets.copy()
+            if i < warmup and settle is not None:
+                settle()
+        marks[-1].record()
+        _finish(torch)
+    finally:
+        gc.enable()
+    per_step = [a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
+    return statistics.median(per_step), torch.stack(losses), grads
 
 
 def _finish(torch: Any) -> None:
@@ -233,6 +245,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
 
     from ..overlap.collective import channels_and_footprint
     from ..overlap.interpose import Interposer
+    from ..torch import sm_carveout
     from ..torch.model import ModelSize, batch, build
     from ..torch.step import GradientBuckets, NcclBuckets, Policy, Trainer, compute_context
     dev = bench.dev
@@ -247,9 +260,10 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
     comm_sets: dict = {}
 
     def comm_of(policy):
-        key = (policy.ctas, policy.priority)
+        key = (policy.ctas, policy.priority, policy.carveout if policy.window else None)
         if key not in comm_sets:
-            comm_sets[key] = NcclBuckets(bench.comms(policy.ctas), buckets, policy.priority)
+            beside = (lambda k=policy.carveout: sm_carveout(k)) if policy.window else None
+            comm_sets[key] = NcclBuckets(bench.comms(policy.ctas), buckets, policy.priority, beside=beside)
         return comm_sets[key]
 
     interposers = {p.cap: Interposer(dev, p.cap) for p in fixed if p.cap is not None}
@@ -299,7 +313,9 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                 with context(p):
                     step_ms, losses, grads = _timed(torch, trainer, comm, p.overlap, args.warmup, args.steps,
                                                     keep=True, settle=settle(p))
-                    alone_ms = compute_ms if p.cap is None and p.partition is None and p.carveout is None else \
+                    # A windowed carveout exists only beside all-reduces: its compute alone is the plain one.
+                    plain = p.window or (p.cap is None and p.partition is None and p.carveout is None)
+                    alone_ms = compute_ms if plain else \
                         _timed(torch, trainer, None, True, 1, args.steps, settle=settle(p))[0]
                     timeline = _timeline(dev, torch, trainer, comm, p.overlap) if args.plots or args.json else []
             except (ShimrtError, RuntimeError) as exc:  # one policy that cannot run here: said, the rest go on
@@ -318,7 +334,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             t_comm = comm_ms[p.ctas]
             finite = bool(torch.isfinite(losses).all())
             entry.update(policy=p.name, choice=p.describe(), step_ms=step_ms, compute_alone_ms=alone_ms, finite=finite,
-                         compute_slowdown=alone_ms / compute_ms, comm_alone_ms=t_comm,
+                         compute_slowdown=None if p.window else alone_ms / compute_ms, comm_alone_ms=t_comm,
                          comm_hidden=max(0.0, min(1.0, (alone_ms + t_comm - step_ms) / t_comm)),
                          losses=[float(x) for x in losses], losses_bitwise=same_losses, loss_max_diff=loss_diff,
                          grads_bitwise=same_grads, grad_max_diff=grad_diff, timeline=timeline)

@@ -3,7 +3,8 @@
 - :class:`Policy`: how the step overlaps: all-reduces after backward (sequential) or bucket by
   bucket as gradients become ready, on streams of default or greatest priority, with torch's
   compute shaped (every kernel capped at ``cap`` blocks per SM), confined to an SM partition, or
-  with cuBLAS leaving SMs free (carveout), and NCCL's channels per rank.
+  with cuBLAS leaving SMs free (carveout: for the whole step, or only while all-reduces run), and
+  NCCL's channels per rank.
 - :class:`GradientBuckets`: the parameters' gradients as views of flat buckets (as DDP's
   ``gradient_as_bucket_view``), in the order backward produces them, zeroed each step.
 - :class:`NcclBuckets`: a bucket's all-reduce over this process's ranks (shimrt
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 from .. import nccl, validate
 from ..errors import UsageError
@@ -31,7 +32,9 @@ PRIORITIES = ("low", "high")
 class Policy:
     """How a step overlaps its all-reduces (see the module's docstring). ``partition`` and
     ``carveout`` are SMs kept from torch's compute (NCCL's channels belong there: ``ctas`` per
-    rank); ``cap`` shapes every compute kernel to at most that many blocks per SM."""
+    rank); ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
+    carveout holds only while all-reduces run (from a step's first bucket to the end of backward),
+    so forward and the optimizer keep every SM."""
 
     name: str
     overlap: bool = True
@@ -40,6 +43,7 @@ class Policy:
     partition: int | None = None
     carveout: int | None = None
     ctas: int | None = None
+    window: bool = False
 
     def __post_init__(self) -> None:
         validate.text(self.name, "Policy.name")
@@ -51,6 +55,10 @@ class Policy:
                                                                 most=most))
         if sum(x is not None for x in (self.cap, self.partition, self.carveout)) > 1:
             raise UsageError(f"Policy {self.name!r}: one of cap, partition and carveout at a time")
+        object.__setattr__(self, "window", validate.boolean(self.window, "Policy.window"))
+        if self.window and (self.carveout is None or not self.overlap):
+            raise UsageError(f"Policy {self.name!r}: window=True needs a carveout and overlap=True (it limits the "
+                             "carveout to the time all-reduces run beside backward)")
 
     def describe(self) -> str:
         parts = ["after backward" if not self.overlap else f"{self.priority} priority"]
@@ -59,7 +67,7 @@ class Policy:
         if self.partition is not None:
             parts.append(f"compute on all but {self.partition} SMs")
         if self.carveout is not None:
-            parts.append(f"cuBLAS leaves {self.carveout} SMs")
+            parts.append(f"cuBLAS leaves {self.carveout} SMs" + (" while all-reduces run" if self.window else ""))
         if self.ctas is not None:
             parts.append(f"NCCL {self.ctas} channels/rank")
         return ", ".join(parts)
@@ -121,12 +129,20 @@ class GradientBuckets:
 class NcclBuckets:
     """All-reduces (sum) of each bucket of ``buckets`` over ``comms`` (this process's ranks, from
     ``Communicator.local`` or one rank per process), on one stream per rank at ``priority``.
-    Calls are checked and packed once (:meth:`Communicator.prepare`, :func:`nccl.prepare_group`)."""
+    Calls are checked and packed once (:meth:`Communicator.prepare`, :func:`nccl.prepare_group`).
+    ``beside``: a function giving a context manager that holds while all-reduces run: entered at
+    the first :meth:`launch` after a :meth:`join`, left at the next :meth:`join` (for example
+    ``lambda: shimrt.torch.sm_carveout(48)``: cuBLAS leaves NCCL its SMs only then)."""
 
-    def __init__(self, comms: list, buckets: GradientBuckets, priority: str = "high"):
+    def __init__(self, comms: list, buckets: GradientBuckets, priority: str = "high",
+                 beside: Callable[[], ContextManager[Any]] | None = None):
         import torch
         validate.one_of(priority, "priority", PRIORITIES)
-        self.comms, self.priority = list(comms), priority
+        if beside is not None and not callable(beside):
+            raise UsageError(f"beside must be a function giving a context manager, or None, not {beside!r:.100}")
+        self.comms, self.priority, self.beside = list(comms), priority, beside
+        self._held = contextlib.ExitStack()
+        self._running = False
         self.flats = buckets.flats  # the prepared calls hold their pointers: keep them alive
         self.streams = [c.device.stream(priority) for c in self.comms]
         self.torch_streams = [torch_stream(s) for s in self.streams]
@@ -150,17 +166,24 @@ class NcclBuckets:
 
     def launch(self, index: int, ready: Any) -> None:
         """Bucket ``index``'s all-reduce, once every rank's stream has reached event ``ready``."""
+        if not self._running and self.beside is not None:
+            self._held.enter_context(self.beside())
+        self._running = True
         for ts in self.torch_streams:
             ts.wait_event(ready)
         self.calls[index]()
 
     def join(self, stream: Any) -> None:
-        """Torch stream ``stream`` waits for every all-reduce launched so far."""
+        """Torch stream ``stream`` waits for every all-reduce launched so far (work queued on it
+        after this no longer runs beside them: ``beside``'s context is left)."""
+        self._running = False
+        self._held.close()
         for ts in self.torch_streams:
             stream.wait_stream(ts)
 
     def close(self, timeout: float = 120.0) -> None:
         """Wait (at most ``timeout`` s per stream: ShimrtError says a collective is stuck) and close."""
+        self._held.close()
         for s in self.streams:
             s.synchronize(timeout)
             s.close()
@@ -246,7 +269,7 @@ def compute_context(policy: Policy, interposer: Any = None, partition_stream: An
             if partition_stream is None:
                 raise UsageError(f"policy {policy.name!r} needs the partition's stream")
             stack.enter_context(torch.cuda.stream(torch_stream(partition_stream)))
-        if policy.carveout is not None:
+        if policy.carveout is not None and not policy.window:  # a window's is held by NcclBuckets(beside=)
             stack.enter_context(sm_carveout(policy.carveout))
         if policy.cap is not None:
             if interposer is None:

@@ -103,3 +103,38 @@ def test_a_torch_process_group_on_high_priority_streams_all_reduces(device):
         assert torch.equal(x, torch.arange(1 << 16, dtype=torch.float32, device=x.device))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_windowed_carveout_holds_only_while_all_reduces_run(setup):
+    """NcclBuckets(beside=): cuBLAS's carveout is set from the step's first bucket until backward's
+    join, and the gradients stay rank 0's own, bit for bit."""
+    from shimrt.torch import sm_carveout
+    from shimrt.torch.step import NcclBuckets
+    torch, comms, buckets, trainer = setup
+    getter = getattr(torch._C, "_get_sm_carveout_experimental", None)
+    if getter is None:
+        pytest.skip(f"torch {torch.__version__} has no SM carveout")
+    trainer.reset()
+    trainer.step(None)
+    want = buckets.copy()
+    seen = []
+
+    def beside():
+        seen.append("enter")
+        return sm_carveout(32)
+    comm = NcclBuckets(comms, buckets, "high", beside=beside)
+    try:
+        ready = torch.cuda.Event()
+        ready.record()
+        comm.launch(0, ready)
+        assert getter() == 32  # held while the all-reduce runs
+        comm.launch(1, ready)
+        comm.join(torch.cuda.current_stream())
+        assert getter() is None and seen == ["enter"]  # entered once, left at the join
+        trainer.reset()
+        trainer.step(comm)
+        torch.cuda.synchronize()
+        assert getter() is None and seen == ["enter", "enter"]
+        assert all(torch.equal(g, w) for g, w in zip(buckets.flats, want, strict=True))
+    finally:
+        comm.close()
