@@ -115,3 +115,33 @@ def test_shimrt_torch_without_torch_says_how_to_get_it():
     for call in (st.process_group_options, lambda: st.sm_carveout(8).__enter__()):
         with pytest.raises(UsageError, match=r"needs PyTorch: pip install 'shimrt\[torch\]'"):
             call()
+
+
+def test_the_bound_adds_the_first_bucket_the_fastest_all_reduces_and_the_optimizer():
+    from shimrt.bench.torch_measure import bound
+    b = bound({"first bucket": 4.0, "backward": 8.0, "end": 11.0}, 10.98, {"None": 6.12, "16": 7.45, "32": 5.27})
+    assert b == {"ms": 4.0 + 5.27 + 3.0, "first_bucket_ms": 4.0, "comm_ms": 5.27, "channels": "32",
+                 "optimizer_ms": 3.0}
+    # Never below compute alone: all-reduces that would fit in no time still leave the compute.
+    assert bound({"first bucket": 1.0, "backward": 8.0, "end": 9.0}, 10.0, {"None": 0.5})["ms"] == 10.0
+
+
+def _record(name, threads, registers, smem, us):
+    return {"name": name, "block_x": threads, "block_y": 1, "block_z": 1, "registers": registers, "static_smem": smem,
+            "dynamic_smem": 0, "start": 0, "end": int(us * 1e3)}
+
+
+def test_sharing_counts_compute_time_in_kernels_that_cannot_sit_beside_an_nccl_block():
+    from shimrt.bench.torch_measure import sharing
+    from shimrt.occupancy import Footprint
+    # NCCL 2.32's AllReduce on the H200: 544 threads x 96 registers, 36800 + 82240 B of smem.
+    nccl = Footprint("AllReduce", 1, 544, 96, 36800, 82240)
+    small = Footprint("small", 1, 128, 32, 0, 1024)
+    records = [_record("nvjet_gemm", 384, 168, 188604, 300.0), _record("tiny_copy", 32, 16, 0, 100.0)]
+    out = sharing("sm_90", records, nccl)
+    # The GEMM's 188604 B of smem and 384 x 168 registers fit on no SM holding the NCCL block;
+    # one warp of 16 registers still does.
+    assert out["compute_us"] == 400.0 and out["exclusive_share"] == 0.75
+    assert out["top_exclusive"] == {"name": "nvjet_gemm", "us": 300.0, "threads": 384, "registers": 168,
+                                    "smem": 188604}
+    assert sharing("sm_90", records[1:], small)["exclusive_share"] == 0.0

@@ -44,6 +44,20 @@ def report(name: str, r: dict) -> str:
                      f"on this GPU = {n['blocks_on_this_gpu']} blocks of {n['threads']} threads, "
                      f"{n['registers']} registers, {n['smem']} B smem (one rank per GPU would need "
                      f"{n['channels_per_rank']})")
+    if "bound" in r and base_name in ran:
+        b, base = r["bound"], ran[base_name]["step_ms"]
+        channels = "NCCL's own channels" if b["channels"] == "None" else f"{b['channels']} channels/rank"
+        lines.append(f"   bound: no policy keeping DDP's order beats {b['ms']:.2f} ms here (first bucket full at "
+                     f"{b['first_bucket_ms']:.2f} ms + every all-reduce back to back at its fastest, "
+                     f"{b['comm_ms']:.2f} ms with {channels}, + the optimizer's {b['optimizer_ms']:.2f} ms): at most "
+                     f"{1 - b['ms'] / base:.1%} below {base_name} ({base:.2f} ms; 20% below would be "
+                     f"{0.8 * base:.2f} ms)")
+    if r.get("sharing"):
+        sh, top = r["sharing"], r["sharing"]["top_exclusive"]
+        lines.append(f"   sharing: {sh['exclusive_share']:.0%} of compute time is in kernels no block of which fits "
+                     "on an SM beside an NCCL block" + ("" if top is None else
+                     f" (most: {top['name'][:40]}, {top['threads']} threads x {top['registers']} registers, "
+                     f"{top['smem']} B smem)"))
     lines.append(f"{'policy':25s} {'choice':60s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
                  f"{'slowdown':>8s}  losses/grads as {next(iter(ran), '-')}")
     for key, e in ran.items():
@@ -54,6 +68,14 @@ def report(name: str, r: dict) -> str:
         slowdown = "-" if e["compute_slowdown"] is None else f"{e['compute_slowdown']:.3f}x"
         lines.append(f"{key:25s} {e['choice'][:60]:60s} {e['step_ms']:8.2f} {ratio:15.3f}x "
                      f"{e['comm_hidden']:6.0%} {slowdown:>8s}  {same}")
+    if "reference_repeat" in r:
+        rep = r["reference_repeat"]
+        lines.append(f"   {next(iter(ran), '-')} run again: losses "
+                     + ("bitwise" if rep["losses_bitwise"] else f"differ by {rep['loss_max_diff']:.2g}")
+                     + ", gradients "
+                     + ("bitwise" if rep["grads_bitwise"] else f"differ by {rep['grad_max_diff']:.2g}")
+                     + ("" if rep["losses_bitwise"] and rep["grads_bitwise"] else
+                      " (nondeterministic kernels: no policy can be bitwise where this is not)"))
     for key, why in r.get("failed", {}).items():
         lines.append(f"{key:25s} failed: {why}")
     fixed = {k: e for k, e in ran.items() if k != "auto" and e.get("finite", True)}

@@ -30,14 +30,18 @@ from typing import Any
 from .. import cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
+from . import torch_measure
 from .progress import Progress
+from .torch_measure import finish, interposer_cost, is_nccl
 from .torch_report import report, timelines_png
 
-#: name -> model and batch: the same model, fewer tokens per step as communication weighs more;
-#: comm-heavy keeps fp32 master weights (mixed precision), so its gradients are twice the bytes.
-CONFIGS = {"compute-heavy": dict(width=2048, layers=8, batch=8, seq=1024),
-           "balanced": dict(width=2048, layers=8, batch=2, seq=1024),
-           "comm-heavy": dict(width=2048, layers=8, batch=1, seq=512, weights="float32")}
+#: name -> model and batch: one 1.08 G-parameter model (2 GiB of bf16 gradients), fewer tokens per
+#: step as communication weighs more (comm-heavy: all-reduces alone about 0.56x compute alone on
+#: the H200). Four wide blocks keep the step GPU-bound: eight blocks of 2048 left the small
+#: configurations waiting on the host, where every policy's time was noise.
+CONFIGS = {"compute-heavy": dict(width=4096, layers=4, batch=2, seq=1024),
+           "balanced": dict(width=4096, layers=4, batch=1, seq=1024),
+           "comm-heavy": dict(width=4096, layers=4, batch=1, seq=256)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, metavar="N", default=default,
                        type=validate.argument(validate.integer, flag, least=least),
                        help=f"{what}, at least {least} (default {default})")
-    p.add_argument("--sms", default="16,32", type=cli.distinct(validate.integer, "--sms", least=2),
-        help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 16,32)")
+    p.add_argument("--sms", default="32,48,64", type=cli.distinct(validate.integer, "--sms", least=2),
+        help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
     p.add_argument("--policies", default=",".join(KINDS),
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
                    help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all; the first is the "
@@ -151,20 +155,11 @@ def _timed(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int, step
             if i < warmup and settle is not None:
                 settle()
         marks[-1].record()
-        _finish(torch)
+        finish(torch)
     finally:
         gc.enable()
     per_step = [a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
     return statistics.median(per_step), torch.stack(losses), grads
-
-
-def _finish(torch: Any) -> None:
-    """Wait for the current stream (a green context's too, which a device-wide sync of torch's
-    context does not cover) and then the whole device."""
-    done = torch.cuda.Event()
-    done.record()
-    done.synchronize()
-    torch.cuda.synchronize()
 
 
 def _comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
@@ -180,56 +175,10 @@ def _comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
             comm.launch(i, ready)
         comm.join(stream)
         end.record(stream)
-        _finish(torch)
+        finish(torch)
         times.append(start.elapsed_time(end))
     timed = sorted(times[1:] or times)  # the first round warms up, where there are more
     return timed[len(timed) // 2]
-
-
-def _timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -> list:
-    """[short name, start us, end us, NCCL?] of every kernel of one step."""
-    with dev.record_kernels() as rec:
-        trainer.step(comm, overlap)
-        _finish(torch)
-    kernels = sorted((k for k in rec.kernels if k.get("device_id", dev.index) == dev.index), key=lambda k: k["start"])
-    t0 = kernels[0]["start"] if kernels else 0
-    return [[k["name"][:60], (k["start"] - t0) / 1e3, (k["end"] - t0) / 1e3, _is_nccl(k["name"])]
-            for k in kernels]
-
-
-def interposer_cost(dev: Device, launches: int = 2000) -> dict:
-    """Host us per launch the Interposer adds, measured beside the same launches without it: a
-    small torch add (one block: left alone) and a large one (many blocks: padded to 2 per SM)."""
-    import torch
-
-    from ..overlap.interpose import Interposer
-    out = {}
-    for label, n in (("left alone", 256), ("padded", 1 << 22)):
-        a = torch.ones(n, device=torch.device("cuda", dev.index))
-        ip = Interposer(dev, cap=2)
-
-        def loop(count: int, a=a) -> float:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(count):
-                a.add_(1)
-            torch.cuda.synchronize()
-            return time.perf_counter() - t0
-        loop(20)
-        with ip:  # the first block learns the kernel
-            loop(20)
-        plain = min(loop(launches) for _ in range(3))
-        with ip:
-            shaped = min(loop(launches) for _ in range(3))
-        ip.close()
-        out[label] = {"plain_us": plain / launches * 1e6, "interposed_us": shaped / launches * 1e6,
-                      "added_us": (shaped - plain) / launches * 1e6, "padded": sum(ip.report()["padded"].values())}
-    return out
-
-
-def _is_nccl(name: str) -> bool:
-    """An NCCL kernel by its CUPTI name, mangled ("_Z32ncclDevKernel_...") or not."""
-    return "ncclDevKernel" in name[:48] or "ncclKernel" in name[:48]
 
 
 def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
@@ -289,7 +238,8 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
         result["comm_ms"] = {str(k): v for k, v in comm_ms.items()}
         with dev.record_kernels() as rec:
             _comm_alone(torch, comm_of(natural), buckets, repeats=0)
-        nccl = [k for k in rec.kernels if _is_nccl(k["name"])]
+        nccl = [k for k in rec.kernels if is_nccl(k["name"])]
+        result["bound"] = torch_measure.bound(torch_measure.phases(torch, trainer), compute_ms, result["comm_ms"])
         if nccl:
             channels, footprint = channels_and_footprint(nccl[0])
             result["nccl"] = {"kernel": footprint.name, "channels_per_rank": channels,
@@ -297,6 +247,11 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                               "blocks_on_this_gpu": channels * ranks_per_gpu, "threads": footprint.threads,
                               "registers": footprint.registers,
                               "smem": footprint.static_smem + footprint.dynamic_smem}
+            with dev.record_kernels() as rec:  # one step of compute alone: which kernels can sit beside NCCL
+                trainer.step(None)
+                finish(torch)
+            result["sharing"] = torch_measure.sharing(dev.target, [k for k in rec.kernels if not is_nccl(k["name"])],
+                                                    footprint)
         reference = None
         for p in fixed + (["auto"] if "auto" in args.policies else []):
             key = p if isinstance(p, str) else p.name
@@ -317,7 +272,8 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                     plain = p.window or (p.cap is None and p.partition is None and p.carveout is None)
                     alone_ms = compute_ms if plain else \
                         _timed(torch, trainer, None, True, 1, args.steps, settle=settle(p))[0]
-                    timeline = _timeline(dev, torch, trainer, comm, p.overlap) if args.plots or args.json else []
+                    steps_seen = (torch_measure.timeline(dev, torch, trainer, comm, p.overlap)
+                                  if args.plots or args.json else [])
             except (ShimrtError, RuntimeError) as exc:  # one policy that cannot run here: said, the rest go on
                 if _fatal(exc):
                     raise  # the device's context is broken: nothing after this could be trusted
@@ -326,6 +282,14 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                 continue
             if reference is None:
                 reference = (losses, grads)
+                # The reference once more: are its kernels deterministic? (else no policy can be bitwise)
+                with context(p):
+                    _, again, again_grads = _timed(torch, trainer, comm, p.overlap, args.warmup, 1, keep=True,
+                                                   settle=settle(p))
+                same_losses, loss_diff = _same(torch, [again[:len(losses)]], [losses[:len(again)]])
+                same_grads, grad_diff = _same(torch, again_grads, grads)
+                result["reference_repeat"] = {"losses_bitwise": same_losses, "loss_max_diff": loss_diff,
+                                              "grads_bitwise": same_grads, "grad_max_diff": grad_diff}
                 same_losses, loss_diff, same_grads, grad_diff = True, 0.0, True, 0.0
             else:
                 same_losses, loss_diff = _same(torch, [losses], [reference[0]])
@@ -337,7 +301,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                          compute_slowdown=None if p.window else alone_ms / compute_ms, comm_alone_ms=t_comm,
                          comm_hidden=max(0.0, min(1.0, (alone_ms + t_comm - step_ms) / t_comm)),
                          losses=[float(x) for x in losses], losses_bitwise=same_losses, loss_max_diff=loss_diff,
-                         grads_bitwise=same_grads, grad_max_diff=grad_diff, timeline=timeline)
+                         grads_bitwise=same_grads, grad_max_diff=grad_diff, timeline=steps_seen)
             if p.cap is not None:
                 entry["interposer"] = {k: v for k, v in interposers[p.cap].report().items() if k != "raised_limits"}
             result["policies"]["auto" if entry.get("tried") else p.name] = entry

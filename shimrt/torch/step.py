@@ -205,6 +205,9 @@ class Trainer:
         self._events = [torch.cuda.Event() for _ in buckets.counts]
         self._overlap = True
         self._launched = [False] * len(buckets.counts)
+        #: events of the last step when set to a dict (:meth:`phases`): "start", "first bucket"
+        #: (its gradients all ready), "backward" (its end), "end" (the optimizer's)
+        self.marks: dict | None = None
         for p in buckets.params:
             p.register_post_accumulate_grad_hook(self._on_grad)
 
@@ -223,8 +226,25 @@ class Trainer:
         # Runs on autograd's thread, on the stream that produced the gradient (as DDP's hooks do).
         i = self.buckets.bucket_of[param]
         self._filled[i] += 1
-        if self._comm is not None and self._overlap and self._filled[i] == self.buckets.counts[i]:
-            self._launch(i)
+        if self._filled[i] == self.buckets.counts[i]:
+            self._mark("first bucket")
+            if self._comm is not None and self._overlap:
+                self._launch(i)
+
+    def _mark(self, name: str) -> None:
+        if self.marks is not None and name not in self.marks:
+            import torch
+            self.marks[name] = torch.cuda.Event(enable_timing=True)
+            self.marks[name].record(torch.cuda.current_stream())
+
+    def phases(self) -> dict:
+        """ms from the last step's start to its first full bucket, to the end of backward, and to
+        the end (after the optimizer), once its events are done; needs ``marks = {}`` before it."""
+        if not self.marks or len(self.marks) < 4:
+            raise UsageError("phases() needs trainer.marks = {} before a step")
+        self.marks["end"].synchronize()
+        start = self.marks["start"]
+        return {k: start.elapsed_time(e) for k, e in self.marks.items() if k != "start"}
 
     def _launch(self, i: int) -> None:
         import torch
@@ -239,9 +259,13 @@ class Trainer:
         self._comm, self._overlap = comm, overlap
         self._filled = [0] * len(self.buckets.counts)
         self._launched = [False] * len(self.buckets.counts)
+        if self.marks is not None:
+            self.marks.clear()
+        self._mark("start")
         self.buckets.zero()
         loss = self.model(*self.batch)
         loss.backward()
+        self._mark("backward")
         if not self._views_checked:
             self.buckets.check_views()
             self._views_checked = True
@@ -253,6 +277,7 @@ class Trainer:
                     self._launch(i)
             comm.join(torch.cuda.current_stream())
         self.optimizer.step()
+        self._mark("end")
         self._comm = None
         return loss.detach()
 

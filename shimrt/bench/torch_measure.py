@@ -1,0 +1,132 @@
+"""What ``bench torch`` measures beside the policies' step times: why a configuration gains what
+it gains (the best step any overlap policy could reach, how much of torch's compute cannot share
+an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost per launch.
+
+- :func:`phases`: when, in a step of compute alone, the first bucket's gradients are all ready,
+  backward ends and the optimizer ends (median over steps, CUDA events).
+- :func:`bound`: a step cannot be shorter than the time to the first full bucket, plus every
+  all-reduce back to back at its fastest channel setting, plus the optimizer (which needs every
+  reduced gradient), nor than compute alone. Against torch's default it says what any policy
+  that keeps DDP's order (buckets as they fill, the optimizer after) could save at most.
+- :func:`sharing`: each compute kernel's footprint (CUPTI) against one NCCL block's
+  (:func:`shimrt.occupancy.coresident`): the share of compute time in kernels none of whose
+  blocks fit on an SM that hosts an NCCL block. Those kernels and NCCL take turns on an SM;
+  a kernel that fits can run beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from ..device import Device
+from ..errors import ShimrtError
+from ..occupancy import Footprint, coresident
+
+
+def phases(torch: Any, trainer: Any, steps: int = 3) -> dict:
+    """Median ms from a compute-alone step's start to its first full bucket ("first bucket"),
+    to the end of backward ("backward") and to its end ("end"), over ``steps`` steps."""
+    seen: dict = {}
+    trainer.marks = {}
+    try:
+        for _ in range(steps):
+            trainer.step(None)
+            for k, v in trainer.phases().items():
+                seen.setdefault(k, []).append(v)
+    finally:
+        trainer.marks = None
+    return {k: statistics.median(v) for k, v in seen.items()}
+
+
+def bound(phase_ms: dict, compute_ms: float, comm_ms: dict) -> dict:
+    """The shortest step a policy keeping DDP's order could reach (see the module docstring):
+    ``comm_ms`` maps a channel setting (str) to the all-reduces' time alone."""
+    fastest = min(comm_ms, key=comm_ms.get)
+    optimizer = max(0.0, phase_ms["end"] - phase_ms["backward"])
+    ms = max(compute_ms, phase_ms["first bucket"] + comm_ms[fastest] + optimizer)
+    return {"ms": ms, "first_bucket_ms": phase_ms["first bucket"], "comm_ms": comm_ms[fastest],
+            "channels": fastest, "optimizer_ms": optimizer}
+
+
+def sharing(target: Any, records: list, nccl: Footprint) -> dict:
+    """Of the compute kernels in ``records`` (CUPTI, NCCL's left out by the caller): their time
+    in all, the share of it in kernels no block of which fits beside one ``nccl`` block, and the
+    longest-running such kernel with its footprint."""
+    total, alone, worst = 0.0, 0.0, {}
+    fits: dict = {}
+    for k in records:
+        threads = k["block_x"] * k["block_y"] * k["block_z"]
+        key = (threads, k["registers"], max(k["static_smem"], 0) + max(k["dynamic_smem"], 0))
+        if key not in fits:
+            try:
+                fits[key] = coresident(target, {"registers": key[1], "static_smem": key[2]}, threads, nccl)
+            except ShimrtError:  # a footprint the model cannot place beside NCCL at all
+                fits[key] = 0
+        us = (k["end"] - k["start"]) / 1e3
+        total += us
+        if fits[key] == 0:
+            alone += us
+            name = k["name"][:60]
+            worst[name] = worst.get(name, (0.0, key))
+            worst[name] = (worst[name][0] + us, key)
+    top = max(worst.items(), key=lambda kv: kv[1][0]) if worst else None
+    return {"compute_us": total, "exclusive_share": alone / total if total else 0.0,
+            "top_exclusive": None if top is None else {"name": top[0], "us": top[1][0], "threads": top[1][1][0],
+                                                       "registers": top[1][1][1], "smem": top[1][1][2]}}
+
+
+def timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -> list:
+    """[short name, start us, end us, NCCL?] of every kernel of one step."""
+    with dev.record_kernels() as rec:
+        trainer.step(comm, overlap)
+        finish(torch)
+    kernels = sorted((k for k in rec.kernels if k.get("device_id", dev.index) == dev.index), key=lambda k: k["start"])
+    t0 = kernels[0]["start"] if kernels else 0
+    return [[k["name"][:60], (k["start"] - t0) / 1e3, (k["end"] - t0) / 1e3, is_nccl(k["name"])]
+            for k in kernels]
+
+
+def interposer_cost(dev: Device, launches: int = 2000) -> dict:
+    """Host us per launch the Interposer adds, measured beside the same launches without it: a
+    small torch add (one block: left alone) and a large one (many blocks: padded to 2 per SM)."""
+    import torch
+
+    from ..overlap.interpose import Interposer
+    out = {}
+    for label, n in (("left alone", 256), ("padded", 1 << 22)):
+        a = torch.ones(n, device=torch.device("cuda", dev.index))
+        ip = Interposer(dev, cap=2)
+
+        def loop(count: int, a=a) -> float:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(count):
+                a.add_(1)
+            torch.cuda.synchronize()
+            return time.perf_counter() - t0
+        loop(20)
+        with ip:  # the first block learns the kernel
+            loop(20)
+        plain = min(loop(launches) for _ in range(3))
+        with ip:
+            shaped = min(loop(launches) for _ in range(3))
+        ip.close()
+        out[label] = {"plain_us": plain / launches * 1e6, "interposed_us": shaped / launches * 1e6,
+                      "added_us": (shaped - plain) / launches * 1e6, "padded": sum(ip.report()["padded"].values())}
+    return out
+
+
+def is_nccl(name: str) -> bool:
+    """An NCCL kernel by its CUPTI name, mangled ("_Z32ncclDevKernel_...") or not."""
+    return "ncclDevKernel" in name[:48] or "ncclKernel" in name[:48]
+
+
+def finish(torch: Any) -> None:
+    """Wait for the current stream (a green context's too, which a device-wide sync of torch's
+    context does not cover) and then the whole device."""
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    torch.cuda.synchronize()
