@@ -3,9 +3,9 @@ it gains (the best step any overlap policy could reach, how much of torch's comp
 an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost per launch.
 
 - :func:`phases`: when, in a step of compute alone, the first bucket's gradients are all ready,
-  backward ends and the optimizer ends (median over steps, CUDA events).
+  backward ends and the optimizer ends (the shortest over steps run back to back, CUDA events).
 - :func:`bound`: a step cannot be shorter than the time to the first full bucket, plus every
-  all-reduce back to back at its fastest channel setting, plus the optimizer (which needs every
+  all-reduce back to back at the fastest channel setting measured, plus the optimizer (which needs every
   reduced gradient), nor than compute alone. Against torch's default it says what any policy
   that keeps DDP's order (buckets as they fill, the optimizer after) could save at most.
 - :func:`sharing`: each compute kernel's footprint (CUPTI) against one NCCL block's
@@ -16,7 +16,6 @@ an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost p
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
@@ -25,24 +24,31 @@ from ..errors import ShimrtError
 from ..occupancy import Footprint, coresident
 
 
-def phases(torch: Any, trainer: Any, steps: int = 3) -> dict:
-    """Median ms from a compute-alone step's start to its first full bucket ("first bucket"),
-    to the end of backward ("backward") and to its end ("end"), over ``steps`` steps."""
-    seen: dict = {}
-    trainer.marks = {}
+def phases(torch: Any, trainer: Any, steps: int = 5) -> dict:
+    """The shortest ms, over ``steps`` compute-alone steps run back to back (the host queueing
+    ahead, as in a timed run), from a step's start to its first full bucket ("first bucket"),
+    to the end of backward ("backward") and to its end ("end"): the least each phase needs."""
+    steps_marks = []
     try:
         for _ in range(steps):
+            trainer.marks = {}
             trainer.step(None)
-            for k, v in trainer.phases().items():
-                seen.setdefault(k, []).append(v)
+            steps_marks.append(trainer.marks)
+        trainer.phases()  # waits for the last step, and says which mark is missing
     finally:
         trainer.marks = None
-    return {k: statistics.median(v) for k, v in seen.items()}
+    seen: dict = {}
+    for marks in steps_marks[1:] or steps_marks:  # the first starts on an idle GPU, its host behind
+        for k, e in marks.items():
+            if k != "start":
+                seen.setdefault(k, []).append(marks["start"].elapsed_time(e))
+    return {k: min(v) for k, v in seen.items()}
 
 
 def bound(phase_ms: dict, compute_ms: float, comm_ms: dict) -> dict:
     """The shortest step a policy keeping DDP's order could reach (see the module docstring):
-    ``comm_ms`` maps a channel setting (str) to the all-reduces' time alone."""
+    ``comm_ms`` maps each channel setting measured (str) to the all-reduces' time alone; the
+    fastest of those is taken (a setting not measured might be faster still)."""
     fastest = min(comm_ms, key=comm_ms.get)
     optimizer = max(0.0, phase_ms["end"] - phase_ms["backward"])
     ms = max(compute_ms, phase_ms["first bucket"] + comm_ms[fastest] + optimizer)

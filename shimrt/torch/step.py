@@ -33,8 +33,8 @@ class Policy:
     """How a step overlaps its all-reduces (see the module's docstring). ``partition`` and
     ``carveout`` are SMs kept from torch's compute (NCCL's channels belong there: ``ctas`` per
     rank); ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
-    carveout holds only while all-reduces run (from a step's first bucket to the end of backward),
-    so forward and the optimizer keep every SM."""
+    carveout holds only while all-reduces run (from a step's first bucket until the step waits for
+    them after backward), so forward and the optimizer keep every SM."""
 
     name: str
     overlap: bool = True
@@ -176,14 +176,18 @@ class NcclBuckets:
     def join(self, stream: Any) -> None:
         """Torch stream ``stream`` waits for every all-reduce launched so far (work queued on it
         after this no longer runs beside them: ``beside``'s context is left)."""
-        self._running = False
-        self._held.close()
+        self.release()
         for ts in self.torch_streams:
             stream.wait_stream(ts)
 
+    def release(self) -> None:
+        """Leave ``beside``'s context if it is held (a step that failed before its join)."""
+        self._running = False
+        self._held.close()
+
     def close(self, timeout: float = 120.0) -> None:
         """Wait (at most ``timeout`` s per stream: ShimrtError says a collective is stuck) and close."""
-        self._held.close()
+        self.release()
         for s in self.streams:
             s.synchronize(timeout)
             s.close()
@@ -240,8 +244,12 @@ class Trainer:
     def phases(self) -> dict:
         """ms from the last step's start to its first full bucket, to the end of backward, and to
         the end (after the optimizer), once its events are done; needs ``marks = {}`` before it."""
-        if not self.marks or len(self.marks) < 4:
+        if self.marks is None:
             raise UsageError("phases() needs trainer.marks = {} before a step")
+        missing = [k for k in ("start", "first bucket", "backward", "end") if k not in self.marks]
+        if missing:
+            raise UsageError(f"the last step has no {', '.join(missing)} mark (\"first bucket\": no bucket had every "
+                             "parameter's gradient)")
         self.marks["end"].synchronize()
         start = self.marks["start"]
         return {k: start.elapsed_time(e) for k, e in self.marks.items() if k != "start"}
@@ -263,19 +271,25 @@ class Trainer:
             self.marks.clear()
         self._mark("start")
         self.buckets.zero()
-        loss = self.model(*self.batch)
-        loss.backward()
-        self._mark("backward")
-        if not self._views_checked:
-            self.buckets.check_views()
-            self._views_checked = True
-        if comm is not None:
-            # Sequential: every bucket now. Overlapped: any bucket a parameter without a gradient
-            # kept from filling (its zeros are all-reduced all the same, so ranks stay in step).
-            for i, launched in enumerate(self._launched):
-                if not launched:
-                    self._launch(i)
-            comm.join(torch.cuda.current_stream())
+        try:
+            loss = self.model(*self.batch)
+            loss.backward()
+            self._mark("backward")
+            if not self._views_checked:
+                self.buckets.check_views()
+                self._views_checked = True
+            if comm is not None:
+                # Sequential: every bucket now. Overlapped: any bucket a parameter without a gradient
+                # kept from filling (its zeros are all-reduced all the same, so ranks stay in step).
+                for i, launched in enumerate(self._launched):
+                    if not launched:
+                        self._launch(i)
+                comm.join(torch.cuda.current_stream())
+        except BaseException:
+            if comm is not None:  # what the all-reduces held beside compute (a carveout) ends with the step
+                comm.release()
+            self._comm = None
+            raise
         self.optimizer.step()
         self._mark("end")
         self._comm = None

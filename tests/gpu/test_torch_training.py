@@ -138,3 +138,28 @@ def test_a_windowed_carveout_holds_only_while_all_reduces_run(setup):
         assert all(torch.equal(g, w) for g, w in zip(buckets.flats, want, strict=True))
     finally:
         comm.close()
+
+
+def test_a_step_that_fails_in_backward_leaves_no_carveout_behind(setup):
+    """An error after the first bucket's all-reduce (here a hook of the last gradient raising)
+    ends the windowed carveout with the step, not with the next join."""
+    from shimrt.torch import sm_carveout
+    from shimrt.torch.step import NcclBuckets
+    torch, comms, buckets, trainer = setup
+    getter = getattr(torch._C, "_get_sm_carveout_experimental", None)
+    if getter is None:
+        pytest.skip(f"torch {torch.__version__} has no SM carveout")
+    comm = NcclBuckets(comms, buckets, "high", beside=lambda: sm_carveout(32))
+
+    def fail(param):
+        assert getter() == 32  # the earlier buckets' all-reduces hold it
+        raise RuntimeError("a hook failed")
+    handle = buckets.params[-1].register_post_accumulate_grad_hook(fail)  # the last gradient backward makes
+    try:
+        trainer.reset()
+        with pytest.raises(RuntimeError, match="a hook failed"):
+            trainer.step(comm)
+        assert getter() is None
+    finally:
+        handle.remove()
+        comm.close()
