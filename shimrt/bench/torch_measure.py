@@ -5,9 +5,11 @@ an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost p
 - :func:`phases`: when, in a step of compute alone, the first bucket's gradients are all ready,
   backward ends and the optimizer ends (the shortest over steps run back to back, CUDA events).
 - :func:`bound`: a step cannot be shorter than the time to the first full bucket, plus every
-  all-reduce back to back at the fastest channel setting measured, plus the optimizer (which needs every
-  reduced gradient), nor than compute alone. Against torch's default it says what any policy
-  that keeps DDP's order (buckets as they fill, the optimizer after) could save at most.
+  all-reduce back to back at the fastest channel setting measured, plus the optimizer (which
+  needs every reduced gradient), nor than compute alone; nor, where NCCL's blocks and compute
+  never share an SM, than the same with the rest of backward and the all-reduces' SM time in
+  between. Against torch's default it says what any policy that keeps DDP's order (buckets as
+  they fill, the optimizer after) could save at most.
 - :func:`sharing`: each compute kernel's footprint (CUPTI) against one NCCL block's
   (:func:`shimrt.occupancy.coresident`): the share of compute time in kernels none of whose
   blocks fit on an SM that hosts an NCCL block. Those kernels and NCCL take turns on an SM;
@@ -45,15 +47,26 @@ def phases(torch: Any, trainer: Any, steps: int = 5) -> dict:
     return {k: min(v) for k, v in seen.items()}
 
 
-def bound(phase_ms: dict, compute_ms: float, comm_ms: dict) -> dict:
+def bound(phase_ms: dict, compute_ms: float, comm_ms: dict, blocks: dict | None = None, sms: int = 0) -> dict:
     """The shortest step a policy keeping DDP's order could reach (see the module docstring):
     ``comm_ms`` maps each channel setting measured (str) to the all-reduces' time alone; the
-    fastest of those is taken (a setting not measured might be faster still)."""
+    fastest of those is taken (a setting not measured might be faster still).
+
+    With ``blocks`` (setting -> NCCL blocks on this GPU) and ``sms``, also "exclusive_ms": the
+    same if NCCL's blocks never share an SM with compute and compute fills every SM it has. From
+    the first full bucket on, the rest of backward and the all-reduces then need the GPU for the
+    rest of backward plus blocks x time / SMs, and at least the all-reduces' own time."""
     fastest = min(comm_ms, key=comm_ms.get)
-    optimizer = max(0.0, phase_ms["end"] - phase_ms["backward"])
-    ms = max(compute_ms, phase_ms["first bucket"] + comm_ms[fastest] + optimizer)
-    return {"ms": ms, "first_bucket_ms": phase_ms["first bucket"], "comm_ms": comm_ms[fastest],
-            "channels": fastest, "optimizer_ms": optimizer}
+    first, backward = phase_ms["first bucket"], phase_ms["backward"]
+    optimizer = max(0.0, phase_ms["end"] - backward)
+    out = {"ms": max(compute_ms, first + comm_ms[fastest] + optimizer), "first_bucket_ms": first,
+           "comm_ms": comm_ms[fastest], "channels": fastest, "optimizer_ms": optimizer}
+    shared = {k: max(t, backward - first + blocks[k] * t / sms) for k, t in comm_ms.items() if k in (blocks or {})}
+    if shared and sms > 0:
+        best = min(shared, key=shared.get)
+        out.update(exclusive_ms=max(compute_ms, first + shared[best] + optimizer), exclusive_channels=best,
+                   exclusive_blocks=blocks[best])
+    return out
 
 
 def sharing(target: Any, records: list, nccl: Footprint) -> dict:

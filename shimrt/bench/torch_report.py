@@ -46,12 +46,16 @@ def report(name: str, r: dict) -> str:
                      f"{n['channels_per_rank']})")
     if "bound" in r and base_name in ran:
         b, base = r["bound"], ran[base_name]["step_ms"]
-        channels = "NCCL's own channels" if b["channels"] == "None" else f"{b['channels']} channels/rank"
         lines.append(f"   bound: no policy keeping DDP's order beats {b['ms']:.2f} ms here (first bucket full at "
                      f"{b['first_bucket_ms']:.2f} ms + every all-reduce back to back at its fastest, "
-                     f"{b['comm_ms']:.2f} ms with {channels}, + the optimizer's {b['optimizer_ms']:.2f} ms): at most "
+                     f"{b['comm_ms']:.2f} ms with {_channels(b['channels'])}, + the optimizer's "
+                     f"{b['optimizer_ms']:.2f} ms): at most "
                      f"{1 - b['ms'] / base:.1%} below {base_name} ({base:.2f} ms; 20% below would be "
                      f"{0.8 * base:.2f} ms)")
+        if "exclusive_ms" in b:
+            lines.append(f"   bound if NCCL's blocks never share an SM with compute: {b['exclusive_ms']:.2f} ms "
+                         f"({_channels(b['exclusive_channels'])}, {b['exclusive_blocks']} blocks on this GPU): at most "
+                         f"{1 - b['exclusive_ms'] / base:.1%} below {base_name}")
     if r.get("sharing"):
         sh, top = r["sharing"], r["sharing"]["top_exclusive"]
         lines.append(f"   sharing: {sh['exclusive_share']:.0%} of compute time is in kernels no block of which fits "
@@ -86,3 +90,8 @@ def report(name: str, r: dict) -> str:
                      f"{auto['step_ms'] / fixed[best]['step_ms']:.3f}x the best fixed ({best}), "
                      f"{1 - auto['step_ms'] / ran[base_name]['step_ms']:+.1%} step time against {base_name}")
     return "\n".join(lines)
+
+
+def _channels(setting: str) -> str:
+    """A channel setting as bench torch keys it ("None": NCCL's own choice)."""
+    return "NCCL's own channels" if setting == "None" else f"{setting} channels/rank"

@@ -246,7 +246,6 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
         with dev.record_kernels() as rec:
             _comm_alone(torch, comm_of(natural), buckets, repeats=0)
         nccl = [k for k in rec.kernels if is_nccl(k["name"])]
-        result["bound"] = torch_measure.bound(torch_measure.phases(torch, trainer), compute_ms, result["comm_ms"])
         if nccl:
             channels, footprint = channels_and_footprint(nccl[0])
             result["nccl"] = {"kernel": footprint.name, "channels_per_rank": channels,
@@ -259,6 +258,12 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                 finish(torch)
             result["sharing"] = torch_measure.sharing(dev.target, [k for k in rec.kernels if not is_nccl(k["name"])],
                                                     footprint)
+        # NCCL's blocks on this GPU per channel setting: one per channel per rank.
+        blocks = {str(k): k * ranks_per_gpu for k in comm_ms if k is not None}
+        if "nccl" in result:
+            blocks["None"] = result["nccl"]["blocks_on_this_gpu"]
+        result["bound"] = torch_measure.bound(torch_measure.phases(torch, trainer), compute_ms, result["comm_ms"],
+                                              blocks, dev.target.num_sms)
         reference = None
         for p in fixed + (["auto"] if "auto" in args.policies else []):
             key = p if isinstance(p, str) else p.name
