@@ -27,6 +27,23 @@ def device():
 
 
 @pytest.fixture
+def partition16(device):
+    """(a 16-SM split of ``device``, the rest, a stream of the rest), closed after the test;
+    skipped where the driver has no SM partitions (green contexts)."""
+    import shimrt
+    try:
+        kept, rest = device.partition(16)
+    except shimrt.ShimrtError as exc:
+        pytest.skip(f"no SM partition here: {exc}")
+    s = rest.stream()
+    yield kept, rest, s
+    device.activate()
+    s.close()
+    kept.close()
+    rest.close()
+
+
+@pytest.fixture
 def rng():
     import numpy as np
     return np.random.default_rng()

@@ -126,25 +126,16 @@ def test_the_interposer_caps_torch_kernels_from_the_second_step_on(device, torch
     assert all(r["dynamic_smem"] == 0 for r in _gelu_records(rec.kernels))
 
 
-def test_torch_runs_on_a_partition_stream_and_leaves_cublas_sms_free(device, torch_gelu):
+def test_torch_runs_on_a_partition_stream_and_leaves_cublas_sms_free(device, torch_gelu, partition16):
     """A green context's stream as torch's stream: torch's kernels run there and give the same
     result; the cuBLAS carveout is set inside its block and restored after."""
     import shimrt.torch as st
     torch, x, ref = torch_gelu
-    try:
-        comm_part, compute_part = device.partition(16)
-    except Exception as exc:  # noqa: BLE001 - a driver without green contexts
-        pytest.skip(f"no SM partition here: {exc}")
-    s = compute_part.stream()
-    try:
-        with torch.cuda.stream(st.stream(s)):
-            y = torch.nn.functional.gelu(x)
-        s.synchronize(30)
-        assert torch.equal(y, ref)
-    finally:
-        s.close()
-        comm_part.close()
-        compute_part.close()
+    s = partition16[2]
+    with torch.cuda.stream(st.stream(s)):
+        y = torch.nn.functional.gelu(x)
+    s.synchronize(30)
+    assert torch.equal(y, ref)
     before, blas = torch._C._get_sm_carveout_experimental(), torch.backends.cuda.preferred_blas_library()
     with st.sm_carveout(16):
         assert torch._C._get_sm_carveout_experimental() == 16

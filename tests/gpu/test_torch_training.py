@@ -60,16 +60,12 @@ def test_an_overlapped_step_all_reduces_every_bucket_and_keeps_rank0s_gradients(
         comm.close()
 
 
-def test_a_step_on_a_partition_gives_the_same_loss(setup, device):
+def test_a_step_on_a_partition_gives_the_same_loss(setup, partition16):
     from shimrt.torch.step import NcclBuckets, Policy, compute_context
     torch, comms, buckets, trainer = setup
     trainer.reset()
     want = trainer.step(None)
-    try:
-        kept, rest = device.partition(16)
-    except ShimrtError as exc:
-        pytest.skip(f"no SM partition here: {exc}")
-    s = rest.stream()
+    s = partition16[2]
     comm = NcclBuckets(comms, buckets, "high")
     try:
         with compute_context(Policy("p", partition=16, ctas=8), partition_stream=s):
@@ -80,9 +76,6 @@ def test_a_step_on_a_partition_gives_the_same_loss(setup, device):
         assert torch.allclose(loss.float(), want.float(), rtol=1e-2), (loss, want)
     finally:
         comm.close()
-        s.close()
-        kept.close()
-        rest.close()
 
 
 def test_a_torch_process_group_on_high_priority_streams_all_reduces(device):
