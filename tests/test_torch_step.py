@@ -47,6 +47,16 @@ def test_bad_policies_are_refused(fields, message):
         Policy("p", **fields)
 
 
+@pytest.mark.parametrize("fields, message", [
+    (dict(priority="urgent"), "priority must be one of"),
+    (dict(beside=48), "beside must be a function giving a context manager, or None, not 48"),
+])
+def test_bad_nccl_bucket_options_are_refused_before_anything_is_made(fields, message):
+    from shimrt.torch.step import NcclBuckets
+    with pytest.raises(UsageError, match=message):
+        NcclBuckets([], None, **fields)
+
+
 def test_the_policies_keep_one_nccl_block_per_kept_sm():
     fixed = torch_step.policies([16, 32], ranks_per_gpu=2)
     names = [p.name for p in fixed]
@@ -102,7 +112,8 @@ def test_bad_bench_torch_options_are_refused(capsys):
     from shimrt.bench.__main__ import main
     for argv, needle in ((["--configs", "huge"], "--configs"), (["--sms", "1"], "--sms"),
                          (["--steps", "0"], "--steps"), (["--local-ranks", "1"], "--local-ranks"),
-                         (["--policies", "sequential,fast"], "--policies"), (["--timeout", "0"], "--timeout")):
+                         (["--policies", "sequential,fast"], "--policies"), (["--timeout", "0"], "--timeout"),
+                         (["--width", "32"], "--width"), (["--layers", "0"], "--layers")):
         assert main(["torch", *argv]) == 2
         err = capsys.readouterr().err
         assert f"argument {needle}" in err and "Traceback" not in err
@@ -127,8 +138,8 @@ def test_the_bound_adds_the_first_bucket_the_fastest_all_reduces_and_the_optimiz
 
 
 def _record(name, threads, registers, smem, us):
-    return {"name": name, "block_x": threads, "block_y": 1, "block_z": 1, "registers": registers, "static_smem": smem,
-            "dynamic_smem": 0, "start": 0, "end": int(us * 1e3)}
+    return {"name": name, "grid_x": 132, "grid_y": 1, "grid_z": 1, "block_x": threads, "block_y": 1, "block_z": 1,
+            "registers": registers, "static_smem": smem, "dynamic_smem": 0, "start": 0, "end": int(us * 1e3)}
 
 
 def test_sharing_counts_compute_time_in_kernels_that_cannot_sit_beside_an_nccl_block():

@@ -36,15 +36,11 @@ def phases(torch: Any, trainer: Any, steps: int = 5) -> dict:
             trainer.marks = {}
             trainer.step(None)
             steps_marks.append(trainer.marks)
-        trainer.phases()  # waits for the last step, and says which mark is missing
     finally:
         trainer.marks = None
-    seen: dict = {}
-    for marks in steps_marks[1:] or steps_marks:  # the first starts on an idle GPU, its host behind
-        for k, e in marks.items():
-            if k != "start":
-                seen.setdefault(k, []).append(marks["start"].elapsed_time(e))
-    return {k: min(v) for k, v in seen.items()}
+    # The first step starts on an idle GPU with its host behind: left out where there are more.
+    seen = [trainer.phases(marks) for marks in steps_marks[1:] or steps_marks]
+    return {k: min(p[k] for p in seen) for k in seen[0]}
 
 
 def bound(phase_ms: dict, compute_ms: float, comm_ms: dict, blocks: dict | None = None, sms: int = 0) -> dict:
@@ -73,14 +69,16 @@ def sharing(target: Any, records: list, nccl: Footprint) -> dict:
     """Of the compute kernels in ``records`` (CUPTI, NCCL's left out by the caller): their time
     in all, the share of it in kernels no block of which fits beside one ``nccl`` block, and the
     longest-running such kernel with its footprint."""
-    total, alone, worst = 0.0, 0.0, {}
+    from ..overlap.collective import channels_and_footprint
+    total, alone = 0.0, 0.0
+    exclusive: dict = {}  # name -> (us in all, its footprint as (threads, registers, smem))
     fits: dict = {}
     for k in records:
-        threads = k["block_x"] * k["block_y"] * k["block_z"]
-        key = (threads, k["registers"], max(k["static_smem"], 0) + max(k["dynamic_smem"], 0))
+        _, fp = channels_and_footprint(k)  # a CUPTI record's footprint, whatever kernel it is
+        key = (fp.threads, fp.registers, fp.static_smem + fp.dynamic_smem)
         if key not in fits:
             try:
-                fits[key] = coresident(target, {"registers": key[1], "static_smem": key[2]}, threads, nccl)
+                fits[key] = coresident(target, {"registers": key[1], "static_smem": key[2]}, key[0], nccl)
             except ShimrtError:  # a footprint the model cannot place beside NCCL at all
                 fits[key] = 0
         us = (k["end"] - k["start"]) / 1e3
@@ -88,12 +86,12 @@ def sharing(target: Any, records: list, nccl: Footprint) -> dict:
         if fits[key] == 0:
             alone += us
             name = k["name"][:60]
-            worst[name] = worst.get(name, (0.0, key))
-            worst[name] = (worst[name][0] + us, key)
-    top = max(worst.items(), key=lambda kv: kv[1][0]) if worst else None
+            exclusive[name] = (exclusive.get(name, (0.0,))[0] + us, key)
+    top = max(exclusive, key=lambda n: exclusive[n][0], default=None)
     return {"compute_us": total, "exclusive_share": alone / total if total else 0.0,
-            "top_exclusive": None if top is None else {"name": top[0], "us": top[1][0], "threads": top[1][1][0],
-                                                       "registers": top[1][1][1], "smem": top[1][1][2]}}
+            "top_exclusive": None if top is None else dict(zip(("name", "us", "threads", "registers", "smem"),
+                                                               (top, exclusive[top][0], *exclusive[top][1]),
+                                                               strict=True))}
 
 
 def timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -> list:

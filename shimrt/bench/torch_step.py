@@ -300,7 +300,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                 reference = (losses, grads)
                 if repeat is not None:
                     _, again, again_grads = repeat
-                    same_losses, loss_diff = _same(torch, [again[:len(losses)]], [losses[:len(again)]])
+                    same_losses, loss_diff = _same(torch, [again], [losses[:len(again)]])  # warm-up + 1 step
                     same_grads, grad_diff = _same(torch, again_grads, grads)
                     result["reference_repeat"] = {"losses_bitwise": same_losses, "loss_max_diff": loss_diff,
                                                   "grads_bitwise": same_grads, "grad_max_diff": grad_diff}

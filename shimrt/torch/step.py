@@ -136,10 +136,10 @@ class NcclBuckets:
 
     def __init__(self, comms: list, buckets: GradientBuckets, priority: str = "high",
                  beside: Callable[[], ContextManager[Any]] | None = None):
-        import torch
         validate.one_of(priority, "priority", PRIORITIES)
         if beside is not None and not callable(beside):
             raise UsageError(f"beside must be a function giving a context manager, or None, not {beside!r:.100}")
+        import torch
         self.comms, self.priority, self.beside = list(comms), priority, beside
         self._held = contextlib.ExitStack()
         self._running = False
@@ -241,18 +241,19 @@ class Trainer:
             self.marks[name] = torch.cuda.Event(enable_timing=True)
             self.marks[name].record(torch.cuda.current_stream())
 
-    def phases(self) -> dict:
-        """ms from the last step's start to its first full bucket, to the end of backward, and to
-        the end (after the optimizer), once its events are done; needs ``marks = {}`` before it."""
-        if self.marks is None:
+    def phases(self, marks: dict | None = None) -> dict:
+        """ms from a step's start to its first full bucket, to the end of backward, and to the end
+        (after the optimizer), once its events are done: of ``marks`` (a step's, kept from
+        :attr:`marks`), else of the last step; needs ``marks = {}`` before the step."""
+        marks = self.marks if marks is None else marks
+        if marks is None:
             raise UsageError("phases() needs trainer.marks = {} before a step")
-        missing = [k for k in ("start", "first bucket", "backward", "end") if k not in self.marks]
+        missing = [k for k in ("start", "first bucket", "backward", "end") if k not in marks]
         if missing:
-            raise UsageError(f"the last step has no {', '.join(missing)} mark (\"first bucket\": no bucket had every "
+            raise UsageError(f"the step has no {', '.join(missing)} mark (\"first bucket\": no bucket had every "
                              "parameter's gradient)")
-        self.marks["end"].synchronize()
-        start = self.marks["start"]
-        return {k: start.elapsed_time(e) for k, e in self.marks.items() if k != "start"}
+        marks["end"].synchronize()
+        return {k: marks["start"].elapsed_time(e) for k, e in marks.items() if k != "start"}
 
     def _launch(self, i: int) -> None:
         import torch
@@ -288,11 +289,11 @@ class Trainer:
         except BaseException:
             if comm is not None:  # what the all-reduces held beside compute (a carveout) ends with the step
                 comm.release()
-            self._comm = None
             raise
+        finally:
+            self._comm = None  # no hook launches anything after backward
         self.optimizer.step()
         self._mark("end")
-        self._comm = None
         return loss.detach()
 
 
