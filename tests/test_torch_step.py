@@ -178,3 +178,30 @@ def test_the_exclusive_bound_adds_the_all_reduces_sm_time_to_the_rest_of_backwar
                                  "policies": {"torch default": e}})
     assert "bound if NCCL's blocks never share an SM with compute: 13.27 ms (24 channels/rank, 48 blocks on " \
            "this GPU): at most 18.8% below torch default" in text
+
+
+def test_overlap_share_is_the_hidden_part_of_the_shorter_work():
+    from shimrt.bench.torch_measure import overlap_share
+    assert overlap_share(4.0, 10.0, 10.0) == 1.0  # the longer's time: the shorter wholly hidden
+    assert overlap_share(4.0, 10.0, 14.0) == 0.0  # their sum: one after the other
+    assert overlap_share(10.0, 4.0, 12.0) == 0.5
+    assert overlap_share(4.0, 10.0, 16.0) == -0.5  # slower together than one after the other
+
+
+def test_the_report_gives_the_contention_measured_or_why_not():
+    from shimrt.bench.torch_measure import overlap_share
+    from shimrt.bench.torch_report import report
+    # The H200 probe (run 16): all-reduces of 2 ranks, 24 channels/rank, torch on the other 84 SMs.
+    contention = {"sms_kept": 48, "channels": 24}
+    for name, alone, together in (("copy", 10.85, 19.03), ("gemm", 9.95, 13.68)):
+        contention[name] = {"count": 1, "alone_ms": alone, "comm_ms": 10.79, "together_ms": together,
+                            "overlap": overlap_share(alone, 10.79, together)}
+    e = dict(policy="p", choice="c", step_ms=16.33, compute_slowdown=1.0, comm_hidden=0.1, losses_bitwise=True,
+             loss_max_diff=0.0, grads_bitwise=True, grad_max_diff=0.0)
+    r = {"model": {"parameters": 1.07e9, "tokens": 256}, "gradient_bytes": 2 << 30, "buckets": 23,
+         "compute_ms": 11.07, "comm_ms": {"None": 6.19}, "policies": {"torch default": e}, "contention": contention}
+    assert "contention: beside the all-reduces alone (24 channels/rank), work on SMs they never share (torch on a " \
+           "partition leaving them 48 SMs) hid 24% of the shorter for a memory-bound copy and 71% for a " \
+           "compute-bound GEMM" in report("comm-heavy", r)
+    r["contention"] = {"error": "DriverError: CUDA_ERROR_NOT_SUPPORTED"}
+    assert "contention: not measured (DriverError: CUDA_ERROR_NOT_SUPPORTED)" in report("comm-heavy", r)

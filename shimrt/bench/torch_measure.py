@@ -14,6 +14,10 @@ an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost p
   (:func:`shimrt.occupancy.coresident`): the share of compute time in kernels none of whose
   blocks fit on an SM that hosts an NCCL block. Those kernels and NCCL take turns on an SM;
   a kernel that fits can run beside it.
+- :func:`contention`: the all-reduces beside work that never shares their SMs (torch on an SM
+  partition of the rest): a memory-bound copy and a compute-bound GEMM, each about as long as
+  the all-reduces. What of the shorter each hides (:func:`overlap_share`) says which of the
+  GPU's resources the all-reduces compete for beyond SMs: with ranks sharing one GPU, its memory.
 """
 
 from __future__ import annotations
@@ -92,6 +96,79 @@ def sharing(target: Any, records: list, nccl: Footprint) -> dict:
             "top_exclusive": None if top is None else dict(zip(("name", "us", "threads", "registers", "smem"),
                                                                (top, exclusive[top][0], *exclusive[top][1]),
                                                                strict=True))}
+
+
+def _round_ms(torch: Any, comm: Any, buckets: Any, work: Any = None, stream: Any = None) -> float:
+    """ms, on the GPU's clock, for every bucket's all-reduce through ``comm`` (None: none) beside
+    ``work()`` (None: none) queued on torch stream ``stream``, from one start until both are done.
+    The current stream first spins about 2 ms (where torch can: ``torch.cuda._sleep``) so that
+    the host has queued every launch before the clock starts: the time is the GPU's, not the
+    host's."""
+    main = torch.cuda.current_stream()
+    start, end, ready = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                         torch.cuda.Event())
+    spin = getattr(torch.cuda, "_sleep", None)
+    if spin is not None:
+        spin(4_000_000)  # GPU clock cycles: about 2 ms on the H200
+    start.record(main)
+    ready.record(main)
+    if work is not None:
+        stream.wait_event(ready)
+        with torch.cuda.stream(stream):
+            work()
+        main.wait_stream(stream)
+    if comm is not None:
+        for i in range(len(buckets.flats)):
+            comm.launch(i, ready)
+        comm.join(main)
+    end.record(main)
+    finish(torch)
+    return start.elapsed_time(end)
+
+
+def comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
+    """ms for every bucket's all-reduce back to back, with no compute: the median of
+    ``repeats`` rounds after one that warms up (where there are more)."""
+    times = [_round_ms(torch, comm, buckets) for _ in range(repeats + 1)]
+    timed = sorted(times[1:] or times)
+    return timed[len(timed) // 2]
+
+
+def overlap_share(alone_ms: float, comm_ms: float, together_ms: float) -> float:
+    """The share of the shorter of two pieces of work hidden when they run together: 1 when
+    together takes the longer's time, 0 when it takes their sum (below 0: they slow each other
+    down more than running one after the other would)."""
+    return (alone_ms + comm_ms - together_ms) / min(alone_ms, comm_ms)
+
+
+def contention(torch: Any, comm: Any, buckets: Any, stream: Any, repeats: int = 3) -> dict:
+    """Every bucket's all-reduce through ``comm`` (an NcclBuckets) alone, and beside a 512 MiB
+    copy and beside an 8192^3 bf16 GEMM, each repeated to about the all-reduces' time, on torch
+    stream ``stream`` (a partition's that leaves NCCL's SMs alone). Per work: its count, ms
+    alone, the all-reduces' ms alone, ms together (each the shortest of ``repeats`` rounds after
+    one that warms up) and :func:`overlap_share`."""
+    device = buckets.flats[0].device
+    a = torch.ones(256 << 20, dtype=torch.bfloat16, device=device)
+    b = torch.empty_like(a)
+    m = torch.ones(8192, 8192, dtype=torch.bfloat16, device=device)
+    product = torch.empty_like(m)
+    works = {"copy": lambda: b.copy_(a), "gemm": lambda: torch.mm(m, m, out=product)}
+
+    def shortest(work: Any, count: int, with_comm: bool) -> float:
+        def repeated() -> None:
+            for _ in range(count):
+                work()
+        times = [_round_ms(torch, comm if with_comm else None, buckets, repeated, stream) for _ in range(repeats + 1)]
+        return min(times[1:])
+
+    comm_ms = min(_round_ms(torch, comm, buckets) for _ in range(repeats + 1))
+    out = {}
+    for name, work in works.items():
+        count = max(1, round(comm_ms / shortest(work, 1, False)))
+        alone, together = shortest(work, count, False), shortest(work, count, True)
+        out[name] = {"count": count, "alone_ms": alone, "comm_ms": comm_ms, "together_ms": together,
+                     "overlap": overlap_share(alone, comm_ms, together)}
+    return out
 
 
 def timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -> list:

@@ -62,6 +62,14 @@ def report(name: str, r: dict) -> str:
                      "on an SM beside an NCCL block" + ("" if top is None else
                      f" (most: {top['name'][:40]}, {top['threads']} threads x {top['registers']} registers, "
                      f"{top['smem']} B smem)"))
+    if r.get("contention"):
+        c = r["contention"]
+        lines.append("   contention: not measured (" + c["error"] + ")" if "error" in c else
+                     f"   contention: beside the all-reduces alone ({c['channels']} channels/rank), work on SMs they "
+                     f"never share (torch on a partition leaving them {c['sms_kept']} SMs) hid "
+                     f"{c['copy']['overlap']:.0%} of the shorter for a memory-bound copy and "
+                     f"{c['gemm']['overlap']:.0%} for a compute-bound GEMM (100%: fully overlapped, 0%: one after "
+                     "the other)")
     lines.append(f"{'policy':25s} {'choice':60s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
                  f"{'slowdown':>8s}  losses/grads as {next(iter(ran), '-')}")
     for key, e in ran.items():

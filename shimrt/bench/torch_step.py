@@ -13,7 +13,8 @@ first add zeros, so the gradients stay rank 0's own, bit for bit. Policies:
   fastest kept; its tuning time is reported).
 Reported per configuration: step time, its ratio to torch's default, communication hidden, the
 compute's own slowdown under the policy, whether losses and gradients equal the sequential run's
-bit for bit; --json, and --plots for CUPTI timelines of one step per policy (PNG).
+bit for bit; and why it gains what it gains (:mod:`.torch_measure`: bounds, SM sharing, memory
+contention); --json, and --plots for CUPTI timelines of one step per policy (PNG).
 """
 
 from __future__ import annotations
@@ -164,28 +165,23 @@ def _timed(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int, step
     return statistics.median(per_step), torch.stack(losses), grads
 
 
-def _comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
-    """ms for every bucket's all-reduce back to back, with no compute. The stream first spins
-    about 2 ms (where torch can: ``torch.cuda._sleep``) so that the host has queued every launch
-    before the clock starts: the time is the GPU's, not the host's."""
-    ready = torch.cuda.Event()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    spin = getattr(torch.cuda, "_sleep", None)
-    times = []
-    for _ in range(repeats + 1):
-        stream = torch.cuda.current_stream()
-        if spin is not None:
-            spin(4_000_000)  # GPU clock cycles: about 2 ms on the H200
-        start.record(stream)
-        ready.record(stream)
-        for i in range(len(buckets.flats)):
-            comm.launch(i, ready)
-        comm.join(stream)
-        end.record(stream)
-        finish(torch)
-        times.append(start.elapsed_time(end))
-    timed = sorted(times[1:] or times)  # the first round warms up, where there are more
-    return timed[len(timed) // 2]
+def _contention(bench: _Bench, torch: Any, buckets: Any, comm_of: Any, comm_ms: dict, ranks_per_gpu: int,
+                sms: list) -> dict:
+    """:func:`torch_measure.contention` with NCCL at the fastest of --sms's channel settings and
+    torch on a partition of the other SMs; {"error": why} where it cannot run here (no green
+    contexts, no memory to spare)."""
+    from ..torch import stream as torch_stream
+    from ..torch.step import Policy
+    kept = min(sms, key=lambda k: comm_ms.get(max(1, k // ranks_per_gpu), float("inf")))
+    ctas = max(1, kept // ranks_per_gpu)
+    try:
+        stream = torch_stream(bench.partition_stream(kept))
+        out = torch_measure.contention(torch, comm_of(Policy("contention", ctas=ctas)), buckets, stream)
+    except (ShimrtError, RuntimeError) as exc:  # no green contexts here, no memory: the rest of the run goes on
+        if _fatal(exc):
+            raise
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"sms_kept": kept, "channels": ctas, **out}
 
 
 def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
@@ -241,10 +237,10 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
         natural = Policy("NCCL's own channels")  # the reference for comm alone, whatever policies run
         for p in [natural, *fixed]:
             if p.ctas not in comm_ms:
-                comm_ms[p.ctas] = _comm_alone(torch, comm_of(p), buckets)
+                comm_ms[p.ctas] = torch_measure.comm_alone(torch, comm_of(p), buckets)
         result["comm_ms"] = {str(k): v for k, v in comm_ms.items()}
         with dev.record_kernels() as rec:
-            _comm_alone(torch, comm_of(natural), buckets, repeats=0)
+            torch_measure.comm_alone(torch, comm_of(natural), buckets, repeats=0)
         nccl = [k for k in rec.kernels if is_nccl(k["name"])]
         if nccl:
             channels, footprint = channels_and_footprint(nccl[0])
@@ -264,6 +260,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             blocks["None"] = result["nccl"]["blocks_on_this_gpu"]
         result["bound"] = torch_measure.bound(torch_measure.phases(torch, trainer), compute_ms, result["comm_ms"],
                                               blocks, dev.target.num_sms)
+        result["contention"] = _contention(bench, torch, buckets, comm_of, comm_ms, ranks_per_gpu, args.sms)
         reference = None
         for p in fixed + (["auto"] if "auto" in args.policies else []):
             key = p if isinstance(p, str) else p.name

@@ -217,7 +217,9 @@ class Trainer:
 
     def _optimizer(self) -> Any:
         import torch
-        return torch.optim.SGD(self.model.parameters(), lr=self.lr, momentum=0.9, foreach=True)
+        # Fused: one pass over weights, gradients and momentum (run 16 on the H200: 3.56 ms for 1.08 G
+        # bf16 parameters against foreach's 5.34). It runs after the last all-reduce, never beside one.
+        return torch.optim.SGD(self.model.parameters(), lr=self.lr, momentum=0.9, fused=True)
 
     def reset(self) -> None:
         """Back to the initial weights, with a fresh optimizer: every policy starts alike."""
