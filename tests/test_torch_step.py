@@ -65,6 +65,9 @@ def test_the_policies_keep_one_nccl_block_per_kept_sm():
     by_name = {p.name: p for p in fixed}
     assert by_name["partition 32 SMs"].ctas == 16 and by_name["carveout 16 SMs"].ctas == 8
     assert torch_step.policies([16], ranks_per_gpu=1)[-1].ctas == 16
+    # NCCL takes at most 64 channels: more SMs kept than that still give 64 (one rank per GPU, 96 SMs).
+    assert torch_step.policies([96], ranks_per_gpu=1)[-1].ctas == 64
+    assert torch_step.policies([112], ranks_per_gpu=2)[-1].ctas == 56
     assert "cuBLAS leaves 16 SMs, NCCL 8 channels/rank" in by_name["carveout 16 SMs"].describe()
     assert [torch_step.kind(p) for p in fixed] == ["sequential", "torch-default", "ddp-high-priority", "shaping",
                                                    "shaping", "partition", "carveout", "windowed-carveout",

@@ -99,7 +99,7 @@ def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
     out = [Policy("sequential", overlap=False, priority="low"), Policy("torch default", priority="low"),
            Policy("DDP high priority", priority="high"), Policy("shaping N=2", cap=2), Policy("shaping N=1", cap=1)]
     for k in sms:
-        ctas = max(1, k // ranks_per_gpu)
+        ctas = max(1, min(64, k // ranks_per_gpu))  # NCCL takes at most 64 channels
         out += [Policy(f"partition {k} SMs", partition=k, ctas=ctas),
                 Policy(f"carveout {k} SMs", carveout=k, ctas=ctas),
                 Policy(f"windowed carveout {k} SMs", carveout=k, ctas=ctas, window=True)]
