@@ -140,6 +140,12 @@ class NcclBuckets:
         if beside is not None and not callable(beside):
             raise UsageError(f"beside must be a function giving a context manager, or None, not {beside!r:.100}")
         import torch
+        if not isinstance(comms, (list, tuple)) or not comms or not all(hasattr(c, "device") for c in comms):
+            raise UsageError(f"comms must be a non-empty list of Communicators, not {comms!r:.100}")
+        devices = [torch.device("cuda", c.device.index) for c in comms]
+        if devices[0] != buckets.flats[0].device:
+            raise UsageError(f"the first communicator (rank 0's) must be on the gradients' GPU, "
+                             f"{buckets.flats[0].device}, not {devices[0]}")
         self.comms, self.priority, self.beside = list(comms), priority, beside
         self._held = contextlib.ExitStack()
         self._running = False
@@ -147,11 +153,12 @@ class NcclBuckets:
         self.streams = [c.device.stream(priority) for c in self.comms]
         self.torch_streams = [torch_stream(s) for s in self.streams]
         largest = max(f.numel() for f in buckets.flats)
-        dtype, device = buckets.flats[0].dtype, buckets.flats[0].device
-        # Peers send zeros (never written) and receive into scratch: rank 0's sum is its own gradient.
+        dtype = buckets.flats[0].dtype
+        # Peers send zeros (never written) and receive into scratch, each on its own GPU (one rank
+        # per GPU, or several on one): rank 0's sum is its own gradient.
         #: per peer rank: (the zeros it sends, where it receives each bucket's sum)
-        self.peers = [(torch.zeros(largest, dtype=dtype, device=device),
-                       torch.empty(largest, dtype=dtype, device=device)) for _ in self.comms[1:]]
+        self.peers = [(torch.zeros(largest, dtype=dtype, device=d), torch.empty(largest, dtype=dtype, device=d))
+                      for d in devices[1:]]
         self._views: list = []
         self.calls = []  # per bucket: one function making every rank's call (a group of them)
         for flat in buckets.flats:
@@ -162,7 +169,8 @@ class NcclBuckets:
                 self._views.append((send, recv))  # prepared calls hold their pointers: keep them alive
                 calls.append(c.prepare("all_reduce", send, recv, stream=s))
             self.calls.append(calls[0] if len(calls) == 1 else nccl.prepare_group(*calls))
-        torch.cuda.synchronize(device)
+        for d in set(devices):  # the zeros are written before NCCL's streams read them
+            torch.cuda.synchronize(d)
 
     def launch(self, index: int, ready: Any) -> None:
         """Bucket ``index``'s all-reduce, once every rank's stream has reached event ``ready``."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shimrt import ShimrtError
+from shimrt import ShimrtError, UsageError
 
 
 @pytest.fixture
@@ -58,6 +58,14 @@ def test_an_overlapped_step_all_reduces_every_bucket_and_keeps_rank0s_gradients(
             assert torch.equal(comm.peers[0][1][: last.numel()], last)
     finally:
         comm.close()
+
+
+def test_nccl_buckets_refuse_no_communicators(setup):
+    from shimrt.torch.step import NcclBuckets
+    _, _, buckets, _ = setup
+    for bad in ([], None, [object()]):
+        with pytest.raises(UsageError, match="comms must be a non-empty list of Communicators"):
+            NcclBuckets(bad, buckets)
 
 
 def test_a_step_on_a_partition_gives_the_same_loss(setup, partition16):
