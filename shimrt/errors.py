@@ -7,6 +7,17 @@ class ShimrtError(Exception):
     """Base class of every error shimrt raises on purpose."""
 
 
+#: Vendor errors after which the context (CUDA) or device (HIP) is unusable until the process
+#: exits: a kernel faulted, and every later call fails with the same error.
+STICKY_ERRORS = frozenset({
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_LAUNCH_TIMEOUT", "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+    "hipErrorIllegalAddress", "hipErrorLaunchFailure", "hipErrorLaunchTimeOut", "hipErrorAssert",
+    "hipErrorECCNotCorrectable", "hipErrorContextIsDestroyed"})
+
+
 class DriverError(ShimrtError):
     """A vendor driver or runtime call failed.
 
@@ -17,6 +28,12 @@ class DriverError(ShimrtError):
     def __init__(self, call: str, name: str, code: int, description: str):
         self.call, self.name, self.code, self.description = call, name, code, description
         super().__init__(f"{call} failed: {name} ({code}): {description}")
+
+    @property
+    def sticky(self) -> bool:
+        """The context (device) is unusable from now on (:data:`STICKY_ERRORS`): nothing after
+        this error can be trusted, where an unsupported feature or a bad value leaves it sound."""
+        return self.name in STICKY_ERRORS
 
 
 class CompileError(ShimrtError):

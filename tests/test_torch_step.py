@@ -50,6 +50,7 @@ def test_bad_policies_are_refused(fields, message):
 @pytest.mark.parametrize("fields, message", [
     (dict(priority="urgent"), "priority must be one of"),
     (dict(beside=48), "beside must be a function giving a context manager, or None, not 48"),
+    (dict(), r"comms must be a non-empty list of Communicators, not \[\]"),
 ])
 def test_bad_nccl_bucket_options_are_refused_before_anything_is_made(fields, message):
     from shimrt.torch.step import NcclBuckets
@@ -189,6 +190,8 @@ def test_overlap_share_is_the_hidden_part_of_the_shorter_work():
     assert overlap_share(4.0, 10.0, 14.0) == 0.0  # their sum: one after the other
     assert overlap_share(10.0, 4.0, 12.0) == 0.5
     assert overlap_share(4.0, 10.0, 16.0) == -0.5  # slower together than one after the other
+    with pytest.raises(UsageError, match="alone_ms"):
+        overlap_share(0.0, 10.0, 10.0)
 
 
 def test_the_report_gives_the_contention_measured_or_why_not():
@@ -203,8 +206,60 @@ def test_the_report_gives_the_contention_measured_or_why_not():
              loss_max_diff=0.0, grads_bitwise=True, grad_max_diff=0.0)
     r = {"model": {"parameters": 1.07e9, "tokens": 256}, "gradient_bytes": 2 << 30, "buckets": 23,
          "compute_ms": 11.07, "comm_ms": {"None": 6.19}, "policies": {"torch default": e}, "contention": contention}
-    assert "contention: beside the all-reduces alone (24 channels/rank), work on SMs they never share (torch on a " \
-           "partition leaving them 48 SMs) hid 24% of the shorter for a memory-bound copy and 71% for a " \
-           "compute-bound GEMM" in report("comm-heavy", r)
+    assert "contention (torch kept off the 48 SMs left to NCCL's 24 channels/rank): all-reduces alone 10.79 ms; " \
+           "beside them a memory-bound copy 10.85 -> 19.03 ms together (24% overlap), a compute-bound GEMM " \
+           "9.95 -> 13.68 ms (71%)" in report("comm-heavy", r)
     r["contention"] = {"error": "DriverError: CUDA_ERROR_NOT_SUPPORTED"}
     assert "contention: not measured (DriverError: CUDA_ERROR_NOT_SUPPORTED)" in report("comm-heavy", r)
+
+
+def test_contention_runs_where_nccls_channels_were_fastest_alone():
+    comm_ms = {None: 6.06, 16: 7.40, 24: 5.97, 32: 5.24}
+    assert torch_step._fastest_kept([32, 48, 64], 2, comm_ms) == 64
+    assert torch_step._fastest_kept([32, 48], 2, comm_ms) == 48
+    assert torch_step._fastest_kept([32, 48], 2, {None: 6.06}) == 32  # none ran alone: the first
+    # Above 64 SMs per rank NCCL still has 64 channels: 96 SMs with one rank per GPU is 64's setting.
+    assert torch_step._fastest_kept([96], 1, {64: 5.0}) == 96
+    assert [torch_step.channels(k, r) for k, r in ((96, 1), (112, 2), (1, 2), (48, 2))] == [64, 56, 1, 24]
+
+
+class _NoGreenContexts:
+    """A device whose partitions fail as a driver without green contexts fails them."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def partition(self, sms):
+        from shimrt import DriverError
+        raise DriverError("cuGreenCtxCreate", self.name, 801, "operation not supported")
+
+
+def test_contention_without_green_contexts_is_reported_and_a_sticky_error_ends_the_run():
+    from shimrt import DriverError
+    bench = torch_step._Bench(_NoGreenContexts("CUDA_ERROR_NOT_SUPPORTED"), [])
+    out = torch_step._contention(bench, None, None, None, {}, 2, [48])
+    assert out == {"error": "DriverError: cuGreenCtxCreate failed: CUDA_ERROR_NOT_SUPPORTED (801): operation not "
+                            "supported"}
+    bench = torch_step._Bench(_NoGreenContexts("CUDA_ERROR_ILLEGAL_ADDRESS"), [])
+    with pytest.raises(DriverError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+        torch_step._contention(bench, None, None, None, {}, 2, [48])
+
+
+def test_sticky_driver_errors_are_the_ones_that_poison_the_context():
+    from shimrt import DriverError
+    assert DriverError("cuStreamSynchronize", "CUDA_ERROR_ILLEGAL_ADDRESS", 700, "").sticky
+    assert DriverError("hipStreamSynchronize", "hipErrorLaunchFailure", 719, "").sticky
+    assert not DriverError("cuGreenCtxCreate", "CUDA_ERROR_NOT_SUPPORTED", 801, "").sticky
+    assert not DriverError("cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY", 2, "").sticky
+    assert torch_step._fatal(DriverError("cuLaunchKernel", "CUDA_ERROR_LAUNCH_FAILED", 719, ""))
+    assert not torch_step._fatal(DriverError("cuGreenCtxCreate", "CUDA_ERROR_NOT_SUPPORTED", 801, ""))
+    assert torch_step._fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
+def test_rounds_leave_out_the_warm_up_and_check_their_count():
+    from shimrt.bench.torch_measure import _rounds
+    times = iter([9.0, 1.0, 2.0, 3.0])
+    assert _rounds(lambda: next(times), 3) == [1.0, 2.0, 3.0]
+    assert _rounds(lambda: 4.0, 0) == [4.0]  # one round only: it is the result
+    with pytest.raises(UsageError, match="repeats"):
+        _rounds(lambda: 4.0, -1)

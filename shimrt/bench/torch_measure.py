@@ -2,6 +2,7 @@
 it gains (the best step any overlap policy could reach, how much of torch's compute cannot share
 an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost per launch.
 
+- :func:`timed_steps`: a policy's step time (the median of per-step events), losses and gradients.
 - :func:`phases`: when, in a step of compute alone, the first bucket's gradients are all ready,
   backward ends and the optimizer ends (the shortest over steps run back to back, CUDA events).
 - :func:`bound`: a step cannot be shorter than the time to the first full bucket, plus every
@@ -14,20 +15,55 @@ an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost p
   (:func:`shimrt.occupancy.coresident`): the share of compute time in kernels none of whose
   blocks fit on an SM that hosts an NCCL block. Those kernels and NCCL take turns on an SM;
   a kernel that fits can run beside it.
-- :func:`contention`: the all-reduces beside work that never shares their SMs (torch on an SM
-  partition of the rest): a memory-bound copy and a compute-bound GEMM, each about as long as
-  the all-reduces. What of the shorter each hides (:func:`overlap_share`) says which of the
-  GPU's resources the all-reduces compete for beyond SMs: with ranks sharing one GPU, its memory.
+- :func:`contention`: the all-reduces beside work kept off the SMs left to NCCL (torch on an SM
+  partition of the rest; NCCL's own blocks are not confined): a memory-bound copy and a
+  compute-bound GEMM, each about as long as the all-reduces. What of the shorter each hides
+  (:func:`overlap_share`) says what the all-reduces compete for besides SMs: with ranks sharing
+  one GPU, its memory.
 """
 
 from __future__ import annotations
 
+import gc
+import statistics
 import time
 from typing import Any
 
+from .. import validate
 from ..device import Device
 from ..errors import ShimrtError
 from ..occupancy import Footprint, coresident
+
+
+def timed_steps(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int, steps: int, keep: bool = False,
+                settle: Any = None) -> tuple:
+    """(median ms per step over ``steps`` after ``warmup``, the losses, the gradients after the
+    first step when ``keep``) on the current stream, from the initial weights. ``settle`` (an
+    interposer's) runs after each warm-up step: the kernels it learnt are shaped from the next.
+    The median of per-step events, with Python's collector paused, so that one stalled step (a
+    collection, a preempted host thread) does not move the figure."""
+    trainer.reset()
+    losses, grads = [], None
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(warmup + steps):
+            if i >= warmup:
+                marks[i - warmup].record()
+            losses.append(trainer.step(comm, overlap))
+            if i == 0 and keep:
+                grads = trainer.buckets.copy()
+            if i < warmup and settle is not None:
+                settle()
+        marks[-1].record()
+        finish(torch)
+    finally:
+        if collecting:
+            gc.enable()
+    per_step = [a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
+    return statistics.median(per_step), torch.stack(losses), grads
 
 
 def phases(torch: Any, trainer: Any, steps: int = 5) -> dict:
@@ -101,36 +137,49 @@ def sharing(target: Any, records: list, nccl: Footprint) -> dict:
 def _round_ms(torch: Any, comm: Any, buckets: Any, work: Any = None, stream: Any = None) -> float:
     """ms, on the GPU's clock, for every bucket's all-reduce through ``comm`` (None: none) beside
     ``work()`` (None: none) queued on torch stream ``stream``, from one start until both are done.
-    The current stream first spins about 2 ms (where torch can: ``torch.cuda._sleep``) so that
-    the host has queued every launch before the clock starts: the time is the GPU's, not the
-    host's."""
+    The current stream first spins (where torch can: ``torch.cuda._sleep``) so that the host has
+    queued every launch before the clock starts: the time is the GPU's, not the host's. Where the
+    spin ended before the host was done, the round is run again with a longer one."""
     main = torch.cuda.current_stream()
-    start, end, ready = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
-                         torch.cuda.Event())
     spin = getattr(torch.cuda, "_sleep", None)
-    if spin is not None:
-        spin(4_000_000)  # GPU clock cycles: about 2 ms on the H200
-    start.record(main)
-    ready.record(main)
-    if work is not None:
-        stream.wait_event(ready)
-        with torch.cuda.stream(stream):
-            work()
-        main.wait_stream(stream)
-    if comm is not None:
-        for i in range(len(buckets.flats)):
-            comm.launch(i, ready)
-        comm.join(main)
-    end.record(main)
-    finish(torch)
-    return start.elapsed_time(end)
+    for cycles in (4_000_000, 32_000_000, 256_000_000):  # GPU clock cycles: about 2, 16 and 130 ms on the H200
+        start, end, ready, spun = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                                   torch.cuda.Event(), torch.cuda.Event())
+        if spin is not None:
+            spin(cycles)
+        spun.record(main)
+        start.record(main)
+        ready.record(main)
+        if work is not None:
+            stream.wait_event(ready)
+            with torch.cuda.stream(stream):
+                work()
+            main.wait_stream(stream)
+        if comm is not None:
+            for i in range(len(buckets.flats)):
+                comm.launch(i, ready)
+            comm.join(main)
+        host_behind = spin is not None and spun.query()  # the GPU waited for the host's launches
+        end.record(main)
+        finish(torch)
+        if not host_behind:
+            return start.elapsed_time(end)
+    raise ShimrtError("bench torch: the host queued a round's launches slower than a 130 ms spin on the GPU ran: "
+                      "the round would time the host, not the GPU (is another process using this CPU?)")
+
+
+def _rounds(measure: Any, repeats: int) -> list:
+    """The times of ``repeats`` calls of ``measure()`` after one that warms up (of that one alone
+    when ``repeats`` is 0)."""
+    repeats = validate.integer(repeats, "repeats", least=0)
+    times = [measure() for _ in range(repeats + 1)]
+    return times[1:] or times
 
 
 def comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
-    """ms for every bucket's all-reduce back to back, with no compute: the median of
-    ``repeats`` rounds after one that warms up (where there are more)."""
-    times = [_round_ms(torch, comm, buckets) for _ in range(repeats + 1)]
-    timed = sorted(times[1:] or times)
+    """ms for every bucket's all-reduce back to back, with no compute: the median of ``repeats``
+    rounds after one that warms up."""
+    timed = sorted(_rounds(lambda: _round_ms(torch, comm, buckets), repeats))
     return timed[len(timed) // 2]
 
 
@@ -138,13 +187,15 @@ def overlap_share(alone_ms: float, comm_ms: float, together_ms: float) -> float:
     """The share of the shorter of two pieces of work hidden when they run together: 1 when
     together takes the longer's time, 0 when it takes their sum (below 0: they slow each other
     down more than running one after the other would)."""
+    for name, value in (("alone_ms", alone_ms), ("comm_ms", comm_ms), ("together_ms", together_ms)):
+        validate.number(value, name, positive=True)
     return (alone_ms + comm_ms - together_ms) / min(alone_ms, comm_ms)
 
 
 def contention(torch: Any, comm: Any, buckets: Any, stream: Any, repeats: int = 3) -> dict:
     """Every bucket's all-reduce through ``comm`` (an NcclBuckets) alone, and beside a 512 MiB
     copy and beside an 8192^3 bf16 GEMM, each repeated to about the all-reduces' time, on torch
-    stream ``stream`` (a partition's that leaves NCCL's SMs alone). Per work: its count, ms
+    stream ``stream`` (a partition's, which keeps torch off the SMs left to NCCL). Per work: its count, ms
     alone, the all-reduces' ms alone, ms together (each the shortest of ``repeats`` rounds after
     one that warms up) and :func:`overlap_share`."""
     device = buckets.flats[0].device
@@ -158,10 +209,9 @@ def contention(torch: Any, comm: Any, buckets: Any, stream: Any, repeats: int = 
         def repeated() -> None:
             for _ in range(count):
                 work()
-        times = [_round_ms(torch, comm if with_comm else None, buckets, repeated, stream) for _ in range(repeats + 1)]
-        return min(times[1:])
+        return min(_rounds(lambda: _round_ms(torch, comm if with_comm else None, buckets, repeated, stream), repeats))
 
-    comm_ms = min(_round_ms(torch, comm, buckets) for _ in range(repeats + 1))
+    comm_ms = min(_rounds(lambda: _round_ms(torch, comm, buckets), repeats))
     out = {}
     for name, work in works.items():
         count = max(1, round(comm_ms / shortest(work, 1, False)))

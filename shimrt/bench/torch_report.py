@@ -64,12 +64,16 @@ def report(name: str, r: dict) -> str:
                      f"{top['smem']} B smem)"))
     if r.get("contention"):
         c = r["contention"]
-        lines.append("   contention: not measured (" + c["error"] + ")" if "error" in c else
-                     f"   contention: beside the all-reduces alone ({c['channels']} channels/rank), work on SMs they "
-                     f"never share (torch on a partition leaving them {c['sms_kept']} SMs) hid "
-                     f"{c['copy']['overlap']:.0%} of the shorter for a memory-bound copy and "
-                     f"{c['gemm']['overlap']:.0%} for a compute-bound GEMM (100%: fully overlapped, 0%: one after "
-                     "the other)")
+        if "error" in c:
+            lines.append(f"   contention: not measured ({c['error']})")
+        else:
+            copy, gemm = c["copy"], c["gemm"]
+            lines.append(f"   contention (torch kept off the {c['sms_kept']} SMs left to NCCL's {c['channels']} "
+                         f"channels/rank): all-reduces alone {copy['comm_ms']:.2f} ms; beside them a memory-bound "
+                         f"copy {copy['alone_ms']:.2f} -> {copy['together_ms']:.2f} ms together "
+                         f"({copy['overlap']:.0%} overlap), a compute-bound GEMM {gemm['alone_ms']:.2f} -> "
+                         f"{gemm['together_ms']:.2f} ms ({gemm['overlap']:.0%}); overlap = (a + b - together) / "
+                         "min(a, b): 100% fully hidden, 0% one after the other")
     lines.append(f"{'policy':25s} {'choice':60s} {'step ms':>8s} {'vs ' + str(base_name)[:13]:>16s} {'hidden':>7s} "
                  f"{'slowdown':>8s}  losses/grads as {next(iter(ran), '-')}")
     for key, e in ran.items():

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import gc
 import json
-import statistics
 import sys
 import time
 from typing import Any
@@ -33,7 +31,7 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from . import torch_measure
 from .progress import Progress
-from .torch_measure import finish, interposer_cost, is_nccl
+from .torch_measure import finish, interposer_cost, is_nccl, timed_steps
 from .torch_report import report, timelines_png
 
 #: name -> model and batch: one 1.08 G-parameter model (2 GiB of bf16 gradients), fewer tokens per
@@ -92,14 +90,20 @@ def kind(policy: Any) -> str:
     return policy.name.split(" N=")[0].split(" SMs")[0].rstrip("0123456789 ").lower().replace(" ", "-")
 
 
+def channels(sms: int, ranks_per_gpu: int) -> int:
+    """NCCL's channels per rank where ``sms`` SMs are kept for the ranks on a GPU: one block per
+    channel, one NCCL block per SM, between 1 and NCCL's 64."""
+    return max(1, min(64, sms // ranks_per_gpu))
+
+
 def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
-    """The fixed policies of ``kinds``, baselines first; NCCL gets sms // ranks_per_gpu channels
-    per rank where SMs are kept for it (one block per channel, one NCCL block per SM)."""
+    """The fixed policies of ``kinds``, baselines first; NCCL gets :func:`channels` per rank
+    where SMs are kept for it."""
     from ..torch.step import Policy
     out = [Policy("sequential", overlap=False, priority="low"), Policy("torch default", priority="low"),
            Policy("DDP high priority", priority="high"), Policy("shaping N=2", cap=2), Policy("shaping N=1", cap=1)]
     for k in sms:
-        ctas = max(1, min(64, k // ranks_per_gpu))  # NCCL takes at most 64 channels
+        ctas = channels(k, ranks_per_gpu)
         out += [Policy(f"partition {k} SMs", partition=k, ctas=ctas),
                 Policy(f"carveout {k} SMs", carveout=k, ctas=ctas),
                 Policy(f"windowed carveout {k} SMs", carveout=k, ctas=ctas, window=True)]
@@ -123,10 +127,15 @@ class _Bench:
         return self._comms[ctas]
 
     def partition_stream(self, sms: int) -> Any:
+        """A stream of all but ``sms`` SMs (those kept for NCCL)."""
         if sms not in self._parts:
             kept, rest = self.dev.partition(sms)
             self._parts[sms] = (kept, rest, rest.stream())
         return self._parts[sms][2]
+
+    def kept_sms(self, sms: int) -> int:
+        """The SMs the partition of :meth:`partition_stream` really keeps (the driver may round up)."""
+        return self._parts[sms][0].target.num_sms
 
     def close(self) -> None:
         # Each partition's stream before the partitions; every one closed whatever the others do.
@@ -134,54 +143,32 @@ class _Bench:
                     + [c for comms in self._comms.values() for c in comms])
 
 
-def _timed(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int, steps: int, keep: bool = False,
-           settle: Any = None):
-    """(median ms per step over ``steps`` after ``warmup``, the losses, the gradients after the
-    first step when ``keep``) on the current stream, from the initial weights. ``settle`` (an
-    interposer's) runs after each warm-up step: the kernels it learnt are shaped from the next.
-    The median of per-step events, with Python's collector paused, so that one stalled step (a
-    collection, a preempted host thread) does not move the figure."""
-    trainer.reset()
-    losses, grads = [], None
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-    collecting = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for i in range(warmup + steps):
-            if i >= warmup:
-                marks[i - warmup].record()
-            losses.append(trainer.step(comm, overlap))
-            if i == 0 and keep:
-                grads = trainer.buckets.copy()
-            if i < warmup and settle is not None:
-                settle()
-        marks[-1].record()
-        finish(torch)
-    finally:
-        if collecting:
-            gc.enable()
-    per_step = [a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
-    return statistics.median(per_step), torch.stack(losses), grads
+def _fastest_kept(sms: list, ranks_per_gpu: int, comm_ms: dict) -> int:
+    """Of the SMs kept for NCCL in ``sms``, the setting whose channels' all-reduces ran fastest alone
+    (``comm_ms``: channels per rank -> ms); the first where none of them ran."""
+    return min(sms, key=lambda k: comm_ms.get(channels(k, ranks_per_gpu), float("inf")))
 
 
 def _contention(bench: _Bench, torch: Any, buckets: Any, comm_of: Any, comm_ms: dict, ranks_per_gpu: int,
                 sms: list) -> dict:
-    """:func:`torch_measure.contention` with NCCL at the fastest of --sms's channel settings and
-    torch on a partition of the other SMs; {"error": why} where it cannot run here (no green
-    contexts, no memory to spare)."""
+    """:func:`torch_measure.contention` at the --sms setting whose all-reduces ran fastest alone
+    (the first, where none ran alone here), torch kept off those SMs by a partition; {"error":
+    why} where no partition can be made (no green contexts) or memory is short."""
     from ..torch import stream as torch_stream
     from ..torch.step import Policy
-    kept = min(sms, key=lambda k: comm_ms.get(max(1, k // ranks_per_gpu), float("inf")))
-    ctas = max(1, kept // ranks_per_gpu)
+    kept = _fastest_kept(sms, ranks_per_gpu, comm_ms)
     try:
         stream = torch_stream(bench.partition_stream(kept))
-        out = torch_measure.contention(torch, comm_of(Policy("contention", ctas=ctas)), buckets, stream)
-    except (ShimrtError, RuntimeError) as exc:  # no green contexts here, no memory: the rest of the run goes on
+    except ShimrtError as exc:  # no green contexts here: the rest of the run goes on
         if _fatal(exc):
             raise
         return {"error": f"{type(exc).__name__}: {exc}"}
-    return {"sms_kept": kept, "channels": ctas, **out}
+    try:
+        out = torch_measure.contention(torch, comm_of(Policy("contention", ctas=channels(kept, ranks_per_gpu))),
+                                       buckets, stream)
+    except torch.cuda.OutOfMemoryError as exc:
+        return {"error": f"out of memory: {exc}"}
+    return {"sms_kept": bench.kept_sms(kept), "channels": channels(kept, ranks_per_gpu), **out}
 
 
 def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
@@ -231,7 +218,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                     "gradient_bytes": buckets.nbytes, "buckets": len(buckets.flats), "policies": {}}
     try:
         progress.step(f"{name}: compute alone")
-        compute_ms, _, _ = _timed(torch, trainer, None, True, args.warmup, args.steps)
+        compute_ms, _, _ = timed_steps(torch, trainer, None, True, args.warmup, args.steps)
         result["compute_ms"] = compute_ms
         comm_ms = {}
         natural = Policy("NCCL's own channels")  # the reference for comm alone, whatever policies run
@@ -275,17 +262,17 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                     p, entry = _tune(torch, trainer, sound, comm_of, context, settle, args)
                 comm = comm_of(p)
                 with context(p):
-                    step_ms, losses, grads = _timed(torch, trainer, comm, p.overlap, args.warmup, args.steps,
-                                                    keep=True, settle=settle(p))
+                    step_ms, losses, grads = timed_steps(torch, trainer, comm, p.overlap, args.warmup, args.steps,
+                                                         keep=True, settle=settle(p))
                     # A windowed carveout exists only beside all-reduces: its compute alone is the plain one.
                     plain = p.window or (p.cap is None and p.partition is None and p.carveout is None)
                     alone_ms = compute_ms if plain else \
-                        _timed(torch, trainer, None, True, 1, args.steps, settle=settle(p))[0]
+                        timed_steps(torch, trainer, None, True, 1, args.steps, settle=settle(p))[0]
                     steps_seen = (torch_measure.timeline(dev, torch, trainer, comm, p.overlap)
                                   if args.plots or args.json else [])
                     # The reference once more: are its kernels deterministic? (else no policy can be bitwise).
                     # Not a shaping one: its interposer learnt the kernels, so the repeat's first step differs.
-                    repeat = _timed(torch, trainer, comm, p.overlap, args.warmup, 1, keep=True, settle=settle(p)) \
+                    repeat = timed_steps(torch, trainer, comm, p.overlap, args.warmup, 1, keep=True, settle=settle(p)) \
                         if reference is None and p.cap is None else None
             except (ShimrtError, RuntimeError) as exc:  # one policy that cannot run here: said, the rest go on
                 if _fatal(exc):
@@ -324,10 +311,10 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
 
 
 def _fatal(exc: BaseException) -> bool:
-    """A CUDA error that poisons the context (an illegal address, a launch failure): torch says
-    "CUDA error", shimrt raises DriverError."""
+    """An error that poisons the context (an illegal address, a launch failure): shimrt's sticky
+    DriverError, or torch's "CUDA error" (torch's own text does not say which; taken as such)."""
     from ..errors import DriverError
-    return isinstance(exc, DriverError) or "CUDA error" in str(exc)
+    return isinstance(exc, DriverError) and exc.sticky or "CUDA error" in str(exc)
 
 
 def _close_each(things: list) -> None:
@@ -349,7 +336,7 @@ def _tune(torch: Any, trainer: Any, fixed: list, comm_of: Any, context: Any, set
     tried = {}
     for p in fixed:
         with context(p):
-            tried[p.name] = _timed(torch, trainer, comm_of(p), p.overlap, 1, args.trial_steps, settle=settle(p))[0]
+            tried[p.name] = timed_steps(torch, trainer, comm_of(p), p.overlap, 1, args.trial_steps, settle=settle(p))[0]
     best = min(fixed, key=lambda p: tried[p.name])
     return best, {"tried": tried, "picked": best.name, "tuning_s": time.perf_counter() - t0}
 

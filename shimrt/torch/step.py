@@ -139,21 +139,34 @@ class NcclBuckets:
         validate.one_of(priority, "priority", PRIORITIES)
         if beside is not None and not callable(beside):
             raise UsageError(f"beside must be a function giving a context manager, or None, not {beside!r:.100}")
-        import torch
-        if not isinstance(comms, (list, tuple)) or not comms or not all(hasattr(c, "device") for c in comms):
+        if not isinstance(comms, (list, tuple)) or not comms \
+                or not all(isinstance(c, nccl.Communicator) for c in comms):
             raise UsageError(f"comms must be a non-empty list of Communicators, not {comms!r:.100}")
-        devices = [torch.device("cuda", c.device.index) for c in comms]
-        if devices[0] != buckets.flats[0].device:
+        if not isinstance(buckets, GradientBuckets):
+            raise UsageError(f"buckets must be a GradientBuckets, not {buckets!r:.100}")
+        if comms[0].device.index != buckets.flats[0].device.index:
             raise UsageError(f"the first communicator (rank 0's) must be on the gradients' GPU, "
-                             f"{buckets.flats[0].device}, not {devices[0]}")
+                             f"{buckets.flats[0].device}, not GPU {comms[0].device.index}")
+        import torch
         self.comms, self.priority, self.beside = list(comms), priority, beside
         self._held = contextlib.ExitStack()
         self._running = False
         self.flats = buckets.flats  # the prepared calls hold their pointers: keep them alive
-        self.streams = [c.device.stream(priority) for c in self.comms]
+        self.streams: list = []
+        try:
+            self._prepare(torch, buckets)
+        except BaseException:  # what was made so far goes with the failure
+            for s in self.streams:
+                s.close()
+            raise
+
+    def _prepare(self, torch: Any, buckets: GradientBuckets) -> None:
+        for c in self.comms:
+            self.streams.append(c.device.stream(self.priority))
         self.torch_streams = [torch_stream(s) for s in self.streams]
         largest = max(f.numel() for f in buckets.flats)
         dtype = buckets.flats[0].dtype
+        devices = [torch.device("cuda", c.device.index) for c in self.comms]
         # Peers send zeros (never written) and receive into scratch, each on its own GPU (one rank
         # per GPU, or several on one): rank 0's sum is its own gradient.
         #: per peer rank: (the zeros it sends, where it receives each bucket's sum)

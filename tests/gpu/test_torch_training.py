@@ -53,19 +53,23 @@ def test_an_overlapped_step_all_reduces_every_bucket_and_keeps_rank0s_gradients(
             torch.cuda.synchronize()
             assert torch.equal(loss, alone)
             assert all(torch.equal(g, w) for g, w in zip(buckets.flats, want, strict=True))
-            # The peer received 0 + rank 0's gradient of the last bucket launched (the first layers').
+            # The peer received 0 + rank 0's gradient of the last bucket launched (the first layers'),
+            # on its own GPU (one rank per GPU where there are two).
             last = buckets.flats[-1]
-            assert torch.equal(comm.peers[0][1][: last.numel()], last)
+            assert comm.peers[0][1].device == torch.device("cuda", comms[1].device.index)
+            assert torch.equal(comm.peers[0][1][: last.numel()].to(last.device), last)
     finally:
         comm.close()
 
 
-def test_nccl_buckets_refuse_no_communicators(setup):
+def test_nccl_buckets_refuse_what_is_not_communicators_and_gradient_buckets(setup):
     from shimrt.torch.step import NcclBuckets
-    _, _, buckets, _ = setup
-    for bad in ([], None, [object()]):
+    torch, comms, buckets, _ = setup
+    for bad in ([], None, [object()], [buckets.flats[0]]):
         with pytest.raises(UsageError, match="comms must be a non-empty list of Communicators"):
             NcclBuckets(bad, buckets)
+    with pytest.raises(UsageError, match="buckets must be a GradientBuckets"):
+        NcclBuckets(comms, buckets.flats)
 
 
 def test_a_step_on_a_partition_gives_the_same_loss(setup, partition16):
