@@ -70,16 +70,17 @@ def phases(torch: Any, trainer: Any, steps: int = 5) -> dict:
     """The shortest ms, over ``steps`` compute-alone steps run back to back (the host queueing
     ahead, as in a timed run), from a step's start to its first full bucket ("first bucket"),
     to the end of backward ("backward") and to its end ("end"): the least each phase needs."""
-    steps_marks = []
+    steps = validate.integer(steps, "steps", least=1)
+
+    def one_step() -> dict:  # its marks, read once every step has run
+        trainer.marks = {}
+        trainer.step(None)
+        return trainer.marks
     try:
-        for _ in range(steps):
-            trainer.marks = {}
-            trainer.step(None)
-            steps_marks.append(trainer.marks)
+        # The first step starts on an idle GPU with its host behind: left out where there are more.
+        seen = [trainer.phases(marks) for marks in _rounds(one_step, steps - 1)]
     finally:
         trainer.marks = None
-    # The first step starts on an idle GPU with its host behind: left out where there are more.
-    seen = [trainer.phases(marks) for marks in steps_marks[1:] or steps_marks]
     return {k: min(p[k] for p in seen) for k in seen[0]}
 
 
@@ -169,8 +170,8 @@ def _round_ms(torch: Any, comm: Any, buckets: Any, work: Any = None, stream: Any
 
 
 def _rounds(measure: Any, repeats: int) -> list:
-    """The times of ``repeats`` calls of ``measure()`` after one that warms up (of that one alone
-    when ``repeats`` is 0)."""
+    """What ``repeats`` calls of ``measure()`` gave after one that warms up (what that one gave,
+    alone, when ``repeats`` is 0)."""
     repeats = validate.integer(repeats, "repeats", least=0)
     times = [measure() for _ in range(repeats + 1)]
     return times[1:] or times

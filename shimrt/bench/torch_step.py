@@ -157,6 +157,7 @@ def _contention(bench: _Bench, torch: Any, buckets: Any, comm_of: Any, comm_ms: 
     from ..torch import stream as torch_stream
     from ..torch.step import Policy
     kept = _fastest_kept(sms, ranks_per_gpu, comm_ms)
+    ctas = channels(kept, ranks_per_gpu)
     try:
         stream = torch_stream(bench.partition_stream(kept))
     except ShimrtError as exc:  # no green contexts here: the rest of the run goes on
@@ -164,11 +165,10 @@ def _contention(bench: _Bench, torch: Any, buckets: Any, comm_of: Any, comm_ms: 
             raise
         return {"error": f"{type(exc).__name__}: {exc}"}
     try:
-        out = torch_measure.contention(torch, comm_of(Policy("contention", ctas=channels(kept, ranks_per_gpu))),
-                                       buckets, stream)
+        out = torch_measure.contention(torch, comm_of(Policy("contention", ctas=ctas)), buckets, stream)
     except torch.cuda.OutOfMemoryError as exc:
         return {"error": f"out of memory: {exc}"}
-    return {"sms_kept": bench.kept_sms(kept), "channels": channels(kept, ranks_per_gpu), **out}
+    return {"sms_kept": bench.kept_sms(kept), "channels": ctas, **out}
 
 
 def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
@@ -230,10 +230,10 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             torch_measure.comm_alone(torch, comm_of(natural), buckets, repeats=0)
         nccl = [k for k in rec.kernels if is_nccl(k["name"])]
         if nccl:
-            channels, footprint = channels_and_footprint(nccl[0])
-            result["nccl"] = {"kernel": footprint.name, "channels_per_rank": channels,
+            nccl_channels, footprint = channels_and_footprint(nccl[0])
+            result["nccl"] = {"kernel": footprint.name, "channels_per_rank": nccl_channels,
                               "ranks_on_this_gpu": ranks_per_gpu,
-                              "blocks_on_this_gpu": channels * ranks_per_gpu, "threads": footprint.threads,
+                              "blocks_on_this_gpu": nccl_channels * ranks_per_gpu, "threads": footprint.threads,
                               "registers": footprint.registers,
                               "smem": footprint.static_smem + footprint.dynamic_smem}
             with dev.record_kernels() as rec:  # one step of compute alone: which kernels can sit beside NCCL
