@@ -102,7 +102,7 @@ def test_bad_arguments_of_the_rule_are_refused(call, message):
 
 # --- the table -------------------------------------------------------------------------------
 
-NOT_COLLECTIVES = {"collective", "prepare", "group", "wait", "abort", "close", "local"}
+NOT_COLLECTIVES = {"collective", "prepare", "group", "wait", "abort", "close", "local", "async_error"}
 
 
 def test_the_table_covers_exactly_the_communicators_collectives():
@@ -290,5 +290,5 @@ def test_unique_id_takes_a_lib_or_a_backend(nccl):
 def test_prepare_group_takes_only_prepared_calls():
     from shimrt.nccl import prepare_group
     for bad in ((), (lambda: None,), (42,)):
-        with pytest.raises(UsageError, match="prepare_group\\(\\) takes functions made by Communicator.prepare"):
+        with pytest.raises(UsageError, match="prepare_group\\(\\) takes calls made by Communicator.prepare"):
             prepare_group(*bad)

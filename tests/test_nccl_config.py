@@ -63,13 +63,13 @@ def test_options_fill_the_config_like_the_initializer():
     version = 22809
     cfg = config.CommOptions(min_ctas=2, max_ctas=8, cta_policy="zero").build(version)
     assert (cfg.size, cfg.magic, cfg.version) == (ctypes.sizeof(config.structure(version)), 0xCAFEBEEF, version)
-    assert (cfg.blocking, cfg.minCTAs, cfg.maxCTAs, cfg.CTAPolicy) == (0, 2, 8, 2)
+    assert (cfg.blocking, cfg.minCTAs, cfg.maxCTAs, cfg.CTAPolicy) == (1, 2, 8, 2)
     assert cfg.cgaClusterSize == cfg.splitShare == cfg.nvlinkCentricSched == config.UNDEF_INT
     assert cfg.netName is None and cfg.commName is None
     assert not hasattr(cfg, "graphUsageMode")  # a 2.29 field: not in 2.28's layout
     with pytest.raises(UsageError, match="2.27"):
         config.CommOptions(cta_policy="zero").build(22600)
-    assert config.CommOptions(blocking=True).build(21700).blocking == 1
+    assert config.CommOptions(blocking=False).build(21700).blocking == 0
 
 
 @pytest.mark.parametrize("bad", [dict(min_ctas=0), dict(max_ctas=65), dict(min_ctas=8, max_ctas=2),

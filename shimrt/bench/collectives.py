@@ -9,9 +9,12 @@ nccl-tests: -b/--minbytes and -e/--maxbytes take sizes with K, M or G suffixes (
 Runs one rank per local GPU in this process (Communicator.local; on a machine of one GPU, two ranks
 on it where NCCL 2.30+ allows it with NCCL_MULTI_RANK_GPU_ENABLE=1; --local-ranks or
 SHIMRT_DEVICES to choose), or one rank per process under python -m shimrt.launch / torchrun / MPI.
---torch times torch.distributed's collectives beside shimrt's on the same NCCL library (torch
-takes the libnccl.so.2 shimrt loaded first) with one rank per process: alone, or under the
-launcher. busbw = algbw x nccl-tests' factor: AllReduce
+Communicators are blocking (NCCL's fastest calls, bounded by shimrt's watchdog); --nonblocking
+makes non-blocking ones. --torch also times torch.distributed on the same NCCL library (torch takes
+the libnccl.so.2 shimrt loaded first; two different versions are refused unless --mixed-nccl) with
+one rank per process, alone or under the launcher: its device times beside the table, and the
+latency of back-to-back in-place all_reduces, shimrt's one-off and prepared calls against
+torch's (:mod:`shimrt.bench.latency`). busbw = algbw x nccl-tests' factor: AllReduce
 2(n-1)/n; ReduceScatter and AllGather (n-1)/n, with the size counted as the gathered size;
 Broadcast and Reduce 1. Times are device-event medians.
 """
@@ -66,8 +69,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=validate.argument(validate.integer, "--local-ranks", least=1, most=64),
                    help="ranks this process holds when not launched (default: one per GPU; on one GPU, 2 where "
                         "NCCL can put two ranks on it, else 1)")
+    p.add_argument("--nonblocking", action="store_true",
+                   help="non-blocking communicators (each NCCL call then starts a host thread); default blocking")
     p.add_argument("--torch", action="store_true",
-                   help="also time torch.distributed's collectives, one rank per process, on the same NCCL")
+                   help="also time torch.distributed, one rank per process, on the same NCCL, and the latency of "
+                        "back-to-back all_reduces (shimrt one-off and prepared against torch)")
+    p.add_argument("--latency-calls", metavar="N", default=200,
+                   type=validate.argument(validate.integer, "--latency-calls", least=1),
+                   help="back-to-back calls per latency measurement with --torch, at least 1 (default 200)")
+    p.add_argument("--mixed-nccl", action="store_true",
+                   help="with --torch, time torch.distributed even when it uses another NCCL than shimrt's")
     cli.add_json(p)
     p.set_defaults(run=run, check=check)
 
@@ -98,12 +109,13 @@ def bus_factor(op: str, n: int) -> float:
     return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(op, 1.0)
 
 
-def _communicators(local_ranks: int | None = None):
+def _communicators(local_ranks: int | None = None, blocking: bool = True):
     from ..launch import init, local_devices
-    from ..nccl import Communicator
+    from ..nccl import CommOptions, Communicator
+    options = CommOptions(blocking=blocking)
     if launch_env().source is not None:
-        return [init()]
-    return Communicator.local(local_devices(Device(launch_env().device), local_ranks))
+        return [init(options=options)]
+    return Communicator.local(local_devices(Device(launch_env().device), local_ranks), options=options)
 
 
 def _buffers(comm, op, nbytes):
@@ -172,53 +184,6 @@ def _in_place(comm, pair):
 _TORCH_IN_PLACE = ("all_reduce", "broadcast", "reduce")  # torch's calls for these take one tensor
 
 
-def torch_measure(comm, ops: list[str], sizes: list[int], iters: int = 20, warmup: int = 5) -> dict:
-    """torch.distributed's time (us, device-event median) for each (op, size) on this process's
-    one rank: in place where torch's call takes one tensor, out of place for all_gather and
-    reduce_scatter. The process group joins through a HashStore (one rank) or a FileStore named
-    by the communicator's unique id (every rank of a launch has it); torch takes the NCCL that is
-    loaded already (shimrt's). ``comm`` only says the device, rank and size."""
-    import tempfile
-    from pathlib import Path
-
-    import torch
-    import torch.distributed as dist
-    torch.cuda.set_device(comm.device.index)
-    if comm.size == 1:
-        store = dist.HashStore()
-    else:
-        store = dist.FileStore(str(Path(tempfile.gettempdir()) / f"shimrt-torch-{comm.unique_id.hex()[:32]}"),
-                               comm.size)
-    dist.init_process_group("nccl", store=store, rank=comm.rank, world_size=comm.size,
-                            device_id=torch.device("cuda", comm.device.index))
-    n = comm.size
-    out = {"nccl": ".".join(map(str, torch.cuda.nccl.version())), "times": {}}
-    try:
-        for op in ops:
-            for nbytes in sizes:
-                send_count, recv_count = buffer_counts(op, max(nbytes // 4 // n * n, n), n, given="largest")
-                a = torch.zeros(send_count, dtype=torch.float32, device="cuda")
-                b = torch.zeros(recv_count, dtype=torch.float32, device="cuda")
-                call = {"all_reduce": lambda a=a: dist.all_reduce(a),
-                        "broadcast": lambda a=a: dist.broadcast(a, 0),
-                        "reduce": lambda a=a: dist.reduce(a, 0),
-                        "all_gather": lambda a=a, b=b: dist.all_gather_into_tensor(b, a),
-                        "reduce_scatter": lambda a=a, b=b: dist.reduce_scatter_tensor(b, a)}[op]
-                times = []
-                for i in range(warmup + iters):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    call()
-                    end.record()
-                    end.synchronize()
-                    if i >= warmup:
-                        times.append(start.elapsed_time(end) * 1e3)
-                out["times"][f"{op}:{nbytes}"] = statistics.median(times)
-    finally:
-        dist.destroy_process_group()
-    return out
-
-
 def report(rows: list[dict]) -> str:
     """nccl-tests' table of ``rows`` (from :func:`measure`)."""
     lines = [f"# {rows[0]['ranks'] if rows else 0} rank(s); times in us, bandwidths in GB/s",
@@ -244,28 +209,41 @@ def report(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``bench collectives``: measure, print nccl-tests' table, write --json."""
+    """``bench collectives``: measure, print nccl-tests' table (and with --torch torch's times
+    and the latency table), write --json."""
+    from . import latency
     steps = sizes(args.min_bytes, args.max_bytes, args.factor)
-    comms = _communicators(args.local_ranks)
-    torch_result = None
+    comms = _communicators(args.local_ranks, blocking=not args.nonblocking)  # NCCL loaded before torch
+    lead = comms[0]
+    kind = "non-blocking" if args.nonblocking else "blocking"
+    torch_nccl, lat = None, []
     try:
         rows = measure(comms, args.ops, steps, args.iters, args.warmup)
         if args.torch and len(comms) > 1:
-            print("bench collectives: --torch needs one rank per process (torch.distributed holds one rank "
-                  f"per process; this one holds {len(comms)}): run under python -m shimrt.launch", file=sys.stderr)
+            print(f"bench collectives: torch.distributed holds one rank per process and this one holds {len(comms)}: "
+                  "timing shimrt alone (run under python -m shimrt.launch for torch beside it)", file=sys.stderr)
+            lat = latency.local_latency(comms, steps, args.latency_calls)
         elif args.torch:
-            torch_result = torch_measure(comms[0], args.ops, steps, args.iters, args.warmup)
+            torch_nccl = latency.check_same_nccl(lead.lib, args.mixed_nccl)
+            with latency.torch_group(lead) as dist:
+                times = latency.torch_device_times(lead, dist, args.ops, steps, args.iters, args.warmup)
+                lat = latency.latency(lead, dist, steps, args.latency_calls)
             for r in rows:
-                r["torch_us"] = torch_result["times"][f"{r['op']}:{r['bytes']}"]
+                r["torch_us"] = times[f"{r['op']}:{r['bytes']}"]
     finally:
         for c in comms:
             c.close()
-    if comms[0].rank == 0:
+    if lead.rank == 0:
+        where = f"{lead.size} ranks, {'one per process' if len(comms) == 1 else f'{len(comms)} in this process'}"
+        print(f"# {kind} communicators, NCCL {lead.lib.version_text} ({lead.lib.path})")
         print(report(rows))
-        if torch_result is not None:
-            print(f"torch.distributed used NCCL {torch_result['nccl']}; shimrt {comms[0].lib.version_text}")
+        if torch_nccl is not None:
+            print(f"torch.distributed used NCCL {torch_nccl}; shimrt {lead.lib.version_text}")
+        if lat:
+            print(latency.report(lat, where))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": comms[0].size, "local_ranks": len(comms), "rows": rows,
-                           "torch_nccl": torch_result["nccl"] if torch_result else None}, f, indent=2)
+                json.dump({"ranks": lead.size, "local_ranks": len(comms), "blocking": not args.nonblocking,
+                           "nccl": lead.lib.version_text, "nccl_path": lead.lib.path, "rows": rows,
+                           "torch_nccl": torch_nccl, "latency": lat}, f, indent=2)
     return 0

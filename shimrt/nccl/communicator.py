@@ -1,29 +1,26 @@
-"""``Communicator``: one rank of an NCCL (or RCCL) communicator, its collectives, and no hangs.
+"""``Communicator``: one rank of an NCCL (or RCCL) communicator and its collectives.
 
 Every collective goes one way: a row of :data:`~shimrt.nccl.collectives.COLLECTIVES` says
 which NCCL function it calls and what it takes, :func:`~shimrt.nccl.collectives.nccl_count`
-checks the buffers' sizes against ``buffer_counts`` (the one place the size rules live), and
-:meth:`Communicator.collective` makes the call. The named methods (``all_reduce``,
-``broadcast``, ...) only name their row.
+checks the buffers' sizes against ``buffer_counts`` (the one place the size rules live),
+:meth:`Communicator.collective` packs the call, and :mod:`shimrt.nccl.group` makes it (or
+queues it in an open group). The named methods (``all_reduce``, ``broadcast``, ...) only name
+their row; :meth:`Communicator.prepare` packs a call once (:mod:`shimrt.nccl.prepared`).
 
-By default communicators are non-blocking (``ncclConfig_t.blocking = 0``): every call that
-answers ``ncclInProgress`` is polled with ``ncclCommGetAsyncError`` for at most the options'
-timeout, and :meth:`Communicator.wait` bounds the wait for the collectives themselves. When
-the time runs out the communicator is aborted (``ncclCommAbort``) and a
-:class:`CollectiveError` says what did not finish.
-
-:func:`group` queues the calls of several communicators and hands them to NCCL together;
-:func:`prepare_group` makes prepared calls (:meth:`Communicator.prepare`) a group once. The
-module is longer than the project's ~400 lines because groups, settling and aborting work on
-each communicator's handle, state poll and queued calls: split apart, those internals would be
-reached across modules.
+Communicators are blocking by default (``ncclConfig_t.blocking = 1``): a call returns once NCCL
+has enqueued its work, at NCCL's own speed. No wait hangs all the same: initialisation runs on
+a helper thread bounded by the options' timeout, the process's watchdog
+(:mod:`shimrt.nccl.watchdog`) follows every collective and aborts a communicator whose
+collective outlives the timeout, :meth:`Communicator.wait` is bounded, and a failed or aborted
+communicator's next use raises :class:`CollectiveError`. ``CommOptions(blocking=False)`` makes
+non-blocking communicators, whose every call that answers ``ncclInProgress`` is polled within
+the timeout (NCCL then starts a host thread per call: see :class:`CommOptions`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import threading
 from typing import Any
 
 from .. import validate, waiting
@@ -34,28 +31,9 @@ from ..stream import timeout_seconds
 from . import library
 from .collectives import MAX_RANKS, buffers_of, datatype_of, nccl_count, op_of, rank_of, row_of
 from .config import MIN_VERSION, CommOptions, check_shared_gpu
-
-# The open group of this thread (see group()): ``calls`` is None outside one.
-_GROUP = threading.local()
-
-
-class _Stand:
-    """What a prepared call checks where there is no shimrt object to check: always live."""
-    device_pointer, closed = 1, False
-
-
-_ALWAYS = _NEVER_CLOSED = _Stand()
-
-
-class _AllOf:
-    """Views and their bases, checked together: no pointer once any of them is freed."""
-
-    def __init__(self, buffers: list) -> None:
-        self.buffers = buffers
-
-    @property
-    def device_pointer(self) -> int | None:
-        return None if any(b.device_pointer is None for b in self.buffers) else 1
+from .group import Queued, bounded, enqueue, group, open_calls, run, settle
+from .prepared import PreparedCall
+from .watchdog import CommState, watchdog
 
 
 def unique_id(lib: library.Library | None = None, *, backend: str | None = None) -> bytes:
@@ -87,174 +65,7 @@ def _uid(value) -> library.UniqueId:
     return uid
 
 
-def _bounded(call: Any, name: str, timeout: float) -> None:
-    """Run ``call`` (a ctypes call, which lets go of the GIL) on a daemon thread for at most
-    ``timeout`` seconds: NCCL's teardown waits for its threads, and this process must not."""
-    worker = threading.Thread(target=call, name=f"shimrt {name}", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise CollectiveError(f"{name} did not return within {timeout} s: one of NCCL's threads is stuck "
-                              "(the process cannot reuse this GPU's NCCL state safely; exit and start again)")
-
-
-def _abort_all(comms: list["Communicator"]) -> CollectiveError | None:
-    """Abort every communicator of ``comms``, each whatever the others do; the first error
-    (an abort that did not return in time), or None."""
-    first = None
-    for c in comms:
-        try:
-            c.abort()
-        except CollectiveError as exc:
-            first = first or exc
-    return first
-
-
-def _settle(comms: list["Communicator"], result: int, call: str, *, abort_all: bool = False) -> None:
-    """Finish ``call``, which answered ``result`` for every communicator of ``comms``: nothing
-    when it succeeded, CollectiveError when it failed, and when it answered ncclInProgress
-    (a non-blocking communicator, or a group of them) poll each one's ncclCommGetAsyncError
-    until none is in progress or one reports an error, for at most their longest timeout.
-    Stuck communicators are aborted; ``abort_all`` (a grouped init, whose members are useless
-    alone) aborts every member on any error."""
-    if result == 0:
-        return
-    lib = comms[0].lib
-    if result != library.IN_PROGRESS:
-        try:
-            lib.check(result, call, comms[0]._handle if len(comms) == 1 else None)
-        finally:
-            if abort_all:
-                _abort_all(comms)
-    states = dict.fromkeys(range(len(comms)), library.IN_PROGRESS)
-
-    def settled() -> bool:
-        for i, c in enumerate(comms):
-            if states[i] == library.IN_PROGRESS:
-                states[i] = c._state()
-                if states[i] not in (0, library.IN_PROGRESS):
-                    return True  # an error: no use waiting for the others
-        return all(v != library.IN_PROGRESS for v in states.values())
-
-    timeout = max(c.options.timeout for c in comms)
-    # Spin for a millisecond first: a launch NCCL finishes on its own thread settles in tens of
-    # microseconds, less than one sleep takes.
-    if not waiting.until(settled, timeout, first=1e-4, longest=0.01, spin=1e-3):
-        _abort_all(comms)
-        raise CollectiveError(f"{call} did not complete within {timeout} s (is every rank running?); "
-                              f"the communicator{'s were' if len(comms) > 1 else ' was'} aborted")
-    failed = [(i, v) for i, v in states.items() if v not in (0, library.IN_PROGRESS)]
-    if failed:
-        i, state = failed[0]
-        handle = comms[i]._handle
-        stuck = [c for j, c in enumerate(comms) if abort_all or states[j] == library.IN_PROGRESS]
-        try:
-            lib.check(state, call, handle)
-        finally:
-            _abort_all(stuck)  # those still in progress would never finish
-
-
-@contextlib.contextmanager
-def group(*comms: "Communicator") -> Any:
-    """``with group(c0, c1):`` fuses the collectives inside, on any communicators (each rank of
-    this process, for one), into one NCCL launch. Several ranks in one thread must be grouped: a
-    lone collective of one rank waits for the others for good.
-
-    The calls are checked as they are made and handed to NCCL together when the block ends
-    (ncclGroupStart, the calls, ncclGroupEnd), so a refused call (two ranks of one communicator
-    on one stream, which would wait for each other for good) or an exception in the block leaves
-    NCCL untouched. When NCCL answers ncclInProgress (non-blocking communicators), every
-    communicator of the group is polled until it settles, within the timeout. Groups nest: the
-    outermost one hands the calls over."""
-    if not comms or not all(isinstance(c, Communicator) for c in comms):
-        raise UsageError(f"group() takes one or more shimrt.nccl.Communicators, not {comms!r:.200}")
-    outer = getattr(_GROUP, "calls", None)
-    if outer is not None:  # nested: the outer group makes the calls, without this one's on an error
-        mark = len(outer)
-        try:
-            yield comms
-        except BaseException:
-            del outer[mark:]
-            raise
-        return
-    _GROUP.calls = []
-    try:
-        yield comms
-        calls = _GROUP.calls
-    finally:
-        _GROUP.calls = None
-    _issue(list(comms), calls)
-
-
-def prepare_group(*calls: Any) -> Any:
-    """Calls made by :meth:`Communicator.prepare` (one per rank of this process, say) as one
-    group, checked once: a function of no arguments that refuses what each call refuses (a
-    closed communicator or stream, a freed Buffer), then hands them to NCCL between
-    ncclGroupStart and ncclGroupEnd and polls non-blocking communicators, as :func:`group`
-    does. Inside an open :func:`group` its calls join that group."""
-    if not calls or not all(callable(c) and hasattr(c, "queued") for c in calls):
-        raise UsageError(f"prepare_group() takes functions made by Communicator.prepare, not {calls!r:.200}")
-    queued = [c.queued for c in calls]
-    for i, (comm, handle, *_) in enumerate(queued):
-        _refuse_shared_stream("prepare_group()", comm, handle, queued[:i])
-    members, lib = _members([comm for comm, *_ in queued])
-    resolved = [(comm, getattr(lib, function), function, args) for comm, _, function, args in queued]
-    checks = [c.live for c in calls]
-
-    def grouped() -> None:
-        for check, call in zip(checks, calls, strict=True):
-            if not check():
-                call.refuse()
-        outer = getattr(_GROUP, "calls", None)
-        if outer is not None:
-            outer.extend(queued)
-            return
-        _run_group(lib, members, resolved)
-    return grouped
-
-
-def _refuse_shared_stream(what: str, comm: "Communicator", handle: int, earlier: list) -> None:
-    """UsageError when ``comm``'s call on stream ``handle`` would share it with another rank's
-    call of the same communicator among ``earlier`` (queued calls): in one group, two ranks on
-    one stream wait for each other for good."""
-    for other, other_handle, *_ in earlier:
-        if other._clique == comm._clique and other.rank != comm.rank and other_handle == handle:
-            raise UsageError(f"{what} of rank {comm.rank} on the stream of rank {other.rank}'s call in the same "
-                             "group: two ranks of one communicator need a stream each (two ranks of one "
-                             "communicator on one stream wait for each other for good); pass each rank its own, "
-                             "e.g. its comm.stream")
-
-
-def _members(comms: list["Communicator"]) -> tuple[list["Communicator"], library.Library]:
-    """The distinct communicators of a group, in order, and their one NCCL library."""
-    members = list(dict.fromkeys(comms))
-    lib = members[0].lib
-    if any(c.lib is not lib for c in members):
-        raise UsageError("a group takes communicators of one NCCL library")
-    return members, lib
-
-
-def _run_group(lib: library.Library, members: list["Communicator"], calls: list) -> None:
-    """``calls`` ((communicator, C function, its name, arguments)) between ncclGroupStart and
-    ncclGroupEnd, then settled over ``members``."""
-    lib.check(lib.ncclGroupStart(), "ncclGroupStart")
-    failed = None
-    try:
-        for comm, function, name, args in calls:
-            result = function(*args)
-            if result not in (0, library.IN_PROGRESS) and failed is None:
-                failed = (result, name, comm)
-    finally:
-        end = lib.ncclGroupEnd()  # a group is always closed, even after a failed call
-    if failed is not None:
-        lib.check(failed[0], f"{failed[1]} (in a group)", failed[2]._handle)
-    _settle(members, end, "ncclGroupEnd")
-
-
-def _issue(listed: list["Communicator"], calls: list) -> None:
-    """Hand a group's calls to NCCL between ncclGroupStart and ncclGroupEnd, and settle them."""
-    members, lib = _members([*listed, *(c for c, *_ in calls)])
-    _run_group(lib, members, [(comm, getattr(lib, function), function, args) for comm, _, function, args in calls])
+_INIT_HINT = " (is every rank running?)"
 
 
 class Communicator:
@@ -263,43 +74,65 @@ class Communicator:
     Collectives take shimrt Buffers or any CUDA/ROCm array (torch, CuPy), infer the datatype
     and count, check the sizes before NCCL sees them, and run on ``stream`` or, by default, on
     the communicator's own stream of the device's greatest priority (``comm.stream``).
+    ``state`` is what its calls and the process's watchdog share (:class:`CommState`).
     """
 
     def __init__(self, device: Any, unique_id: bytes, rank: int, size: int, *, options: CommOptions | None = None,
-                 library_: library.Library | None = None, _handle: Any = None):
+                 library_: library.Library | None = None):
         # Everything is checked before anything is made.
         size = validate.integer(size, "size", least=1, most=MAX_RANKS)
         rank = validate.integer(rank, "rank", least=0, most=size - 1)
         if options is not None and not isinstance(options, CommOptions):
             raise UsageError(f"options must be a CommOptions, not {options!r:.100}")
-        uid = _uid(unique_id) if _handle is None else None
-        self._clique = bytes(uid) if uid is not None else b""
+        uid = _uid(unique_id)
         if library_ is not None and not isinstance(library_, library.Library):
             raise UsageError(f"library_ must be a shimrt.nccl.library.Library or None, not {library_!r}")
         if not isinstance(device, Device):
             raise UsageError(f"device must be a shimrt Device, not {device!r:.100}")
-        self.device, self.rank, self.size = device, rank, size
-        self.options = options or CommOptions()
-        self.lib = library_ or library.load(device.backend)
-        self._handle = _handle if _handle is not None else ctypes.c_void_p()
-        self.stream = device.stream("high")
-        if _handle is None:
-            try:
-                device.activate()
-                self._poll(self._init_call(uid), "ncclCommInitRankConfig")
-            except BaseException:
-                self.stream.close()
-                raise
+        self._setup(device, rank, size, options, library_ or library.load(device.backend), uid)
+        box = ctypes.c_void_p()
+        try:
+            if self.options.blocking:  # NCCL's blocking init waits for every peer: bounded on a helper thread
+                result = bounded(lambda: self._init_on(self.device, uid, box), "ncclCommInitRankConfig",
+                                 self.options.timeout, _INIT_HINT)
+                self.state.handle = box
+                if result:
+                    try:
+                        self.lib.check(result, "ncclCommInitRankConfig", box)
+                    finally:
+                        self.abort()
+            else:
+                result = self._init_on(self.device, uid, box)
+                self.state.handle = box
+                settle([self], result, "ncclCommInitRankConfig")
+        except BaseException:
+            self.stream.close()
+            raise
+        watchdog().register(self.state)
 
-    def _init_call(self, uid) -> int:
+    def _setup(self, device: Device, rank: int, size: int, options: CommOptions | None, lib: library.Library,
+               uid: library.UniqueId) -> None:
+        """Everything but the NCCL communicator itself (``state.handle`` stays empty until joined)."""
+        self.device, self.rank, self.size, self.lib = device, rank, size, lib
+        self.options = options or CommOptions()
+        self._clique = bytes(uid)
+        self.stream = device.stream("high")
+        self.state = CommState(ctypes.c_void_p(), timeout=self.options.timeout, blocking=self.options.blocking,
+                               new_event=lambda: device.event(timing=False), poll=self.async_error,
+                               abort=lambda reason: self.abort(),
+                               name=f"communicator of rank {rank}/{size} on {device!r}")
+
+    def _init_on(self, device: Device, uid: library.UniqueId, box: ctypes.c_void_p) -> int:
+        """ncclCommInitRankConfig (or ncclCommInitRank) into ``box``, with ``device`` current."""
+        device.activate()
         if self.lib.version >= MIN_VERSION and self.lib.has("ncclCommInitRankConfig"):
-            self._config = self.options.build(self.lib.version)
-            return self.lib.ncclCommInitRankConfig(ctypes.byref(self._handle), self.size, uid, self.rank,
+            self._config = self.options.build(self.lib.version)  # kept: NCCL reads it during init
+            return self.lib.ncclCommInitRankConfig(ctypes.byref(box), self.size, uid, self.rank,
                                                    ctypes.byref(self._config))
         if not self.options.blocking:
             raise CollectiveError(f"NCCL {self.lib.version_text} has no ncclCommInitRankConfig: only blocking "
                                   "communicators (CommOptions(blocking=True)) can be made with it")
-        return self.lib.ncclCommInitRank(ctypes.byref(self._handle), self.size, uid, self.rank)
+        return self.lib.ncclCommInitRank(ctypes.byref(box), self.size, uid, self.rank)
 
     @classmethod
     def local(cls, devices: Any, *, options: CommOptions | None = None) -> list["Communicator"]:
@@ -307,6 +140,8 @@ class Communicator:
         if not isinstance(devices, (list, tuple)) or not devices \
                 or not all(isinstance(d, Device) for d in devices):
             raise UsageError(f"devices must be a non-empty list of shimrt Devices, not {devices!r}")
+        if options is not None and not isinstance(options, CommOptions):
+            raise UsageError(f"options must be a CommOptions, not {options!r:.100}")
         devices = list(devices)
         backends = {d.backend for d in devices}
         if len(backends) > 1:
@@ -316,31 +151,44 @@ class Communicator:
         if len(set(indices)) < len(indices):
             check_shared_gpu(lib, devices[0].backend, f"Communicator.local on devices {indices}")
         uid = _uid(unique_id(lib))
-        comms = [cls(d, b"", i, len(devices), options=options, library_=lib, _handle=ctypes.c_void_p())
-                 for i, d in enumerate(devices)]
-        for c in comms:
-            c._clique = bytes(uid)
-        lib.check(lib.ncclGroupStart(), "ncclGroupStart")
-        results = []
+        comms: list[Communicator] = []
+        boxes = [ctypes.c_void_p() for _ in devices]
+
+        def init_all() -> tuple[list[int], int]:
+            # One thread holds the whole group: NCCL's group state is per thread.
+            lib.check(lib.ncclGroupStart(), "ncclGroupStart")
+            results = []
+            try:
+                for c, box in zip(comms, boxes, strict=True):
+                    results.append(c._init_on(c.device, uid, box))
+            finally:
+                end = lib.ncclGroupEnd()  # never leave the thread inside a group
+            return results, end
+
         try:
-            for c in comms:
-                c.device.activate()
-                results.append(c._init_call(uid))
+            for i, d in enumerate(devices):
+                c = cls.__new__(cls)
+                c._setup(d, i, len(devices), options, lib, uid)
+                comms.append(c)
+            blocking = comms[0].options.blocking
+            results, end = bounded(init_all, "ncclCommInitRankConfig (grouped)", comms[0].options.timeout,
+                                   _INIT_HINT) if blocking else init_all()
+            for c, box in zip(comms, boxes, strict=True):
+                c.state.handle = box
+            failed = next((r for r in results if r not in (0, library.IN_PROGRESS)), end)
+            settle(comms, failed, "ncclCommInitRankConfig (grouped)", abort_every=True)
         except BaseException:
-            lib.ncclGroupEnd()  # never leave this thread inside a group
-            _abort_all(comms)
             for c in comms:
                 c.stream.close()
             raise
-        end = lib.ncclGroupEnd()
-        failed = next((r for r in results if r not in (0, library.IN_PROGRESS)), end)
-        _settle(comms, failed, "ncclCommInitRankConfig (grouped)", abort_all=True)
+        for c in comms:
+            watchdog().register(c.state)
         return comms
 
     @property
     def handle(self) -> int:
         """The ncclComm_t as an integer, for calling NCCL directly (0 once closed or aborted)."""
-        return self._handle.value or 0
+        return self.state.handle.value or 0
 
     @property
     def unique_id(self) -> bytes:
@@ -348,28 +196,31 @@ class Communicator:
         return self._clique
 
     # --- waiting without hanging ---
-    def _state(self) -> int:
-        state = ctypes.c_int()
-        handle = self._live()
-        self.lib.check(self.lib.ncclCommGetAsyncError(handle, ctypes.byref(state)), "ncclCommGetAsyncError", handle)
-        return state.value
-
-    def _poll(self, result: int, call: str) -> None:
-        """Finish a call that may answer ncclInProgress, within the timeout."""
-        if result != 0:
-            _settle([self], result, call)
+    def async_error(self) -> int:
+        """NCCL's asynchronous state of the communicator (ncclCommGetAsyncError): 0, ncclInProgress
+        (7) while a non-blocking call settles, or the error. CollectiveError once closed or aborted."""
+        state = self.state
+        with state.lock:
+            handle = state.handle
+            if not handle:
+                raise state.dead()
+            out = ctypes.c_int()
+            self.lib.check(self.lib.ncclCommGetAsyncError(handle, ctypes.byref(out)), "ncclCommGetAsyncError", handle)
+            return out.value
 
     def wait(self, stream: Any = None, timeout: float | None = None) -> None:
         """Wait for the work on ``stream`` (default: the communicator's) for at most ``timeout``
         seconds (default: the options'); an asynchronous NCCL error or the timeout aborts the
-        communicator and raises CollectiveError."""
+        communicator and raises CollectiveError, as does a communicator the watchdog aborted."""
         timeout = self.options.timeout if timeout is None else timeout_seconds(timeout)
         target = self._target(stream)
 
         def finished() -> bool:
             if self.device.stream_query(target):
+                if self.state.error is not None:  # aborted: the stream drained without the data
+                    raise self.state.error
                 return True
-            state = self._state()
+            state = self.async_error()
             if state not in (0, library.IN_PROGRESS):  # an asynchronous NCCL error: stop now
                 self.abort()
                 self.lib.check(state, "collective (asynchronous error)")
@@ -377,7 +228,7 @@ class Communicator:
 
         if not waiting.until(finished, timeout, longest=0.01):
             self.abort()
-            raise CollectiveError(f"collectives did not finish within {timeout} s (a peer may be gone); "
+            raise CollectiveError(f"collectives did not finish within {timeout:g} s (a peer may be gone); "
                                   "the communicator was aborted")
 
     # --- collectives ---
@@ -385,31 +236,20 @@ class Communicator:
         """The stream a call runs on: ``stream``, or the communicator's own when None."""
         return stream if stream is not None else self.stream
 
-    def _live(self):
-        if not self._handle:
-            raise CollectiveError("the communicator is closed or was aborted")
-        return self._handle
-
-    def _packed(self, name, send, recv, op, root, peer, stream) -> tuple:
-        """(the row, the stream's handle, the C arguments) of a call, everything checked."""
+    def _queued(self, name, send, recv, op, root, peer, stream) -> Queued:
+        """The call, everything checked and packed."""
         row = row_of(name)
         s, r = buffers_of(name, row, send, recv)
         datatype = datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
         count = nccl_count(name, s, r, self.size)
-        handle = self.device.stream_handle(self._target(stream))
+        target = self._target(stream)
+        stream_handle = self.device.stream_handle(target)
+        handle = self.state.handle
+        if not handle:
+            raise self.state.dead()
         args = row.arguments(s.pointer, r.pointer, count, datatype, op_of(name, row, op),
-                             rank_of(name, row, self.size, root, peer), self._live(), ctypes.c_void_p(handle))
-        return row, handle, args
-
-    def _issue_or_queue(self, name: str, row: Any, handle: int, args: tuple) -> None:
-        calls = getattr(_GROUP, "calls", None)
-        if calls is None:
-            result = getattr(self.lib, row.function)(*args)
-            if result:
-                self._poll(result, row.function)
-            return
-        _refuse_shared_stream(name, self, handle, calls)
-        calls.append((self, handle, row.function, args))
+                             rank_of(name, row, self.size, root, peer), handle, ctypes.c_void_p(stream_handle))
+        return Queued(self, target, stream_handle, row.function, args, handle, name)
 
     def collective(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
                    peer: int | None = None, stream: Any = None) -> None:
@@ -419,51 +259,23 @@ class Communicator:
         for reducing collectives, ``root`` (default 0) only for broadcast and reduce, ``peer``
         for send and recv. Everything is checked before NCCL sees it; inside :func:`group` the
         call is queued for the group."""
-        row, handle, args = self._packed(name, send, recv, op, root, peer, stream)
-        self._issue_or_queue(name, row, handle, args)
+        q = self._queued(name, send, recv, op, root, peer, stream)
+        calls = open_calls()
+        if calls is None:
+            run(q)
+        else:
+            enqueue(calls, q)
 
     def prepare(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
-                peer: int | None = None, stream: Any = None) -> Any:
+                peer: int | None = None, stream: Any = None) -> PreparedCall:
         """:meth:`collective`'s arguments checked and packed once: a function of no arguments
-        that makes the call (queued inside :func:`group`, polled when non-blocking), for a
-        collective repeated on the same buffers, as a training loop does. Each call still
-        refuses a closed communicator and a freed shimrt Buffer; other arrays (torch, CuPy)
-        must outlive the function, as they must outlive any collective on them."""
-        row, handle, args = self._packed(name, send, recv, op, root, peer, stream)
-        # What each call checks, as plain attribute reads (the call is a loop's whole host cost):
-        # the communicator's handle object (close and abort replace it), the stream, and the
-        # memory of each shimrt Buffer (its base's pointer is None once freed).
-        held = [b for b in (send, recv) if b is not None and hasattr(b, "array_info")]
-        held = list({id(b): b for b in held + [b.base for b in held]}.values()) or [_ALWAYS]
-        first, last = (held[0], held[-1]) if len(held) <= 2 else (_AllOf(held), _ALWAYS)
-        function = getattr(self.lib, row.function)
-        target = self._target(stream)
-        closable = target if hasattr(target, "closed") else _NEVER_CLOSED  # a shimrt Stream: refused once closed
-        comm_handle = self._handle
-
-        def call() -> None:
-            if self._handle is comm_handle and not closable.closed and first.device_pointer is not None \
-                    and last.device_pointer is not None and getattr(_GROUP, "calls", None) is None:
-                result = function(*args)
-                if result:
-                    self._poll(result, row.function)
-                return
-            refuse()
-            self._issue_or_queue(name, row, handle, args)
-
-        def live() -> bool:  # for prepare_group: the same checks as call's, one frame per call
-            return self._handle is comm_handle and not closable.closed and first.device_pointer is not None \
-                and last.device_pointer is not None
-
-        def refuse() -> None:
-            if self._handle is not comm_handle:
-                raise CollectiveError("the communicator is closed or was aborted")
-            if closable.closed:
-                raise UsageError("the stream this collective was prepared for is closed")
-            if first.device_pointer is None or last.device_pointer is None:
-                raise UsageError("the buffer has been freed")
-        call.live, call.refuse, call.queued = live, refuse, (self, handle, row.function, args)
-        return call
+        (a :class:`~shimrt.nccl.prepared.PreparedCall`) that makes the call (queued inside
+        :func:`group`), for a collective repeated on the same buffers, as a training loop does.
+        Each call still refuses a closed or aborted communicator, a closed shimrt Stream and a
+        freed shimrt Buffer; other arrays (torch, CuPy) must outlive the function, as they must
+        outlive any collective on them."""
+        q = self._queued(name, send, recv, op, root, peer, stream)
+        return PreparedCall(q, [send, recv], q.stream)
 
     def all_reduce(self, send: Any, recv: Any = None, *, op: str = "sum", stream: Any = None) -> None:
         """recv = op over all ranks of send (in place when recv is None)."""
@@ -505,18 +317,40 @@ class Communicator:
         """Free the communicator without waiting for peers (after an error or a timeout). NCCL's
         abort joins its own threads; one stuck inside the driver would hold it for good, so it
         runs on a helper thread and CollectiveError says so after the options' timeout."""
-        if self._handle:
-            handle, self._handle = self._handle, ctypes.c_void_p()
-            _bounded(lambda: self.lib.ncclCommAbort(handle), "ncclCommAbort", self.options.timeout)
+        handle = self.state.take_handle(ctypes.c_void_p())
+        watchdog().unregister(self.state)
+        if handle is not None:
+            lib = self.lib
+            bounded(lambda: lib.ncclCommAbort(handle), "ncclCommAbort", self.options.timeout)
 
     def close(self) -> None:
-        """Destroy the communicator (waits for its work) and its stream."""
-        if self._handle:
-            result = self.lib.ncclCommDestroy(self._handle)
-            self._handle = ctypes.c_void_p()
-            if result != library.IN_PROGRESS:  # a non-blocking destroy finishes on its own
-                self.lib.check(result, "ncclCommDestroy")
-        self.stream.close()
+        """Destroy the communicator once its collectives have finished, and its stream. When they
+        do not finish within the timeout the communicator is aborted and CollectiveError says so."""
+        state = self.state
+        try:
+            if state.handle:
+                def drained() -> bool:
+                    with state.lock:
+                        state.reap()
+                        return not state.pending
+                try:
+                    done = waiting.until(drained, self.options.timeout, longest=0.01)
+                except CollectiveError:  # an event that cannot be queried: abort rather than wait on it
+                    done = False
+                if not done:
+                    self.abort()
+                    raise CollectiveError(f"close: collectives still running after {self.options.timeout:g} s "
+                                          "(a peer may be gone); the communicator was aborted")
+                with state.lock:
+                    handle = state.take_handle(ctypes.c_void_p())
+                watchdog().unregister(state)
+                if handle is not None:
+                    lib = self.lib
+                    result = bounded(lambda: lib.ncclCommDestroy(handle), "ncclCommDestroy", self.options.timeout)
+                    if result != library.IN_PROGRESS:  # a non-blocking destroy finishes on its own
+                        lib.check(result, "ncclCommDestroy")
+        finally:
+            self.stream.close()
 
     def __enter__(self) -> Any:
         return self
@@ -525,8 +359,10 @@ class Communicator:
         if exc[0] is None:
             self.close()
         else:
-            self.abort()
-            self.stream.close()
+            try:
+                self.abort()
+            finally:
+                self.stream.close()
 
     def __repr__(self) -> str:
         return f"<shimrt Communicator rank {self.rank}/{self.size} on {self.device!r}, NCCL {self.lib.version_text}>"

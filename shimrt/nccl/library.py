@@ -32,6 +32,9 @@ RESULTS = {0: "ncclSuccess", 1: "ncclUnhandledCudaError", 2: "ncclSystemError", 
            4: "ncclInvalidArgument", 5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress",
            8: "ncclTimeout"}
 IN_PROGRESS = 7
+# Results after which a communicator cannot be used again (unhandled CUDA error, system, internal
+# and remote errors, timeout), unlike a refused argument or usage.
+BROKEN = frozenset({1, 2, 3, 6, 8})
 
 # ncclDataType_t and ncclRedOp_t (nccl.h); float8 types from 2.24 on.
 DATATYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "float16": 6,

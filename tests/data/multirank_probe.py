@@ -3,10 +3,12 @@ one process, and run under python -m shimrt.launch for one rank per process.
 
 Modes (argv[1]) under the launcher:
   collectives          every collective, each output element checked; prints "OK <rank> ..." lines
-  killed-peer SECONDS  the last rank exits at once; the others' all_reduce must end in
+  killed-peer SECONDS [blocking|nonblocking]
+                       the last rank exits at once; the others' all_reduce must end in
                        CollectiveError within SECONDS (the communicator's timeout) plus a margin,
                        after which each makes a new one-rank communicator that works; prints
-                       "ABORTED <rank> <seconds>" and "REUSED <rank>"
+                       "ABORTED <rank> <seconds>" and "REUSED <rank>" (communicators of the kind
+                       named, blocking by default)
 """
 from __future__ import annotations
 
@@ -84,11 +86,11 @@ def every_collective(comms: list, count: int = COUNT) -> list[str]:
     return done
 
 
-def _killed_peer(timeout: float) -> None:
+def _killed_peer(timeout: float, blocking: bool) -> None:
     from shimrt import CollectiveError
     from shimrt.launch import init
     from shimrt.nccl import CommOptions, Communicator, unique_id
-    comm = init(options=CommOptions(timeout=timeout))
+    comm = init(options=CommOptions(timeout=timeout, blocking=blocking))
     if comm.rank == comm.size - 1:
         print(f"LEAVING {comm.rank}", flush=True)
         sys.exit(0)  # gone without a word: its peers' collective can never finish
@@ -123,7 +125,10 @@ def main() -> None:
         finally:
             comm.close()
     elif mode == "killed-peer":
-        _killed_peer(float(sys.argv[2]))
+        kind = sys.argv[3] if len(sys.argv) > 3 else "blocking"
+        if kind not in ("blocking", "nonblocking"):
+            sys.exit(f"killed-peer takes blocking or nonblocking, not {kind!r}")
+        _killed_peer(float(sys.argv[2]), kind == "blocking")
     else:
         sys.exit(f"unknown mode {mode!r}")
 

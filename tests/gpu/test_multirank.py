@@ -42,11 +42,15 @@ def _indices(device) -> list[int]:
     return [device.index, device.index]
 
 
-@pytest.fixture(scope="module")
-def ranks(device):
+def _local(device, **options):
     indices = _indices(device)
     devices = [device if i == device.index else Device(i, backend=device.backend) for i in indices]
-    comms = Communicator.local(devices, options=CommOptions(timeout=60))
+    return Communicator.local(devices, options=CommOptions(**options))
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["blocking", "nonblocking"])
+def ranks(device, request):
+    comms = _local(device, timeout=60, blocking=request.param)
     yield comms
     for c in comms:
         c.close()
@@ -57,10 +61,10 @@ def test_every_collective_of_two_ranks_in_one_process_equals_numpy(ranks):
     assert len(done) == 11, done
 
 
-def test_a_grouped_call_of_non_blocking_communicators_is_polled_to_the_end(ranks):
+def test_a_grouped_call_is_settled_and_right(ranks):
     """ncclGroupEnd answers ncclInProgress for non-blocking communicators: shimrt polls every
-    member instead of failing, and the data is right (a large buffer keeps it in flight)."""
-    assert not ranks[0].options.blocking
+    member instead of failing; blocking ones return once enqueued. Either way the data is right
+    (a large buffer keeps it in flight)."""
     n = 1 << 26
     xs = [probe.inputs(c.rank, n) for c in ranks]
     bufs = [c.device.to_device(x) for c, x in zip(ranks, xs, strict=True)]
@@ -143,18 +147,54 @@ def test_every_collective_of_two_processes_equals_numpy(device):
         assert len(ok) == 11, run.stdout[-3000:]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "nonblocking"])
+def test_a_rank_that_never_joins_the_collective_ends_it_within_the_timeout(device, blocking):
+    """Two ranks in one process; after a collective of both, rank 0 enqueues one alone. Its
+    kernel waits for rank 1 for good: the watchdog aborts the communicator within the timeout
+    and a few seconds, and every later use raises why."""
+    timeout = 4
+    a, b = _local(device, timeout=timeout, blocking=blocking)
+    try:
+        xs = [probe.inputs(c.rank) for c in (a, b)]
+        bufs = [c.device.to_device(x) for c, x in zip((a, b), xs, strict=True)]
+        with group(a, b):  # both ranks: connections made, the data right
+            for c, buf in zip((a, b), bufs, strict=True):
+                c.all_reduce(buf)
+        for c in (a, b):
+            c.wait(timeout=60)
+        np.testing.assert_array_equal(bufs[0].numpy(), xs[0] + xs[1])
+        t0 = time.monotonic()
+        a.all_reduce(bufs[0])  # rank 1 never comes
+        while a.state.error is None and time.monotonic() - t0 < timeout + 30:
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        assert a.state.error is not None, "the watchdog did not abort the communicator"
+        assert timeout - 0.5 <= took <= timeout + 5, took
+        assert "watchdog aborted" in str(a.state.error) and "all_reduce enqueued" in str(a.state.error)
+        with pytest.raises(CollectiveError, match="watchdog aborted"):
+            a.all_reduce(bufs[0])
+        with pytest.raises(CollectiveError, match="watchdog aborted"):
+            a.wait(timeout=30)
+    finally:
+        for c in (a, b):
+            c.abort()
+            c.stream.close()
+        device.synchronize(timeout=60)
+
+
 @pytest.mark.timeout(300)
-def test_a_peer_that_leaves_ends_the_others_collective_within_the_timeout(device):
+@pytest.mark.parametrize("kind", ["blocking", "nonblocking"])
+def test_a_peer_that_leaves_ends_the_others_collective_within_the_timeout(device, kind):
     timeout = 15
     run = _launch("--nproc", "2", *_devices_flag(device), "--timeout", "200", str(PROBE), "killed-peer",
-                  str(timeout))
+                  str(timeout), kind)
     out = run.stdout
     assert run.returncode == 0, out[-3000:] + run.stderr[-3000:]
     assert "[rank 1] LEAVING 1" in out, out
     aborted = re.search(r"^\[rank 0\] ABORTED 0 ([0-9.]+) (.*)$", out, re.M)
     assert aborted, out
-    assert timeout - 1 <= float(aborted.group(1)) <= timeout + 30, aborted.group(0)
-    assert "aborted" in aborted.group(2)
+    assert float(aborted.group(1)) <= timeout + 5, aborted.group(0)  # a CollectiveError, in time
     assert "[rank 0] REUSED 0" in out, out
 
 

@@ -127,6 +127,55 @@ def test_wait_gives_up_and_aborts_instead_of_hanging(device):
     c.stream.close()
 
 
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "nonblocking"])
+def test_the_watchdog_aborts_a_collective_that_outlives_the_timeout(device, blocking):
+    """The all_reduce waits behind 3 s of work on its stream; with a timeout of 1 s the watchdog
+    aborts the communicator after about 1 s, without anyone waiting on it, and its next use
+    raises why."""
+    import time
+    try:
+        c = Communicator(device, unique_id(), 0, 1, options=CommOptions(timeout=1, blocking=blocking))
+    except CollectiveError as exc:
+        pytest.skip(f"NCCL is not available: {exc}")
+    k = device.load(device.compile(kernels.source("probe"), name="probe.cu"))["sm_probe"]
+    bufs = (device.empty(1, np.uint32), device.empty(1, np.uint64), device.empty(1, np.uint64))
+    x = device.empty(16, np.float32)
+    try:
+        k.launch(1, 32, *bufs, 3_000_000_000, stream=c.stream)
+        t0 = time.monotonic()
+        c.all_reduce(x)
+        while c.state.error is None and time.monotonic() - t0 < 10:
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        assert c.state.error is not None and 0.9 <= took <= 2.5, took
+        assert "all_reduce enqueued" in str(c.state.error)
+        with pytest.raises(CollectiveError, match="watchdog aborted"):
+            c.all_reduce(x)
+        assert c.handle == 0
+    finally:
+        device.synchronize(timeout=60)
+        c.close()
+
+
+def test_a_blocking_communicator_follows_each_collective_and_closes_clean(device, rng):
+    try:
+        c = Communicator(device, unique_id(), 0, 1, options=CommOptions(timeout=30))
+    except CollectiveError as exc:
+        pytest.skip(f"NCCL is not available: {exc}")
+    assert c.options.blocking  # the default
+    x, dx = fresh(device, rng, 1 << 16)
+    out = device.empty(1 << 16, np.float32)
+    call = c.prepare("all_reduce", dx, out)
+    for _ in range(500):
+        call()
+    c.all_reduce(dx, out)
+    assert 0 < len(c.state.pending) <= 64  # followed, reaped as it goes
+    c.wait()
+    np.testing.assert_array_equal(out.numpy(), x)
+    c.close()
+    assert c.handle == 0 and c.stream.closed
+
+
 def test_torchrun_rendezvous_shares_the_unique_id(device):
     pytest.importorskip("torch", reason="torch is not installed")
     probe = str(Path(__file__).parents[1] / "data" / "rendezvous_probe.py")
@@ -139,12 +188,14 @@ def test_torchrun_rendezvous_shares_the_unique_id(device):
     assert len({r["unique_id"] for r in reports}) == 1
 
 
-def test_a_missing_peer_ends_init_within_the_timeout(device):
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "nonblocking"])
+def test_a_missing_peer_ends_init_within_the_timeout(device, blocking):
     import time
     t0 = time.monotonic()
     try:
         with pytest.raises(CollectiveError, match="did not complete within 5"):
-            Communicator(device, unique_id(), 0, 2, options=CommOptions(timeout=5))  # rank 1 never comes
+            # rank 1 never comes
+            Communicator(device, unique_id(), 0, 2, options=CommOptions(timeout=5, blocking=blocking))
     except CollectiveError as exc:  # NCCL missing altogether
         pytest.skip(str(exc))
     assert time.monotonic() - t0 < 30

@@ -1,0 +1,213 @@
+"""The watchdog: one thread per process that bounds every wait on a communicator.
+
+Blocking communicators (the default) let each NCCL call return as soon as its work is enqueued,
+at NCCL's own speed, but nothing then polls them: a collective whose peer is gone would hold its
+stream, and whoever waits on that stream, for good. So every collective shimrt enqueues is
+followed by an event (:meth:`CommState.follow`), and this thread, as torch's ProcessGroupNCCL
+watchdog does, looks at every open communicator a few times per timeout (:meth:`Watchdog.check`):
+
+- a host call into NCCL still running after the timeout (a blocking call waiting for a peer that
+  never answers) aborts the communicator: ncclCommAbort is what makes such a call return;
+- otherwise, when no call is in flight: the collectives' events, oldest first; one that has not
+  finished ``timeout`` seconds after it was enqueued aborts the communicator, and an
+  asynchronous NCCL error (ncclCommGetAsyncError: a peer failed) aborts it at once.
+
+The reason is kept on the communicator's :class:`CommState`, so its next call and any wait on it
+raise it as a :class:`CollectiveError`. The logic works on :class:`CommState` alone (its events
+need only ``record`` and ``query``, its communicator only ``poll`` and ``abort``), which the CPU
+tests drive with a clock of their own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable
+
+from ..errors import CollectiveError, ShimrtError
+
+#: How many followed collectives a communicator keeps before the caller reaps finished ones itself
+#: (a tight loop enqueues faster than the watchdog looks).
+REAP_AT = 64
+#: The watchdog looks at each communicator this many times per timeout, every 5 ms to 1 s.
+LOOKS_PER_TIMEOUT = 20
+SHORTEST_PAUSE, LONGEST_PAUSE = 0.005, 1.0
+
+
+class CommState:
+    """What the callers of one communicator and the watchdog share.
+
+    ``handle``: the ncclComm_t (a ctypes pointer; replaced by an empty one once closed or
+    aborted: a call checks it is still the one it packed). ``lock``: held by every host call
+    into NCCL on this communicator and by the watchdog while it looks, so an abort never frees
+    the communicator under a call. ``entered``: when the host call in flight began (0: none).
+    ``pending``: (event, when enqueued, what) of the collectives not yet seen finished, oldest
+    first. ``error``: why the communicator was aborted, raised by its next use.
+
+    ``new_event()`` makes an event (``record(stream)``, ``query()``); ``poll()`` answers NCCL's
+    asynchronous error (0: none); ``abort(reason)`` aborts the communicator.
+    """
+
+    def __init__(self, handle: Any, *, timeout: float, blocking: bool, new_event: Callable[[], Any],
+                 poll: Callable[[], int], abort: Callable[[str], None], name: str = "communicator"):
+        self.handle = handle
+        self.lock = threading.RLock()
+        self.entered = 0.0
+        self.call = ""
+        self.pending: deque = deque()
+        self.error: CollectiveError | None = None
+        self.timeout, self.blocking, self.name = timeout, blocking, name
+        self._new_event, self.poll, self.abort = new_event, poll, abort
+        self._spare: list = []
+        self._swap = threading.Lock()
+
+    def take_handle(self, empty: Any) -> Any:
+        """The handle, replaced by ``empty``; None when it was already taken (closed or aborted).
+        Atomic: of two threads aborting at once, one frees the communicator."""
+        with self._swap:
+            handle = self.handle
+            if not handle:
+                return None
+            self.handle = empty
+            return handle
+
+    def dead(self) -> CollectiveError:
+        """The error a call on a closed or aborted communicator raises."""
+        return self.error or CollectiveError("the communicator is closed or was aborted")
+
+    def follow(self, stream: Any, what: str, now: float) -> None:
+        """Record an event after the collective ``what`` just enqueued on ``stream``, for the
+        watchdog to follow. Called with the lock held."""
+        if len(self.pending) >= REAP_AT:
+            self.reap()
+        event = self._spare.pop() if self._spare else self._new_event()
+        event.record(stream)
+        self.pending.append((event, now, what))
+
+    def reap(self) -> None:
+        """Drop the finished collectives at the head of ``pending``, keeping their events."""
+        pending, spare = self.pending, self._spare
+        while pending and pending[0][0].query():
+            spare.append(pending.popleft()[0])
+
+    def overdue(self, now: float) -> str | None:
+        """Why the communicator must be aborted at ``now``, or None: its oldest unfinished
+        collective outlived the timeout, or NCCL reports an asynchronous error. Called with the
+        lock held."""
+        self.reap()
+        if self.pending:
+            _, since, what = self.pending[0]
+            if now - since > self.timeout:
+                return (f"{what} enqueued {now - since:.1f} s ago had not finished within the timeout of "
+                        f"{self.timeout:g} s (is every rank running?)")
+        state = self.poll()
+        if state not in (0, 7):  # 7: ncclInProgress, a non-blocking call still settling
+            return f"NCCL reported an asynchronous error ({state})"
+        return None
+
+    def stuck(self, now: float) -> str | None:
+        """The reason when a blocking host call has been in flight longer than the timeout."""
+        entered = self.entered
+        if self.blocking and entered and now - entered > self.timeout:
+            return (f"{self.call} did not return within {self.timeout:g} s (a peer that never answers?); the "
+                    "communicator was aborted to release it")
+        return None
+
+
+class Watchdog:
+    """Looks at every registered :class:`CommState` in a daemon thread of its own (started with
+    the first registration) and aborts those :meth:`check` finds overdue."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self._states: dict[int, CommState] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def register(self, state: CommState) -> None:
+        """Follow ``state`` until :meth:`unregister`; starts the thread if it is not running."""
+        with self._lock:
+            self._states[id(state)] = state
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, args=(weakref.ref(self),),
+                                                name="shimrt NCCL watchdog", daemon=True)
+                self._thread.start()
+        self._wake.set()  # a shorter timeout may need an earlier look
+
+    def unregister(self, state: CommState) -> None:
+        with self._lock:
+            self._states.pop(id(state), None)
+
+    def watched(self) -> list[CommState]:
+        with self._lock:
+            return list(self._states.values())
+
+    def check(self) -> list[tuple[CommState, str]]:
+        """One look at every communicator: abort each one that is overdue (see the module
+        docstring) and return (state, reason) for each aborted. A communicator whose look
+        fails (its events or NCCL raised) is aborted with that error as the reason."""
+        aborted = []
+        for state in self.watched():
+            now = self.clock()
+            reason = state.stuck(now)
+            if reason is None:
+                if not state.lock.acquire(blocking=False):
+                    continue  # a call is in flight: look again next time
+                try:
+                    if not state.handle:
+                        continue
+                    try:
+                        reason = state.overdue(now)
+                    except ShimrtError as exc:
+                        reason = f"following its collectives failed: {exc}"
+                    if reason is not None:
+                        self._abort(state, reason)
+                finally:
+                    state.lock.release()
+            else:
+                self._abort(state, reason)  # without the lock: the stuck call holds it
+            if reason is not None:
+                aborted.append((state, reason))
+        return aborted
+
+    def _abort(self, state: CommState, reason: str) -> None:
+        self.unregister(state)
+        state.error = CollectiveError(f"shimrt's watchdog aborted the {state.name}: {reason}")
+        try:
+            state.abort(reason)
+        except ShimrtError as exc:  # ncclCommAbort itself stuck: say so on the next use too
+            state.error = CollectiveError(f"{state.error}; then {exc}")
+
+    def pause(self) -> float:
+        """Seconds between looks: a twentieth of the shortest timeout, 5 ms to 1 s."""
+        timeouts = [s.timeout for s in self.watched()]
+        shortest = min(timeouts) if timeouts else LONGEST_PAUSE * LOOKS_PER_TIMEOUT
+        return min(max(shortest / LOOKS_PER_TIMEOUT, SHORTEST_PAUSE), LONGEST_PAUSE)
+
+    @staticmethod
+    def _run(ref: "weakref.ref[Watchdog]") -> None:
+        while True:
+            dog = ref()
+            if dog is None:
+                return
+            dog.check()
+            wake, pause = dog._wake, dog.pause()
+            del dog  # the thread does not keep its watchdog alive
+            wake.wait(pause)
+            wake.clear()
+
+
+_dog: Watchdog | None = None
+_dog_lock = threading.Lock()
+
+
+def watchdog() -> Watchdog:
+    """The process's one watchdog (made at first use)."""
+    global _dog
+    with _dog_lock:
+        if _dog is None:
+            _dog = Watchdog()
+        return _dog
