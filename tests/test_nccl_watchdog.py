@@ -33,6 +33,9 @@ class Marker:
             raise self.done
         return self.done
 
+    def close(self):
+        self.closed = True
+
 
 class Comm:
     """What the watchdog calls back: NCCL's asynchronous state and abort."""
@@ -195,6 +198,17 @@ def test_a_tight_loop_keeps_the_followed_collectives_bounded():
             c.state.follow("s", "all_reduce", float(i))
         c.state.pending[-1][0].done = True  # each finishes before the next is enqueued
     assert len(c.state.pending) <= wd.REAP_AT and len(c.made) <= wd.REAP_AT + 1
+
+
+def test_a_loop_that_waits_each_step_reuses_one_event_and_closing_releases_them():
+    c = Comm()
+    for i in range(100):
+        with c.state.lock:
+            c.state.follow("s", "all_reduce", float(i))
+        c.state.pending[-1][0].done = True  # the step waited for it
+    assert len(c.made) == 1  # recycled as soon as it finished
+    c.state.release()
+    assert not c.state.pending and all(getattr(m, "closed", False) for m in c.made)
 
 
 def test_the_handle_is_taken_once():

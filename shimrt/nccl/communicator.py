@@ -321,7 +321,15 @@ class Communicator:
         watchdog().unregister(self.state)
         if handle is not None:
             lib = self.lib
-            bounded(lambda: lib.ncclCommAbort(handle), "ncclCommAbort", self.options.timeout)
+            try:
+                bounded(lambda: lib.ncclCommAbort(handle), "ncclCommAbort", self.options.timeout)
+            finally:
+                # A stuck call aborted from the watchdog holds the lock until it returns: do not wait for good.
+                if self.state.lock.acquire(timeout=1.0):
+                    try:
+                        self.state.release()
+                    finally:
+                        self.state.lock.release()
 
     def close(self) -> None:
         """Destroy the communicator once its collectives have finished, and its stream. When they
@@ -343,6 +351,7 @@ class Communicator:
                                           "(a peer may be gone); the communicator was aborted")
                 with state.lock:
                     handle = state.take_handle(ctypes.c_void_p())
+                    state.release()
                 watchdog().unregister(state)
                 if handle is not None:
                     lib = self.lib

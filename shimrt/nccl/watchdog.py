@@ -28,8 +28,8 @@ from typing import Any, Callable
 
 from ..errors import CollectiveError, ShimrtError
 
-#: How many followed collectives a communicator keeps before the caller reaps finished ones itself
-#: (a tight loop enqueues faster than the watchdog looks).
+#: How many followed collectives a communicator keeps before the caller reaps finished ones even
+#: when it has spare events (a tight loop enqueues faster than the watchdog looks).
 REAP_AT = 64
 #: The watchdog looks at each communicator this many times per timeout, every 5 ms to 1 s.
 LOOKS_PER_TIMEOUT = 20
@@ -80,7 +80,7 @@ class CommState:
     def follow(self, stream: Any, what: str, now: float) -> None:
         """Record an event after the collective ``what`` just enqueued on ``stream``, for the
         watchdog to follow. Called with the lock held."""
-        if len(self.pending) >= REAP_AT:
+        if not self._spare or len(self.pending) >= REAP_AT:  # recycle before making: a loop keeps a few events
             self.reap()
         event = self._spare.pop() if self._spare else self._new_event()
         event.record(stream)
@@ -91,6 +91,16 @@ class CommState:
         pending, spare = self.pending, self._spare
         while pending and pending[0][0].query():
             spare.append(pending.popleft()[0])
+
+    def release(self) -> None:
+        """Close every event (the communicator is gone; one still pending is freed once done)."""
+        events = [e for e, _, _ in self.pending] + self._spare
+        self.pending.clear()
+        self._spare = []
+        for e in events:
+            close = getattr(e, "close", None)
+            if close is not None:
+                close()
 
     def overdue(self, now: float) -> str | None:
         """Why the communicator must be aborted at ``now``, or None: its oldest unfinished
