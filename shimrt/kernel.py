@@ -1,14 +1,10 @@
-"""Loaded modules and their kernels: checked launches, the launch fast path, and shaping.
+"""Loaded modules and their kernels: checked launches and shaping.
 
-``Kernel.launch`` is on the critical path of every step a user times, so for each kernel whose
-parameter layout the driver reports, shimrt builds (once, at first use) a small Python function
-with the layout baked in: each argument is written straight into a per-thread parameter block at
-its offset, with no loop and no lookups of the layout. A device array's pointer comes from a
-per-type getter (:func:`shimrt.args.pointer_getter`: a shimrt Buffer's attribute, a torch
-tensor's ``data_ptr()``, a CuPy array's ``data.ptr``), so torch and CuPy arguments cost about what
-Buffers do. Anything outside the common case (tuples for grid or block, a stream of another
-library, dynamic smem above the current limit, a value of another kind) falls back to the fully
-checked path, so the rules in :mod:`shimrt.args` hold either way.
+``Kernel.launch`` checks everything before it launches; for a kernel whose parameter layout the
+driver reports it is replaced by a function specialised to that layout
+(:func:`shimrt.launchpath.build_launch`), which takes the common forms at a fraction of the cost
+and leaves every other case to the checked path here, so the rules and messages are the same
+either way. ``Kernel.prepare`` checks and packs once for launches repeated as they are.
 
 The shaping padding (:meth:`Kernel.shape`) is one value: computed by :func:`shimrt.occupancy.shape`,
 confirmed against the driver once per kernel, block size and padding (:meth:`Kernel.confirm`),
@@ -17,46 +13,21 @@ and launched as ``dynamic_smem``.
 
 from __future__ import annotations
 
-import struct
 import threading
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from . import occupancy, validate
-from .args import Packer, encode, pointer_getters
+from .args import Packer
 from .errors import ShimrtError, UsageError
+from .launchpath import MAX_BLOCK, MAX_GRID, build_launch, dim3
 from .lifetime import Closing, finalizer
-from .memory import Buffer
 from .program import Program
-from .stream import Stream
 
 if TYPE_CHECKING:
     from .device import Device
 
-_MAX_GRID = (2**31 - 1, 65535, 65535)
-# Per dimension; x is bounded by the kernel's own limit on the product (at most 1024 threads).
-_MAX_BLOCK = (None, 1024, 64)
 #: The carveout a shaped kernel needs: all of the SM's L1/shared split as shared memory.
 SHAPED_CARVEOUT = 100
-
-
-def _dim3(value, what: str, most: tuple) -> tuple[int, int, int]:
-    """``value`` (an int or a tuple of 1-3 ints) as 3 dimensions, each positive and at most ``most``
-    (None: no bound of its own)."""
-    parts = value if isinstance(value, (tuple, list)) else (value,)
-    if not 1 <= len(parts) <= 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-                                            for v in parts):
-        raise UsageError(f"{what} must be an int or a tuple of 1-3 ints, not {value!r}")
-    dims = tuple(int(v) for v in parts)
-    dims = dims + (1,) * (3 - len(dims))
-    bounds = "(" + ", ".join("-" if m is None else str(m) for m in most) + ")"
-    if any(d < 1 for d in dims):
-        raise UsageError(f"{what} must be positive in every dimension (and at most {bounds}), not {value!r}")
-    if any(m is not None and d > m for d, m in zip(dims, most, strict=True)):
-        raise UsageError(f"{what} must be at most {bounds} in each dimension, not {value!r}: {dims} exceeds the "
-                         "limits")
-    return dims
 
 
 class Module(Closing):
@@ -216,9 +187,11 @@ class Kernel:
 
     def launch(self, grid: Any, block: Any, *args: Any, stream: Any = None, dynamic_smem: int = 0) -> None:
         """Launch on ``stream`` (None: the legacy default stream) with ``dynamic_smem`` bytes of
-        dynamic shared memory. ``grid`` and ``block`` are ints or tuples of up to 3 ints. Argument
-        rules: see :mod:`shimrt.args`. Dynamic smem above 48 KiB is opted in automatically.
-        Everything is checked before the launch; a bad launch raises UsageError and runs nothing."""
+        dynamic shared memory. ``grid`` and ``block`` are ints, or tuples or lists of 1-3 ints
+        (numpy integers too), within :data:`shimrt.launchpath.MAX_GRID` and ``MAX_BLOCK`` and the
+        kernel's threads per block. Argument rules: see :mod:`shimrt.args`. Dynamic smem above
+        48 KiB is opted in automatically. Everything is checked before the launch; a bad launch
+        raises UsageError and runs nothing."""
         # Replaced per instance by build_launch()'s function when the driver reports the
         # parameter layout; this is the general path.
         self._launch_checked(grid, block, args, stream, dynamic_smem)
@@ -239,7 +212,7 @@ class Kernel:
         """(grid, block, dynamic smem, stream handle) of a launch after every check, dims as 3-tuples."""
         if self._fn is None:
             raise UsageError(f"kernel {self.name}: its module is closed")
-        dims = _dim3(grid, "grid", _MAX_GRID), _dim3(block, "block", _MAX_BLOCK)
+        dims = dim3(grid, "grid", MAX_GRID), dim3(block, "block", MAX_BLOCK)
         threads = dims[1][0] * dims[1][1] * dims[1][2]
         if threads > self._max_threads:
             raise UsageError(f"block must have at most {self._max_threads} threads for kernel {self.name}, not "
@@ -290,107 +263,3 @@ class Kernel:
             if not err:
                 return
         drv.launch_error(err)
-
-
-# --- the launch fast path ----------------------------------------------------------------------
-
-_MISSING = object()  # an argument the caller did not give
-# size -> the memoryview formats of an unsigned and a signed item of that size.
-_FORMATS = {1: ("B", "b"), 2: ("H", "h"), 4: ("I", "i"), 8: ("Q", "q")}
-
-
-def build_launch(kernel: Kernel) -> Any:
-    """A function launch(grid, block, *args, stream=None, dynamic_smem=0) for ``kernel``, specialised
-    to its parameter layout (see the module docstring).
-
-    Each argument is written as one item of a typed memoryview of the parameter block (about a
-    third of the cost of a struct pack): a pointer through the unsigned view, a Python int
-    through the signed one (out of its range: the general rule, which also takes unsigned
-    values), a float through the floating one (float32 by struct, which refuses overflow). Any
-    other value, and any parameter of another size or alignment, goes through the general rule
-    (:func:`shimrt.args.encode`), which also raises every error.
-    """
-    layout = kernel.param_layout
-    n = len(layout)
-    names = [f"a{i}" for i in range(n)]
-    ns = {
-        "kernel": kernel, "device": kernel.device, "Stream": Stream, "Buffer": Buffer, "encode": encode,
-        # Fixed for the kernel's life (a closed module fails the guard before they are used):
-        "fn": kernel._fn, "raw_launch": kernel._launch, "local": kernel._local,
-        "null": kernel.device._stream_ref(None), "pointers": pointer_getters(), "ZERO": 0,
-        "pack_f4": struct.Struct("<f").pack_into,
-    }
-    formats: list[str] = []
-
-    def view_of(fmt: str) -> str:
-        if fmt not in formats:
-            formats.append(fmt)
-        return f"view_{fmt}"
-
-    body = []
-    for i, (offset, size) in enumerate(layout):
-        a = names[i]
-        generic = f"view_B[{offset}:{offset + size}] = encode({i}, {a}, {size})"  # every rule and message
-        view_of("B")
-        if size not in _FORMATS or offset % size:  # a struct by value, or an unaligned slot
-            body.append(f"    {generic}")
-            continue
-        unsigned, signed = view_of(_FORMATS[size][0]), view_of(_FORMATS[size][1])
-        k = offset // size
-        lines = [f"    t = type({a})"]
-        if size == 8:  # a device array first (the commonest): a Buffer's pointer, or its type's getter
-            lines += ["    if t is Buffer:", f"        p = {a}.device_pointer", "        if p is None:",
-                      f"            {generic}", "        else:", f"            {unsigned}[{k}] = p",
-                      "    elif t is int:"]
-        else:
-            lines += ["    if t is int:"]
-        lines += ["        try:", f"            {signed}[{k}] = {a}", "        except ValueError:",
-                  f"            {generic}"]
-        if size == 8:
-            lines += ["    elif t is float:", f"        {view_of('d')}[{k}] = {a}"]
-        elif size == 4:  # struct, not the view: a value beyond float32's range must raise, not become inf
-            lines += ["    elif t is float:", "        try:", f"            pack_f4(view_B, {offset}, {a})",
-                      "        except OverflowError:", f"            {generic}"]
-        if size == 8:
-            lines += ["    elif (get := pointers.get(t)) is not None:", f"        p = get({a})",
-                      "        if p is None:", f"            {generic}", "        else:",
-                      f"            {unsigned}[{k}] = p"]
-        body += lines + ["    else:", f"        {generic}"]
-    block = ", ".join(["address"] + [f"view_{f}" for f in formats]) + ("," if not formats else "")
-    ns["FORMATS"] = tuple(formats)
-    # The arguments are named parameters (no tuple to build and unpack); a missing one is the
-    # MISSING default and extra ones land in ``extra``, both sent to the checked path.
-    params = "".join(f"{a}=MISSING, " for a in names)
-    given = f"[a for a in ({', '.join(names)}{',' if n == 1 else ''}) if a is not MISSING] + list(extra)" \
-        if n else "list(extra)"
-    ns["MISSING"] = _MISSING
-    src = "\n".join([
-        f"def launch(grid, block, {params}*extra, stream=None, dynamic_smem=0):",
-        # Tuples, floats, wrong counts and sizes out of range leave for the checked path, which
-        # says precisely what is wrong. Types first: the comparisons then see ints only.
-        "    if not (type(grid) is type(block) is int and 0 < grid <= 2147483647",
-        "            and 0 < block <= kernel._fast_block_limit",
-        "            and (dynamic_smem is ZERO or type(dynamic_smem) is int",
-        "                 and 0 <= dynamic_smem <= kernel._smem_limit)",
-        f"            {f'and {names[-1]} is not MISSING ' if n else ''}and not extra):",
-        f"        return kernel._launch_checked(grid, block, {given}, stream, dynamic_smem)",
-        "    if stream is None:",
-        "        handle = null",
-        "    elif type(stream) is Stream and stream._launch_device is device:",
-        "        handle = stream._handle",
-        "    else:",
-        "        handle = device._stream_ref(stream)",
-        "    try:",
-        f"        {block} = local.block",
-        "    except AttributeError:",
-        f"        {block} = kernel._thread_block(FORMATS)",
-        *body,
-        "    err = raw_launch(fn, grid, 1, 1, block, 1, 1, dynamic_smem, handle, address, 0)[0]",
-        "    if err:",
-        "        kernel._launch_failed(err, (grid, 1, 1), (block, 1, 1), dynamic_smem, handle, address)",
-    ])
-    exec(compile(src, f"<shimrt launch of {kernel.name}>", "exec"), ns)
-    launch = ns["launch"]
-    launch.__doc__ = Kernel.launch.__doc__
-    launch.source = src  # for the curious and for tests
-    return launch

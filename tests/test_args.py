@@ -75,7 +75,8 @@ def test_specialised_launch_packs_like_the_general_rule():
     """The generated fast path writes the same bytes as shimrt.args.encode for every kind of value."""
     import threading
 
-    from shimrt.kernel import Kernel, build_launch
+    from shimrt.kernel import Kernel
+    from shimrt.launchpath import build_launch
 
     layout = [(0, 8), (8, 8), (16, 4), (20, 4), (24, 8), (32, 2)]
     seen = []
@@ -116,7 +117,7 @@ def test_specialised_launch_packs_like_the_general_rule():
     for args in cases:
         launch(4, 128, *args)
         assert seen.pop() == [encode(i, a, s) for i, (a, (_, s)) in enumerate(zip(args, layout, strict=True))]
-    launch((4, 1), 128, *cases[0])  # a tuple grid, a wrong count, a size too large: the checked path
+    launch((4, 1.0), 128, *cases[0])  # a float in a grid, a wrong count, a size too large: the checked path
     launch(4, 128, *cases[0][:-1])
     launch(4, 2048, *cases[0])
     assert seen == ["checked"] * 3

@@ -4,6 +4,12 @@ cuda.bindings both pre-packed and packing per launch; all launch the same CUBIN 
 an empty kernel taking one pointer, and ``add_i64`` taking three pointers and an int, passed as
 shimrt Buffers, torch tensors and CuPy arrays (against CuPy RawKernel with CuPy arrays).
 
+Grid forms: an empty kernel of six parameters (two pointers, a double, an int64, an int32, a
+uint64) launched 4 x 256 by every grid and block form shimrt takes (ints, tuples of 1 and 3, lists,
+numpy integers), with Python and with numpy scalars, each beside CuPy's RawKernel given the same
+form (CuPy takes tuples only: the int and list rows give it the 1-tuple) and the same scalars;
+pointers are each library's own arrays. The goal is at most 1.10x CuPy on each.
+
 Two figures per method, measured side by side with the methods interleaved:
 - enqueue: host time to issue a batch of launches small enough never to fill the driver's
   launch queue (the stream is drained between batches, outside the timed region), per launch:
@@ -59,10 +65,10 @@ def _cupy_kernel(program, name: str, stream):
 
 
 def _methods(dev: Device, stream):
-    """name -> function(n) that performs n launches (without synchronizing), and the baseline
-    each is compared with. Two kernels: ``empty(float*)`` (one pointer) and ``add_i64(out, a, b,
-    n)`` (three pointers and an int), the second with shimrt Buffers, torch tensors and CuPy
-    arrays as arguments."""
+    """name -> function(n) that performs n launches (without synchronizing), the baseline each is
+    compared with, what must outlive the launches, and the grid-form pairs (:func:`_form_methods`).
+    Kernels: ``empty(float*)`` (one pointer), ``add_i64(out, a, b, n)`` (three pointers and an int)
+    with shimrt Buffers, torch tensors and CuPy arrays as arguments, and the grid forms' ``six``."""
     from cuda.bindings import driver
     program = dev.compile(kernels.source("vector_ops"), name="vector_ops.cu")
     module = dev.load(program)
@@ -170,7 +176,71 @@ def _methods(dev: Device, stream):
         if name.startswith("add_i64"):
             base[name] = reference
     base[reference] = floor3
-    return methods, base, keep  # the ctypes memory must outlive the launches
+    forms = _form_methods(dev, stream, prepacked, methods, base, keep)
+    return methods, base, keep, forms  # the ctypes memory must outlive the launches
+
+
+#: The grid-forms kernel: six parameters of the kinds kernels take, and no work.
+FORMS_SOURCE = r"""
+extern "C" __global__ void six(double* out, const double* in, double a, long long n, int k, unsigned long long m) {}
+"""
+#: The goal of every grid-form row: shimrt's time per launch over CuPy's.
+FORMS_GOAL = 1.10
+
+
+def _form_methods(dev: Device, stream, prepacked, methods: dict, base: dict, keep: list) -> list[dict]:
+    """Add the grid-form rows to ``methods`` and ``base``: shimrt's ``six`` launched by each form,
+    beside CuPy's RawKernel with the same form and scalars; returns the pairs, as the JSON lists them."""
+    program = dev.compile(FORMS_SOURCE, name="launch_forms.cu")
+    module = dev.load(program)
+    six = module["six"]
+    bufs = [dev.empty(16, np.float64).memset(0) for _ in range(2)]
+    keep.extend([module, bufs])
+    floor = "six: cuda.bindings pre-packed"
+    methods[floor] = prepacked(six.handle, [bufs[0].ptr, bufs[1].ptr, 0, 1024, 7, 9])
+    base[floor] = "cuda.bindings pre-packed"
+    scalars = {"Python": (0.5, 1024, 7, 9), "numpy": (np.float64(0.5), np.int64(1024), np.int32(7), np.uint64(9))}
+    n4, n256 = np.int64(4), np.int64(256)
+    # (form, shimrt's grid and block, CuPy's grid and block, the scalars)
+    forms = [("int", 4, 256, (4,), (256,), "Python"),
+             ("tuple", (4,), (256,), (4,), (256,), "Python"),
+             ("3-tuple", (4, 1, 1), (256, 1, 1), (4, 1, 1), (256, 1, 1), "Python"),
+             ("list", [4], [256], (4,), (256,), "Python"),
+             ("numpy int", n4, n256, (n4,), (n256,), "Python"),
+             ("int", 4, 256, (4,), (256,), "numpy"),
+             ("tuple", (4,), (256,), (4,), (256,), "numpy")]
+    cp = _cupy_kernel(program, "six", stream)
+    if cp is not None:
+        cupy, raw, cstream = cp
+        arrays = [cupy.zeros(16, dtype=cupy.float64) for _ in range(2)]
+        keep.append(arrays)
+
+    def shimrt_form(grid, block, a, n_, k, m):
+        def run(n):
+            launch, (out, src) = six.launch, bufs
+            for _ in range(n):
+                launch(grid, block, out, src, a, n_, k, m, stream=stream)
+        return run
+
+    def cupy_form(grid, block, args):
+        def run(n):
+            with cstream:
+                for _ in range(n):
+                    raw(grid, block, args)
+        return run
+
+    pairs = []
+    for label, grid, block, cgrid, cblock, kind in forms:
+        mine = f"six, {label} grid, {kind} scalars: shimrt"
+        theirs = None if cp is None else f"six, {label} grid, {kind} scalars: CuPy"
+        methods[mine] = shimrt_form(grid, block, *scalars[kind])
+        base[mine] = theirs or floor
+        if theirs is not None:
+            methods[theirs] = cupy_form(cgrid, cblock, (*arrays, *scalars[kind]))
+            base[theirs] = floor
+        pairs.append({"form": label, "grid": repr(grid), "block": repr(block), "cupy_grid": repr(cgrid),
+                      "cupy_block": repr(cblock), "scalars": kind, "shimrt": mine, "cupy": theirs})
+    return pairs
 
 
 def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds: int = 5,
@@ -180,7 +250,7 @@ def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds:
         validate.integer(value, name, least=1)
     dev = device or Device()
     stream = dev.stream()
-    methods, base, keep = _methods(dev, stream)
+    methods, base, keep, forms = _methods(dev, stream)
     names = list(methods)
     enqueue = {name: [] for name in names}
     throughput = {name: [] for name in names}
@@ -220,18 +290,47 @@ def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds:
                                    "throughput_us": t, "throughput_ratio": t / statistics.median(throughput[b]),
                                    "baseline": b, "enqueue_batches_us": enqueue[name],
                                    "throughput_rounds_us": throughput[name]}
+    result["forms"] = judge_forms(result["methods"], forms)
     return result
 
 
+def judge_forms(methods: dict, pairs: list[dict]) -> list[dict]:
+    """The grid-form pairs with shimrt's enqueue and throughput ratios to CuPy (the shimrt rows'
+    baseline), ``goal`` and ``met`` (both ratios at most the goal); ratios and ``met`` are None
+    for a pair without CuPy. ``methods`` is a :func:`measure` result's."""
+    judged = []
+    for pair in pairs:
+        mine, theirs = methods[pair["shimrt"]], pair["cupy"]
+        ratios = {f"{f}_ratio": mine[f"{f}_ratio"] if theirs else None for f in ("enqueue", "throughput")}
+        met = None if not theirs else all(r <= FORMS_GOAL for r in ratios.values())
+        judged.append({**pair, **ratios, "goal": FORMS_GOAL, "met": met})
+    return judged
+
+
 def report(result: dict) -> str:
-    """The table of a :func:`measure` result."""
+    """The table of a :func:`measure` result, then the grid forms against CuPy."""
+    width = max([40, *map(len, result["methods"])])
     lines = [f"launch overhead on {result['device']} (median us per launch; ratio to the row's baseline)",
              f"  enqueue: {result['batches']} batches of {result['batch']}; "
              f"throughput: {result['rounds']} rounds of {result['launches']}",
-             f"{'method':40s} {'enqueue':>9s} {'ratio':>7s} {'throughput':>11s} {'ratio':>7s}  baseline"]
+             f"{'method':{width}s} {'enqueue':>9s} {'ratio':>7s} {'throughput':>11s} {'ratio':>7s}  baseline"]
     for name, m in result["methods"].items():
-        lines.append(f"{name:40s} {m['enqueue_us']:9.2f} {m['enqueue_ratio']:6.3f}x "
+        lines.append(f"{name:{width}s} {m['enqueue_us']:9.2f} {m['enqueue_ratio']:6.3f}x "
                      f"{m['throughput_us']:11.2f} {m['throughput_ratio']:6.3f}x  {m['baseline']}")
+    forms = result.get("forms", [])
+    if forms:
+        lines += ["", f"grid forms: shimrt over CuPy RawKernel with the same form and scalars, enqueue and "
+                      f"throughput (goal: at most {FORMS_GOAL:.2f}x on each)",
+                  f"{'grid, block (shimrt)':30s} {'scalars':7s} {'shimrt us':>9s} {'enqueue':>8s} "
+                  f"{'throughput':>10s}  goal"]
+        for p in forms:
+            us = result["methods"][p["shimrt"]]["enqueue_us"]
+            row = f"{p['grid'] + ', ' + p['block']:30s} {p['scalars']:7s} {us:9.2f}"
+            if p["cupy"] is None:
+                lines.append(f"{row}  CuPy is not installed: no ratio")
+            else:
+                lines.append(f"{row} {p['enqueue_ratio']:7.3f}x {p['throughput_ratio']:9.3f}x  "
+                             f"{'met' if p['met'] else 'MISSED'}")
     return "\n".join(lines)
 
 
