@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
-#   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); all: every part.
+#   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
+#   host-cost and latency runs alone; all: every part but latency (which nccl includes).
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -42,13 +43,25 @@ if [ "$part" = all ] || [ "$part" = benches ]; then
             "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json" \
             "shimrt.bench host-cost --json $OUT/host_cost.json")
 fi
-if [ "$part" = all ] || [ "$part" = nccl ]; then
+if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
+    # Latency against torch.distributed, 8 B to 256 MiB, blocking and non-blocking communicators: two processes
+    # on the GPU under MPS (the launcher's own daemon), and two ranks in one process.
+    lat="--ops all_reduce -b 8 -e 256M -f 2 -n 10 -w 3 --torch"
+    # Processes sharing the GPU run side by side under MPS; where it cannot be had, they time-slice (said so).
+    if python3 -c "import sys; from shimrt import mps
+try: sys.exit(bool(mps.running(mps.find_control())))
+except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
+    else mpsflag=; echo "MPS not usable here (see above): two processes time-slice the GPU" | tee -a "$summary"; fi
     steps+=("shimrt.bench host-cost --json $OUT/host_cost_multirank.json" \
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --json $OUT/latency_2procs.json" \
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2procs_nonblocking.json" \
+            "shimrt.bench collectives $lat --json $OUT/latency_2ranks.json" \
+            "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
-            "shimrt.launch --nproc 2 --devices 0,0 --timeout 300 -m shimrt.bench collectives -e 64M -n 10 -w 3 --torch --json $OUT/collectives_2procs.json" \
             "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
             "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT")
+    [ "$part" = latency ] && steps=("${steps[@]:0:5}")
   else
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
   fi
@@ -57,4 +70,6 @@ for step in "${steps[@]}"; do
   echo "== python -m $step" | tee -a "$summary"
   python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || status=1
 done
+# Nothing of --mps may outlive the run: no daemon, no private folder.
+python3 -c "import glob, sys; from shimrt import mps; left = mps.running(); f = glob.glob('/tmp/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || status=1
 exit $status

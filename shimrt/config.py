@@ -38,6 +38,16 @@ VARIABLES = {
     "SHIMRT_NCCL_UNIQUE_ID": "set by python -m shimrt.launch: the shared ncclUniqueId, as 256 hex digits",
     "SHIMRT_NCCL_UNIQUE_ID_ERROR": "set by python -m shimrt.launch instead of SHIMRT_NCCL_UNIQUE_ID when the "
                                    "launcher could not load NCCL: why; launch.init() in a rank raises it",
+    "SHIMRT_MPS_CONTROL": "path of NVIDIA's MPS control program for python -m shimrt.launch --mps; when set it is "
+                          "the only one used (default: nvidia-cuda-mps-control on PATH, then in /usr/local/nvidia/bin "
+                          "and /usr/bin)",
+    "SHIMRT_MPS": "set by python -m shimrt.launch --mps: 1 when the ranks are clients of the launcher's own MPS "
+                  "daemon (launch.init() then names MPS as the likely cause when a rank's GPU will not open)",
+    "CUDA_MPS_PIPE_DIRECTORY": "CUDA's: the folder of an MPS daemon's pipes (default /tmp/nvidia-mps); "
+                               "python -m shimrt.launch --mps sets it for the ranks to its own daemon's; read, not "
+                               "owned, by shimrt, to refuse a second daemon beside one already running there",
+    "CUDA_MPS_LOG_DIRECTORY": "CUDA's: the folder of an MPS daemon's logs; python -m shimrt.launch --mps sets it for "
+                              "the ranks to its own daemon's (removed when the launcher ends)",
     "RANK": "set by python -m shimrt.launch as torchrun does (SHIMRT_RANK); read under torchrun",
     "WORLD_SIZE": "set by python -m shimrt.launch as torchrun does (SHIMRT_WORLD_SIZE); read under torchrun",
     "LOCAL_RANK": "set by python -m shimrt.launch as torchrun does (SHIMRT_LOCAL_RANK); read under torchrun",
@@ -89,6 +99,9 @@ class Settings:
     ``nccl_library``, when set, is the only place the NCCL/RCCL loader looks: a path that does
     not load must be reported, never replaced by another NCCL found elsewhere. It is not checked
     here, so that everything that does not use NCCL (compiling kernels) works whatever it says.
+    ``mps_control`` (SHIMRT_MPS_CONTROL) likewise: :mod:`shimrt.mps` judges it when MPS is asked
+    for. ``mps_pipe_directory`` is CUDA_MPS_PIPE_DIRECTORY, the MPS daemon this process's CUDA
+    would join (None: CUDA's default, /tmp/nvidia-mps).
     """
 
     backend: str | None
@@ -97,6 +110,8 @@ class Settings:
     nccl_library: str | None = None
     rocm_path: str | None = None
     nccl_multi_rank_gpu: bool = False
+    mps_control: str | None = None
+    mps_pipe_directory: str | None = None
 
     def __post_init__(self) -> None:
         validate.one_of(self.backend, "backend", (None, *BACKENDS))
@@ -127,9 +142,12 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
         base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
         cache_dir = base / "shimrt"
     library = _get(env, "SHIMRT_NCCL_LIBRARY")
+    control = _get(env, "SHIMRT_MPS_CONTROL")
     return Settings(backend=backend, cache_dir=cache_dir, cache_enabled=not disabled,
                     nccl_library=os.path.expanduser(library) if library else None,
-                    rocm_path=_get(env, "ROCM_PATH"), nccl_multi_rank_gpu=_nccl_flag(env, "NCCL_MULTI_RANK_GPU_ENABLE"))
+                    rocm_path=_get(env, "ROCM_PATH"), nccl_multi_rank_gpu=_nccl_flag(env, "NCCL_MULTI_RANK_GPU_ENABLE"),
+                    mps_control=os.path.expanduser(control) if control else None,
+                    mps_pipe_directory=_get(env, "CUDA_MPS_PIPE_DIRECTORY"))
 
 
 def _nccl_flag(env: Mapping[str, str], name: str) -> bool:
@@ -146,6 +164,7 @@ class LaunchEnv:
     ``local_world_size`` is None when the launcher does not say. ``unique_id_error`` is why
     python -m shimrt.launch could not make the unique id (NCCL did not load there), or None.
     ``devices`` is SHIMRT_DEVICES (the GPU of each local rank), or None: local rank i on GPU i.
+    ``mps`` is SHIMRT_MPS: the rank is a client of python -m shimrt.launch --mps's own MPS daemon.
     """
 
     source: str | None
@@ -158,6 +177,7 @@ class LaunchEnv:
     local_world_size: int | None = None
     unique_id_error: str | None = None
     devices: tuple[int, ...] | None = None
+    mps: bool = False
 
     @property
     def device(self) -> int:
@@ -242,7 +262,8 @@ def launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     """The launch this process is part of: shimrt's launcher first (SHIMRT_RANK), then torchrun
     (RANK and WORLD_SIZE), then MPI (Open MPI's OMPI_COMM_WORLD_*, then PMI_*). UsageError naming
     the variable for a value that cannot be: a rank outside 0..size-1, a size below 1, a local
-    rank outside 0..local size-1, a unique id that is not 128 bytes in hex."""
+    rank outside 0..local size-1, a unique id that is not 128 bytes in hex, a SHIMRT_MPS that is
+    not a yes/no."""
     env = os.environ if environ is None else environ
     if _get(env, "SHIMRT_RANK") is not None:
         _required(env, "SHIMRT_WORLD_SIZE", "SHIMRT_RANK")
@@ -251,7 +272,7 @@ def launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
         uid = _unique_id(env)
         error = None if uid is not None else _get(env, "SHIMRT_NCCL_UNIQUE_ID_ERROR")
         return LaunchEnv("shimrt", rank, world, local, uid, local_world_size=lsize, unique_id_error=error,
-                         devices=_devices(env, local, lsize))
+                         devices=_devices(env, local, lsize), mps=bool(_switch(env, "SHIMRT_MPS")))
     if _get(env, "RANK") is not None and _get(env, "WORLD_SIZE") is not None:
         rank, world, local, lsize = _ranks(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
         port = _int(env, "MASTER_PORT", least=1, most=65535) if _get(env, "MASTER_PORT") is not None else None

@@ -32,7 +32,9 @@ script::
 Ranks may share a GPU: ``--devices 0,0`` (or ``SHIMRT_DEVICES=0,0``) maps local rank i to the
 i-th index listed. NCCL allows it from 2.30 with ``NCCL_MULTI_RANK_GPU_ENABLE=1``; two processes
 on one GPU time-slice it (right for correctness runs, not for speed), while two ranks in one
-process (``Communicator.local([dev, dev])``) run their kernels side by side.
+process (``Communicator.local([dev, dev])``) run their kernels side by side. ``--mps`` runs the
+ranks as clients of an MPS daemon of the launcher's own (:mod:`shimrt.mps`), so that processes
+sharing a GPU run side by side too; it is stopped after the ranks, whatever ends them.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import validate
+from . import mps, validate
 from .config import BACKENDS, LaunchEnv, device_map, devices_of, launch_env, settings
 from .errors import CollectiveError, ShimrtError, UsageError
 from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
@@ -144,7 +146,8 @@ def init(device: Any = None, *, options: Any = None) -> Any:
     Device(local_rank), or the local rank's GPU in SHIMRT_DEVICES), with the collective library
     of the device's backend and ``options`` (a :class:`shimrt.nccl.CommOptions`). The device is
     opened before the rendezvous, since its backend says which library makes the id. Ranks that
-    share a GPU are refused here, naming what is missing, when the NCCL loaded cannot do it."""
+    share a GPU are refused here, naming what is missing, when the NCCL loaded cannot do it.
+    Under python -m shimrt.launch --mps, a GPU that does not open names MPS as the likely cause."""
     from .device import Device
     from .nccl import CommOptions, Communicator
     if device is not None and not isinstance(device, Device):
@@ -153,7 +156,12 @@ def init(device: Any = None, *, options: Any = None) -> Any:
         raise UsageError(f"options must be a shimrt.nccl.CommOptions or None, not {type(options).__name__}")
     env = launch_env()
     if device is None:
-        device = Device(env.device)
+        try:
+            device = Device(env.device)
+        except ShimrtError as exc:
+            if not env.mps:
+                raise
+            raise mps.client_error(exc) from None
     if env.devices is not None and env.devices.count(device.index) > 1:
         from .nccl.config import check_shared_gpu
         from .nccl.library import load
@@ -227,7 +235,11 @@ no MASTER_ADDR or MASTER_PORT, which shimrt does not need. If NCCL does not load
 processes still start, and only those that call shimrt.launch.init() fail, saying why.
 
 --devices 0,0 puts both ranks on GPU 0 (SHIMRT_DEVICES); NCCL 2.30+ allows it with
-NCCL_MULTI_RANK_GPU_ENABLE=1, and the processes then time-slice the GPU.
+NCCL_MULTI_RANK_GPU_ENABLE=1, and the processes then time-slice the GPU, unless --mps makes them
+clients of one MPS daemon: the launcher starts its own (nvidia-cuda-mps-control -d, private pipe
+and log folders in CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY), and stops it after the
+ranks, signals and --timeout included. --mps refuses, before any rank starts, where MPS is not
+installed (SHIMRT_MPS_CONTROL names the control program) or a daemon already runs.
 
 Every line a process prints is prefixed with its rank. When one process fails, the others are
 stopped and the launcher exits with the failed process's code. SIGTERM, SIGINT and SIGHUP are
@@ -238,15 +250,16 @@ _EPILOG = """\
 examples:
   python -m shimrt.launch --nproc 8 train.py --epochs 3
   python -m shimrt.launch --nproc-per-node 2 --timeout 600 -m shimrt.bench collectives
-  NCCL_MULTI_RANK_GPU_ENABLE=1 python -m shimrt.launch --nproc 2 --devices 0,0 -m shimrt.selftest"""
+  NCCL_MULTI_RANK_GPU_ENABLE=1 python -m shimrt.launch --nproc 2 --devices 0,0 -m shimrt.selftest
+  NCCL_MULTI_RANK_GPU_ENABLE=1 python -m shimrt.launch --nproc 2 --devices 0,0 --mps train.py"""
 
 
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
     parser = argparse.ArgumentParser(
         prog="python -m shimrt.launch", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_HelpFormatter,
-        usage="python -m shimrt.launch --nproc N [--devices I,J,...] [--timeout SECONDS] (script | -m module) "
-              "[args ...]")
+        usage="python -m shimrt.launch --nproc N [--devices I,J,...] [--mps] [--timeout SECONDS] "
+              "(script | -m module) [args ...]")
     parser.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", metavar="N", required=True,
                         type=validate.argument(validate.integer, "--nproc", least=1),
                         help="how many processes to start (one per local GPU); the names are torchrun's too")
@@ -259,6 +272,10 @@ def _parser() -> argparse.ArgumentParser:
                         type=validate.argument(devices_of, "--devices"),
                         help="the GPU of each rank, one index per rank (0,0: two ranks on GPU 0; default: rank i on "
                              "GPU i, or SHIMRT_DEVICES)")
+    parser.add_argument("--mps", action="store_true",
+                        help="run the ranks as clients of an MPS daemon started for them and stopped after them, so "
+                             "that ranks sharing a GPU (--devices 0,0) run side by side instead of taking turns; it "
+                             "works with one rank per GPU too")
     parser.add_argument("--timeout", metavar="SECONDS", default=None,
                         type=validate.argument(validate.number, "--timeout", positive=True),
                         help="stop every process after this many seconds and exit with 124 (default: no limit)")
@@ -296,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
         settings()  # a bad SHIMRT_* value is refused here, before any process starts
-        return run(args.nproc, target, args.timeout, args.devices)
+        return run(args.nproc, target, args.timeout, args.devices, mps=args.mps)
     except ShimrtError as exc:
         say(str(exc))
         return 2

@@ -1,6 +1,8 @@
 """The launcher's processes: start one rank per local GPU with what it needs to join one
 communicator, pass on the signals a scheduler sends, and stop and reap every rank whatever
-happens (:func:`run`). ``python -m shimrt.launch`` (:mod:`shimrt.launch`) is its command line.
+happens (:func:`run`); with ``mps``, inside an MPS daemon of the launcher's own
+(:class:`shimrt.mps.Mps`), stopped after the ranks. ``python -m shimrt.launch``
+(:mod:`shimrt.launch`) is its command line.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Sequence
+from typing import IO, Mapping, Sequence
 
-from . import validate
+from . import backends, validate
 from .config import device_map
 from .errors import CollectiveError, ShimrtError, UsageError
+from .mps import Mps
 
 #: Seconds the ranks get to exit after the signal that stops them, before SIGKILL.
 GRACE_S = 5.0
@@ -91,13 +94,15 @@ def _unique_id() -> tuple[str | None, str | None]:
 
 
 def _rank_env(rank: int, nproc: int, uid: str | None, uid_error: str | None,
-              devices: tuple[int, ...] | None = None) -> dict[str, str]:
+              devices: tuple[int, ...] | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     if devices is not None:
         env["SHIMRT_DEVICES"] = ",".join(map(str, devices))
-    # A launcher's id or error left in our own environment must not reach the ranks.
+    # A launcher's id, error or MPS mark left in our own environment must not reach the ranks.
     env.pop("SHIMRT_NCCL_UNIQUE_ID", None)
     env.pop("SHIMRT_NCCL_UNIQUE_ID_ERROR", None)
+    env.pop("SHIMRT_MPS", None)
+    env.update(extra or {})
     for prefix in ("SHIMRT_", ""):  # shimrt's names, and torchrun's for torch.distributed code
         env.update({f"{prefix}RANK": str(rank), f"{prefix}WORLD_SIZE": str(nproc),
                     f"{prefix}LOCAL_RANK": str(rank), f"{prefix}LOCAL_WORLD_SIZE": str(nproc)})
@@ -110,11 +115,12 @@ def _rank_env(rank: int, nproc: int, uid: str | None, uid_error: str | None,
 
 
 def _start(rank: int, nproc: int, argv: list[str], uid: str | None, uid_error: str | None,
-           lock: threading.Lock, devices: tuple[int, ...] | None = None) -> _Rank:
+           lock: threading.Lock, devices: tuple[int, ...] | None = None,
+           extra: Mapping[str, str] | None = None) -> _Rank:
     try:
         # Its own session, as torchrun does: a terminal's Ctrl-C reaches the rank once (through
         # the launcher), and a signal to its group reaches whatever the rank started.
-        proc = subprocess.Popen([sys.executable, *argv], env=_rank_env(rank, nproc, uid, uid_error, devices),
+        proc = subprocess.Popen([sys.executable, *argv], env=_rank_env(rank, nproc, uid, uid_error, devices, extra),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         raise ShimrtError(f"could not start rank {rank}: {exc}") from None
@@ -193,17 +199,21 @@ def _stop(ranks: list[_Rank], sig: int, signals: _Signals, grace: float = GRACE_
 
 
 def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
-        devices: Sequence[int] | None = None) -> int:
+        devices: Sequence[int] | None = None, mps: bool = False) -> int:
     """Start ``nproc`` copies of ``python argv...``, one per local rank, and wait for them.
     ``devices``: the GPU of each rank (SHIMRT_DEVICES in their environment; None: rank i on GPU
-    i, or what SHIMRT_DEVICES already says).
+    i, or what SHIMRT_DEVICES already says). ``mps``: run them as clients of an MPS daemon
+    started for them (:class:`shimrt.mps.Mps`; MpsError, before any rank starts, where it
+    cannot be), stopped once every rank is reaped.
 
     Stops them all when one fails, when ``timeout`` seconds pass, or when the launcher gets
     SIGTERM, SIGINT or SIGHUP (passed on to each rank; SIGKILL after :data:`GRACE_S`).
     Returns 0 when every rank exits with 0; else the first failed rank's exit code (128 + N
     for a rank killed by signal N), 124 after the timeout, or 128 + N after the launcher got
-    signal N. UsageError for a bad argument. No rank is left running when it returns or raises."""
+    signal N. UsageError for a bad argument. No rank (and no MPS daemon) is left running when
+    it returns or raises."""
     nproc = validate.integer(nproc, "nproc", least=1)
+    mps = validate.boolean(mps, "mps")
     if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
         raise UsageError(f"argv must be a non-empty list of strings (a script and its arguments), not {argv!r}")
     argv = [validate.text(a, "every item of argv", empty=True) for a in argv]
@@ -223,14 +233,46 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
         say(f"NCCL did not load here, so a rank that calls shimrt.launch.init() will fail ({uid_error})")
     ranks: list[_Rank] = []
     lock = threading.Lock()
-    with _Signals() as signals:
+    daemon = Mps() if mps else None
+    with _Signals() as signals:  # a signal while the daemon starts is passed on once it runs
         code, stop_with = 0, signal.SIGTERM
         try:
+            extra = _start_mps(daemon) if daemon is not None else None
             for rank in range(nproc):
                 if signals.received:
                     break
-                ranks.append(_start(rank, nproc, argv, uid, uid_error, lock, devices))
+                ranks.append(_start(rank, nproc, argv, uid, uid_error, lock, devices, extra))
             code, stop_with = _watch(ranks, timeout, signals)
+            if daemon is not None and code not in (0, TIMEOUT_EXIT) and not signals.received:
+                for line in daemon.log_tail():  # a rank failed: what the MPS server saw, before it goes
+                    say(line)
         finally:
             _stop(ranks, stop_with, signals)
+            if daemon is not None:  # after the ranks are reaped: quit waits for its clients
+                for note in daemon.stop():
+                    say(note)
     return code
+
+
+def _gpu_problem() -> str | None:
+    """Why an MPS daemon could do nothing here (no CUDA driver, no NVIDIA GPU), or None. Loads
+    the CUDA driver in the launcher, without a context and outside MPS: its own daemon's folder
+    is only in the ranks' environment, and Mps.start refused any daemon the launcher's would find."""
+    try:
+        drv = backends.load("cuda", "driver")
+        drv.init()
+        count = drv.device_count()
+    except Exception as exc:  # only a warning hangs on it: whatever the bindings raise is the reason
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None if count else "the CUDA driver reports no device"
+
+
+def _start_mps(daemon: Mps) -> dict[str, str]:
+    """Start the ranks' MPS daemon; the environment its clients need."""
+    daemon.start()
+    problem = _gpu_problem()
+    say(f"MPS control daemon started (pid {daemon.pid}; pipes in {daemon.pipe_directory}, logs in "
+        f"{daemon.log_directory}); it is stopped when the ranks end")
+    if problem is not None:
+        say(f"--mps: no NVIDIA GPU can be used here ({problem}), so the MPS daemon can do nothing for the ranks")
+    return daemon.environment

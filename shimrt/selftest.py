@@ -1,10 +1,11 @@
 """Check what this machine can do with shimrt (compile, launch, overlap, communicate) and, where it cannot, why.
 
-Sections: environment, compile (every kernel for every target), device and communication
-(only with a GPU). Each check passes, fails, or is skipped with the reason and what would fix
-it; a reason or fix shared by consecutive checks is printed once (``--json`` repeats it on
-every check). The exit code is 0 when nothing failed (``--strict``: and nothing was skipped),
-1 when something did, 2 for a bad option or environment variable.
+Sections: environment (MPS included), compile (every kernel for every target), device and
+communication (only with a GPU; two rank processes under MPS too). Each check passes, fails, or
+is skipped with the reason and what would fix it; a reason or fix shared by consecutive checks
+is printed once (``--json`` repeats it on every check). The exit code is 0 when nothing failed
+(``--strict``: and nothing was skipped), 1 when something did, 2 for a bad option or environment
+variable.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import __version__, backends, cli, compiler, kernels, occupancy, targets
+from . import __version__, backends, cli, compiler, kernels, mpscheck, occupancy, targets
 from .errors import CollectiveError, NoDeviceError, ShimrtError
 
 COMPILE_TARGETS = ("sm_80", "sm_86", "sm_90", "gfx90a")
@@ -49,7 +50,7 @@ def _run(section: str, name: str, fn, results: list, progress) -> object:
     try:
         value = fn()
         status, detail, fix = "pass", value if isinstance(value, str) else "", ""
-    except _Skip as s:
+    except (_Skip, mpscheck.Unavailable) as s:
         status, detail, fix = "skip", str(s), s.fix
     except ShimrtError as exc:
         status, detail, fix = "fail", str(exc), ""
@@ -71,6 +72,7 @@ def _environment(results, progress):
 
     for backend in backends.NAMES:
         _backend_environment(backend, results, progress)
+    _run(sec, "MPS", mpscheck.status, results, progress)
 
 
 # How to get each backend's libraries, for skips.
@@ -153,16 +155,14 @@ def _device(results, progress):
     from .device import Device
     try:
         dev = Device()
-    except NoDeviceError as exc:
-        for name in DEVICE_CHECKS + COMMUNICATION_CHECKS:
-            section = "communication" if name in COMMUNICATION_CHECKS else sec
-            results.append(Check(section, name, "skip", f"no GPU: {exc}", "run on a machine with a GPU and its driver"))
-        return None
-    except ShimrtError as exc:  # a GPU is there but would not open: that is a failure, not a skip
-        results.append(Check(sec, "open device", "fail", str(exc)))
-        for name in DEVICE_CHECKS[1:] + COMMUNICATION_CHECKS:
-            section = "communication" if name in COMMUNICATION_CHECKS else sec
-            results.append(Check(section, name, "skip", "the device did not open (see above)"))
+    except ShimrtError as exc:
+        failed = not isinstance(exc, NoDeviceError)  # a GPU is there but would not open: a failure, not a skip
+        if failed:
+            results.append(Check(sec, "open device", "fail", str(exc)))
+        why, fix = (("the device did not open (see above)", "") if failed else
+                    (f"no GPU: {exc}", "run on a machine with a GPU and its driver"))
+        for name in DEVICE_CHECKS[failed:] + COMMUNICATION_CHECKS:
+            results.append(Check("communication" if name in COMMUNICATION_CHECKS else sec, name, "skip", why, fix))
         return None
     results.append(Check(sec, "open device", "pass", f"{dev!r}: {dev.target.num_sms} SMs, "
                          f"{dev.target.smem_per_sm} B smem/SM, priorities {dev.priority_range}"))
@@ -208,7 +208,8 @@ def _device(results, progress):
 
 DEVICE_CHECKS = ["open device", "launch correctness", "large dynamic shared memory", "stream priorities",
                  "shaping confirmed by the driver", "overlap: prioritized comm beside shaped compute", "SM partition"]
-COMMUNICATION_CHECKS = ["library", "single-rank collective", "N-rank collective"]
+COMMUNICATION_CHECKS = ["library", "single-rank collective", "N-rank collective",
+                        "N-rank collective, processes under MPS"]
 
 
 def _comm_standin(dev):
@@ -337,6 +338,7 @@ def _communication(dev, results, progress):
             for c in comms:
                 c.close()
     _run(sec, "N-rank collective", many, results, progress)
+    _run(sec, "N-rank collective, processes under MPS", lambda: mpscheck.selftest(dev, lib), results, progress)
 
 
 # --- output ---------------------------------------------------------------------------------

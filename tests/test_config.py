@@ -74,6 +74,29 @@ def test_nccl_library_is_carried_never_refused(tmp_path):
     assert settings({"ROCM_PATH": "/opt/rocm"}).rocm_path == "/opt/rocm"
 
 
+def test_mps_settings_are_carried_never_refused():
+    # The MPS module judges the control program when --mps asks for it; nothing else needs it.
+    assert settings({"SHIMRT_MPS_CONTROL": "/nonexistent/nvidia-cuda-mps-control"}).mps_control == \
+        "/nonexistent/nvidia-cuda-mps-control"
+    assert settings({"SHIMRT_MPS_CONTROL": "~/mps"}).mps_control == str(Path.home() / "mps")
+    assert settings({"SHIMRT_MPS_CONTROL": " "}).mps_control is None and settings({}).mps_control is None
+    assert settings({"CUDA_MPS_PIPE_DIRECTORY": " /tmp/p "}).mps_pipe_directory == "/tmp/p"
+    assert settings({}).mps_pipe_directory is None
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("yes", True), ("0", False), ("", False), (None, False)])
+def test_the_launchers_mps_mark_is_read(value, expected):
+    env = dict(SHIMRT) if value is None else dict(SHIMRT, SHIMRT_MPS=value)
+    assert launch_env(env).mps is expected
+    assert launch_env({"RANK": "0", "WORLD_SIZE": "1", "SHIMRT_MPS": "1"}).mps is False  # shimrt's launcher's only
+
+
+def test_a_bad_mps_mark_names_the_variable():
+    with pytest.raises(UsageError, match="^SHIMRT_MPS must be one of 1, true, yes, on, 0, false, no, off, "
+                                         "not 'maybe'$"):
+        launch_env(dict(SHIMRT, SHIMRT_MPS="maybe"))
+
+
 def test_settings_checks_direct_construction(tmp_path):
     with pytest.raises(UsageError, match="backend must be one of None, cuda, hip, not 'xyz'"):
         Settings(backend="xyz", cache_dir=tmp_path, cache_enabled=True)
@@ -92,7 +115,8 @@ def test_settings_reads_os_environ(monkeypatch):
 def test_every_variable_is_documented():
     for name in ("SHIMRT_BACKEND", "SHIMRT_CACHE_DIR", "SHIMRT_DISABLE_CACHE", "SHIMRT_NCCL_LIBRARY", "SHIMRT_RANK",
                  "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE", "SHIMRT_NCCL_UNIQUE_ID",
-                 "SHIMRT_NCCL_UNIQUE_ID_ERROR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+                 "SHIMRT_NCCL_UNIQUE_ID_ERROR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                 "SHIMRT_MPS_CONTROL", "SHIMRT_MPS", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
         assert VARIABLES.get(name), name
     assert "LOCAL_WORLD_SIZE" in FOREIGN_LAUNCH_VARIABLES
 

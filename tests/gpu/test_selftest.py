@@ -24,6 +24,17 @@ def test_full_selftest_passes_quickly(device):
     n_rank = by[("communication", "N-rank collective")]
     # Passes with 2+ GPUs, or 2 ranks on one GPU where NCCL can; else skipped, saying why.
     assert n_rank["status"] == "pass" or "puts several ranks on one GPU" in n_rank["detail"], n_rank
+    # MPS: found (and whether a daemon runs), or skipped saying it is not installed.
+    mps_row = by[("environment", "MPS")]
+    assert (mps_row["status"] == "pass" and "nvidia-cuda-mps-control" in mps_row["detail"]
+            or mps_row["status"] == "skip" and "MPS is not installed here" in mps_row["detail"]), mps_row
+    # Two rank processes on the GPU under MPS where MPS and a GPU NCCL can share (or two GPUs) are here.
+    processes = by[("communication", "N-rank collective, processes under MPS")]
+    if processes["status"] == "skip":
+        assert (mps_row["status"] == "skip" or "already runs" in processes["detail"]
+                or "puts several ranks on one GPU" in processes["detail"]), processes
+    else:
+        assert processes["status"] == "pass" and "under MPS equals numpy" in processes["detail"], processes
     shown = [r for r in results if r["section"] in ("device", "communication")]
     print(f"\nselftest took {elapsed:.1f} s:")
     for r in shown:
