@@ -36,6 +36,9 @@ class Rtc(Protocol):
     def compile_source(self, source: str, arch: str, options: list[str],
                        name: str) -> tuple[bytes, str, dict, dict]: ...
     def binary_arch(self, binary: bytes) -> str: ...
+    def include_search(self, options: list[str], name: str) -> Any: ...  # shimrt.includes.SearchPath
+    def compile_with_reads(self, source: str, arch: str, options: list[str],
+                           name: str) -> tuple[bytes, str, dict, dict, tuple[str, ...] | None]: ...
 
 
 class Driver(Protocol):

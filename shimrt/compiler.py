@@ -1,33 +1,35 @@
 """``compile()``: source to a :class:`Program` for one target, through NVRTC or hipRTC, cached on disk.
 
-The cache key covers everything that changes the output: the source, its name, the options,
-the arch, the compiler's version and the contents of every header in the include folders.
-Entries are written atomically (temporary file + rename) and carry a SHA-256 of their bytes;
-an entry that fails the check is recompiled and rewritten, never trusted.
+The cache key covers everything the compile reads: the source, its name, every option (the include
+folders among them), the arch, the compiler (its version and the library file that will compile),
+and every header the source can reach through the compiler's search path, found by
+:func:`shimrt.includes.scan` before each lookup: every file the search could open (any extension,
+through ``include_dirs``, ``-I`` in any spelling, an absolute path, the including file's folder or a
+forced include, at any depth) with the SHA-256 of its bytes, so a changed header, and a header that
+appears earlier on the search path, are misses. Where the compiler itself lists what it read
+(hipRTC), files the scan could not predict (system headers) are stored with the entry and checked
+before it is served. A source whose headers cannot be known (a header named by a macro, an option
+such as ``-Xcudafe``) compiles without the cache, with one warning.
+
+Entries are written atomically and carry a SHA-256, their own key and metadata checked field by
+field (:mod:`shimrt.cache`); anything else is recompiled and rewritten, never trusted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import re
-import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
-from . import backends, kernels, targets, validate
+from . import backends, includes, kernels, targets, validate
+from . import cache as disk
 from .config import settings
 from .errors import UsageError
-from .program import KernelResources, Program
+from .program import Program
 from .targets import Target
-
-log = logging.getLogger(__name__)
-
-_MAGIC = b"SHIMRT-PROGRAM-2\n"
-_DIGEST = 32
-
 
 # Options that pick the GPU architecture (NVRTC's, hipRTC's and clang's spellings): the target
 # does that, and an option saying otherwise would label a Program with an arch its binary is not.
@@ -57,26 +59,80 @@ def compile(source: str, target: "str | Target", *, options: Iterable[str] = (),
     full = tuple(backend.default_options(target.arch)) + tuple(f"-I{d}" for d in dirs) + options
     cfg = settings()
     use_cache = cfg.cache_enabled if cache is None else cache
-    compiler = backend.version()
-    entry = None
-    if use_cache:
-        entry = cfg.cache_dir / (_key(source, name, options, target.arch, compiler, dirs) + ".bin")
-        cached = _read(entry)
-        if cached is not None:
-            binary, meta = cached
+    job = _Job(backend, source, target, name, full, backend.version())
+    return job.cached(cfg.cache_dir) if use_cache else job.program(*backend.compile_source(*job.args))
+
+
+class _Job:
+    """One compile: its inputs, the backend that runs it, and the way through the cache."""
+
+    def __init__(self, backend: Any, source: str, target: Target, name: str, options: tuple[str, ...],
+                 compiler: str):
+        self.backend, self.source, self.target, self.name = backend, source, target, name
+        self.options, self.compiler = options, compiler
+        self.args = (source, target.arch, list(options), name)
+
+    def program(self, binary: bytes, log: str, resources: dict, params: dict, *, from_cache: bool = False) -> Program:
+        return Program(binary=binary, log=log, target=self.target, resources=resources, name=self.name,
+                       options=self.options, compiler=self.compiler, params=params, from_cache=from_cache)
+
+    def cached(self, folder: Path) -> Program:
+        search = self.backend.include_search(list(self.options), self.name)
+        before = includes.scan(self.source, search)
+        if before.untracked:
+            disk.warn_once(folder, before.untracked,
+                           f"shimrt: compiling {self.name} without the cache: {before.untracked}")
+            return self.program(*self.backend.compile_source(*self.args))
+        key = self.key(before)
+        entry = disk.load(folder, key)
+        if entry is not None and all(includes.file_digest(p) == d for p, d in entry.reads.items()):
             try:
-                return Program(binary=binary, log=meta["log"], target=target, name=name, options=full,
-                               compiler=compiler, from_cache=True,
-                               resources={k: KernelResources.from_dict(v) for k, v in meta["resources"].items()},
-                               params={k: tuple(tuple(p) for p in v) for k, v in meta.get("params", {}).items()})
-            except (KeyError, TypeError, ValueError) as exc:  # UsageError is a ValueError too
-                log.warning("shimrt: ignoring corrupt cache entry %s (%s); recompiling", entry, exc)
-    binary, text, resources, params = backend.compile_source(source, target.arch, list(full), name)
-    program = Program(binary=binary, log=text, target=target, resources=resources, name=name,
-                      options=full, compiler=compiler, params=params)
-    if entry is not None:
-        _write(entry, program)
-    return program
+                return self.program(entry.binary, entry.log, entry.resources, entry.params, from_cache=True)
+            except UsageError as exc:  # what the cache checks cannot see, the Program refuses
+                disk.warn_once(folder, "invalid", f"shimrt: ignoring the compile cache entry {key}: {exc}")
+        binary, log, resources, params, read = self.backend.compile_with_reads(*self.args)
+        program = self.program(binary, log, resources, params)
+        # A header changed while the compiler read it: the key may not describe this binary.
+        if includes.scan(self.source, search).digest() == before.digest():
+            reads = _reported(read, before)
+            if reads is not None:
+                disk.store(folder, key, disk.Entry(binary, log, resources, params, reads))
+        return program
+
+    def key(self, scan: includes.Scan) -> str:
+        blob = json.dumps({"format": disk.MAGIC.decode(), "source": self.source, "name": self.name,
+                           "options": list(self.options), "arch": self.target.arch,
+                           "compiler": [self.compiler, _library_stamp(self.backend.library_path())],
+                           "headers": scan.digest()}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _reported(read: tuple[str, ...] | None, scan: includes.Scan) -> dict[str, str] | None:
+    """{path: SHA-256} of the files the compiler says it read that the scan did not predict;
+    None when one of them cannot be read now (the entry could not be checked later)."""
+    known = set(scan.inputs)
+    extra = {}
+    for path in read or ():
+        path = includes.canonical(path)
+        if path in known or path in extra:
+            continue
+        digest = includes.file_digest(path, disk.MAX_ENTRY_BYTES)
+        if digest is None:
+            return None
+        extra[path] = digest
+    return extra
+
+
+def _library_stamp(path: str | None) -> list:
+    """The compiler library's path, size and modification time: a patch release that keeps the
+    version number (nvrtc 13.5) still changes the key."""
+    if not path:
+        return []
+    try:
+        st = os.stat(path)
+    except OSError:
+        return [path]
+    return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
 
 
 def _options(options) -> tuple[str, ...]:
@@ -90,56 +146,3 @@ def _options(options) -> tuple[str, ...]:
             raise UsageError(f"options must not set the architecture: pass the target instead "
                              f"(shimrt.compile(source, 'sm_80') or 'gfx90a'), not {option!r}")
     return tuple(options)
-
-
-def _key(source, name, options, arch, compiler, dirs) -> str:
-    h = hashlib.sha256()
-    headers = {}
-    for d in dirs:
-        for p in kernels.headers([d]):
-            headers[str(p.relative_to(d))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    blob = json.dumps({"source": source, "name": name, "options": list(options), "arch": arch,
-                       "compiler": compiler, "headers": headers, "format": _MAGIC.decode()}, sort_keys=True)
-    h.update(blob.encode())
-    return h.hexdigest()
-
-
-def _read(path: Path):
-    """(binary, meta) of a valid entry, or None for a miss or a corrupt entry."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    try:
-        body, digest = data[:-_DIGEST], data[-_DIGEST:]
-        if not body.startswith(_MAGIC) or hashlib.sha256(body).digest() != digest:
-            raise ValueError("bad magic or checksum")
-        rest = body[len(_MAGIC):]
-        meta_len = int.from_bytes(rest[:8], "little")
-        meta = json.loads(rest[8:8 + meta_len])
-        binary = rest[8 + meta_len:]
-        if len(binary) != meta["binary_size"]:
-            raise ValueError("truncated")
-        return binary, meta
-    except (ValueError, KeyError, TypeError) as exc:
-        log.warning("shimrt: ignoring corrupt cache entry %s (%s); recompiling", path, exc)
-        return None
-
-
-def _write(path: Path, program: Program) -> None:
-    meta = json.dumps({"log": program.log, "binary_size": len(program.binary),
-                       "resources": {k: v.to_dict() for k, v in program.resources.items()},
-                       "params": {k: [list(p) for p in v] for k, v in program.params.items()}}).encode()
-    body = _MAGIC + len(meta).to_bytes(8, "little") + meta + program.binary
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".bin")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(body + hashlib.sha256(body).digest())
-            os.replace(tmp, path)  # atomic: readers see the old entry or the whole new one
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:  # an unwritable cache slows compiles down; it must not fail them
-        log.warning("shimrt: could not write the compile cache at %s: %s", path.parent, exc)

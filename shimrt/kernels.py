@@ -68,8 +68,9 @@ def include_folders(include_dirs: Any) -> list[Path]:
 
 
 def headers(include_dirs: Any) -> list[Path]:
-    """Every header in the include folders (one folder, or a list of them), sorted (their contents key
-    the compile cache)."""
+    """Every ``*.h`` and ``*.cuh`` file in the include folders (one folder, or a list of them), sorted.
+    (Not what keys the compile cache: that is every file a compile can read, whatever its name; see
+    :mod:`shimrt.includes`.)"""
     found = []
     for d in include_folders(include_dirs):
         found.extend(sorted(p for p in d.rglob("*") if p.suffix in HEADER_SUFFIXES and p.is_file()))

@@ -89,10 +89,21 @@ class Program:
                              f"not {self.resources!r}")
         if not isinstance(self.options, tuple) or not all(isinstance(o, str) for o in self.options):
             raise UsageError(f"Program.options must be a tuple of strings, not {self.options!r}")
-        if not isinstance(self.params, dict):
-            raise UsageError(f"Program.params must be a dict, not {self.params!r}")
+        object.__setattr__(self, "params", _layouts(self.params))
 
     @property
     def kernels(self) -> list[str]:
         """Names of the kernels (entry functions) in the program."""
         return sorted(self.resources)
+
+
+def _layouts(params: object) -> dict[str, tuple[tuple[int, int], ...]]:
+    """``params`` as {kernel: ((offset, size), ...)}, each a pair of ints >= 0; UsageError otherwise."""
+    def pair(p: object) -> bool:
+        return isinstance(p, (tuple, list)) and len(p) == 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in p)
+    if not isinstance(params, dict) or not all(
+            isinstance(k, str) and isinstance(v, (tuple, list)) and all(pair(p) for p in v) for k, v in params.items()):
+        raise UsageError(f"Program.params must be a dict of kernel name -> ((offset, size), ...) pairs of ints >= 0, "
+                         f"not {params!r}")
+    return {k: tuple((p[0], p[1]) for p in v) for k, v in params.items()}

@@ -21,6 +21,7 @@ import pytest
 
 import shimrt
 from shimrt import CollectiveError, UsageError, kernels, occupancy, targets
+from shimrt.cuda import rtc
 from shimrt.device import Device, host_array, partition_sms, stream_priority
 from shimrt.kernel import Kernel
 from shimrt.memory import Buffer, as_dtype, as_shape
@@ -492,23 +493,16 @@ def test_cache_no_is_refused_and_cache_false_never_touches_the_cache(cache_dir):
     assert shimrt.compile(EMPTY_KERNEL, "sm_90", cache=np.True_).from_cache
 
 
-def test_one_include_dir_as_a_string_is_one_folder(cache_dir, tmp_path, monkeypatch):
+def test_one_include_dir_as_a_string_is_one_folder(cache_dir, tmp_path):
     include = tmp_path / "inc"
     include.mkdir()
     (include / "answer.h").write_text("#define ANSWER 42\n")
-    hashed = []
-    real = kernels.headers
-
-    def spy(dirs):
-        hashed.extend(Path(d) for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs))
-        return real(dirs)
-    monkeypatch.setattr(kernels, "headers", spy)
     source = '#include "answer.h"\nextern "C" __global__ void k(int* p) { *p = ANSWER; }'
     for given in (str(include), include, [str(include)], (include,)):
-        hashed.clear()
         program = shimrt.compile(source, "sm_90", include_dirs=given)
-        assert hashed == [include.resolve()]  # never "/" or one-letter folders
         assert program.options.count(f"-I{include.resolve()}") == 1
+        # the folders the compile searches, and so the cache hashes: never "/" or one-letter folders
+        assert rtc.include_search(list(program.options), program.name).folders == (str(include.resolve()),)
     assert kernels.headers(str(include)) == [include / "answer.h"]
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 
-from .. import elf
+from .. import elf, includes
 from ..errors import CompileError
 from ..program import KernelResources
 from .check import _bindings, check, describe
@@ -43,6 +44,31 @@ def default_options(arch: str) -> list[str]:
     if tuple(check(nvrtc.nvrtcVersion(), "nvrtcVersion")) >= (12, 9):
         options.append("--no-cache")
     return options
+
+
+# How NVRTC finds headers, as strace shows NVRTC 13.5 doing it (NVRTC reports none of it: no API
+# lists the files opened, and it refuses -M, -MD, -MF, --dependency-output, --generate-dependencies
+# and -H). A quote include looks in the including file's folder (for the main source: the folder of
+# its name, taken from the working directory), then in each -I folder; an angled one in the -I
+# folders, trying NAME.stdh too for a name without a suffix; --pre-include files are looked for in
+# the working directory, then in the -I folders. -Xcudafe hands the front end options shimrt cannot
+# read, and precompiled headers in files are read outside any #include.
+_INCLUDE_FLAGS = {"-I": ("folder", "joined-eq"), "--include-path": ("folder", "eq"),
+                  "--pre-include": ("file", "eq"), "-include": ("file", "eq")}
+_UNTRACKED = ("-Xcudafe", "--use-pch", "--use_pch", "--create-pch", "--create_pch", "--pch-dir", "--pch_dir")
+
+
+def include_search(options: list[str], name: str) -> includes.SearchPath:
+    """Where NVRTC will look for the headers of source ``name`` compiled with ``options``."""
+    return includes.search_path(options, flags=_INCLUDE_FLAGS, untracked=_UNTRACKED,
+                                main_folder=os.path.dirname(name) or ".",
+                                alt_suffixes=(".stdh",))
+
+
+def compile_with_reads(source: str, arch: str, options: list[str],
+                       name: str) -> tuple[bytes, str, dict, dict, tuple[str, ...] | None]:
+    """:func:`compile_source`, and the files the compiler read: None, since NVRTC cannot say."""
+    return (*compile_source(source, arch, options, name), None)
 
 
 def _text(buf) -> str:

@@ -8,7 +8,11 @@ map; see LLVM's AMDGPUUsage "Code Object V3+ Metadata"): VGPRs, AGPRs, SGPRs, st
 
 from __future__ import annotations
 
-from .. import elf
+import os
+import re
+import tempfile
+
+from .. import elf, includes
 from ..errors import CompileError, NoDeviceError
 from ..program import KernelResources
 from .check import _bindings, check, describe, loaded
@@ -16,6 +20,27 @@ from .check import library_path as _library_path
 
 EM_AMDGPU = 224
 NT_AMDGPU_METADATA = 32
+
+# How hipRTC finds headers (strace of hipRTC 5.2.3): its options are clang's, and comgr compiles a
+# copy of the source in a fresh temporary folder, so a quote include of the main source finds nothing
+# beside it; then come comgr's own include folder, the -I, -isystem, -iquote and -idirafter folders,
+# and the host's system folders (libstdc++'s, /usr/local/include, /usr/include); clang takes more
+# folders from CPATH and CPLUS_INCLUDE_PATH. -include files are looked for in the working directory,
+# then in the search folders. Clang's -MD -MF FILE makes it list every file it read, system headers
+# too, which compile_with_reads() returns. Options that move the search where shimrt cannot follow
+# it (a sysroot, prefixes, response files, modules, -Xclang) make the reads unknowable.
+_INCLUDE_FLAGS = {"-I": ("folder", "joined"), "--include-directory": ("folder", "eq"),
+                  "-isystem": ("folder", "joined"), "-iquote": ("folder", "joined"),
+                  "-idirafter": ("folder", "joined"), "--include-directory-after": ("folder", "eq"),
+                  "-cxx-isystem": ("folder", "joined"), "-include": ("file", "joined"),
+                  "--include": ("file", "eq"), "-imacros": ("file", "joined"), "--imacros": ("file", "eq")}
+_UNTRACKED = ("@", "-I-", "-include-pch", "-iprefix", "-iwithprefix", "-isysroot", "--sysroot", "-isystem-after",
+              "-iframework", "-F", "-ivfsoverlay", "-Xclang", "-Xpreprocessor", "-Wp,", "-fmodule", "-fprebuilt",
+              "--rocm-path", "--hip-path", "--cuda-path", "--config", "-B", "--gcc-toolchain", "--gcc-install-dir",
+              "-resource-dir", "--embed-dir")
+_INCLUDE_VARIABLES = ("CPATH", "CPLUS_INCLUDE_PATH")  # clang reads them; NVRTC does not
+_MAX_DEPFILE_BYTES = 16 << 20
+_DEP_WORD = re.compile(r"(?:\\.|[^\s\\]|\\$)+")
 
 
 def version() -> str:
@@ -35,14 +60,59 @@ def default_options(arch: str) -> list[str]:
     return [f"--offload-arch={arch}", "-O3", "-std=c++17"]
 
 
+def include_search(options: list[str], name: str) -> includes.SearchPath:
+    """Where hipRTC will look for the headers of source ``name`` compiled with ``options`` (and
+    the folders clang takes from CPATH and CPLUS_INCLUDE_PATH, an empty entry being the working
+    directory)."""
+    env = [f"-I{d or '.'}" for var in _INCLUDE_VARIABLES for d in os.environ.get(var, "").split(os.pathsep)
+           if os.environ.get(var)]
+    return includes.search_path(list(options) + env, flags=_INCLUDE_FLAGS, untracked=_UNTRACKED, main_folder=None)
+
+
 def compile_source(source: str, arch: str, options: list[str], name: str) -> tuple[bytes, str, dict, dict]:
     """Compile ``source`` for ``arch``; return (code object, log, {kernel: KernelResources},
     {kernel: ((offset, size), ...)})."""
+    return _compile(source, arch, options, name, [])
+
+
+def compile_with_reads(source: str, arch: str, options: list[str],
+                       name: str) -> tuple[bytes, str, dict, dict, tuple[str, ...] | None]:
+    """:func:`compile_source`, and the files the compiler read (clang's -MD -MF): absolute paths,
+    comgr's own temporary copies left out; None if hipRTC wrote no list."""
+    with tempfile.TemporaryDirectory(prefix="shimrt-deps-") as tmp:
+        depfile = os.path.join(tmp, "reads.d")
+        code, log, resources, params = _compile(source, arch, options, name, ["-MD", "-MF", depfile])
+        return code, log, resources, params, _reads(depfile)
+
+
+def _reads(depfile: str) -> tuple[str, ...] | None:
+    """The prerequisites of a make rule clang wrote, less the main source's temporary copy and
+    whatever else sat in comgr's temporary folder, if that is gone (it held only comgr's files)."""
+    try:
+        data = includes.read_regular(depfile, _MAX_DEPFILE_BYTES, follow=False)
+    except OSError:
+        return None
+    if not data:
+        return None
+    text = data.decode("utf-8", "surrogateescape").replace("\\\r\n", " ").replace("\\\n", " ")
+    words = [re.sub(r"\\(.)", r"\1", w).replace("$$", "$") for w in _DEP_WORD.findall(text)]
+    if not words or not words[0].endswith(":"):
+        return None
+    paths = [w for w in words[1:] if w]
+    if not paths:
+        return None
+    comgr = os.path.dirname(os.path.dirname(paths[0]))  # <tmp>/comgr-XXXXXX/input/CompileSource
+    internal = comgr not in ("", "/") and not os.path.exists(comgr)
+    return tuple(p for p in paths[1:] if os.path.isabs(p) and not (internal and p.startswith(comgr + os.sep)))
+
+
+def _compile(source: str, arch: str, options: list[str], name: str, extra: list[str]) -> tuple[bytes, str, dict, dict]:
+    """compile_source() with ``extra`` options that errors do not show (they are shimrt's, not the caller's)."""
     _, hiprtc = _bindings()
     prog = loaded(lambda: check(hiprtc.hiprtcCreateProgram(source.encode(), name.encode(), 0, None, None),
                                 "hiprtcCreateProgram"))
     try:
-        opts = [o.encode() for o in options]
+        opts = [o.encode() for o in list(options) + extra]
         (err,) = hiprtc.hiprtcCompileProgram(prog, len(opts), opts)
         size = check(hiprtc.hiprtcGetProgramLogSize(prog), "hiprtcGetProgramLogSize")
         log = bytearray(size)
