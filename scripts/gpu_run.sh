@@ -48,6 +48,8 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ]; then
     # Latency against torch.distributed, 8 B to 256 MiB, blocking and non-blocking communicators: two processes
     # on the GPU under MPS (the launcher's own daemon), and two ranks in one process.
     lat="--ops all_reduce -b 8 -e 256M -f 2 -n 10 -w 3 --torch"
+    # torch loads its own libnccl.so.2 unless the one shimrt uses is preloaded (the bench refuses two side by side).
+    [ -n "${SHIMRT_NCCL_LIBRARY:-}" ] && export LD_PRELOAD=$SHIMRT_NCCL_LIBRARY
     # Processes sharing the GPU run side by side under MPS; where it cannot be had, they time-slice (said so).
     if python3 -c "import sys; from shimrt import mps
 try: sys.exit(bool(mps.running(mps.find_control())))

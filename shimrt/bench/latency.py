@@ -22,6 +22,7 @@ With several ranks in one process (``Communicator.local``) torch.distributed can
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -36,21 +37,34 @@ from ..nccl import buffer_counts, group, prepare_group
 GOALS = {"one-off": 1.10, "prepared": 1.00}
 
 
-def torch_nccl_version() -> tuple[int, ...]:
-    import torch
-    return tuple(torch.cuda.nccl.version())
+def loaded_nccl_files() -> set[str]:
+    """The NCCL libraries mapped into this process (from /proc/self/maps), as real paths.
+    torch.cuda.nccl.version() is the version torch was built against, not the library it runs
+    with, so the mapped files are what says which NCCL torch calls."""
+    found = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if os.path.basename(path).startswith(("libnccl.so", "librccl.so")):
+                found.add(os.path.realpath(path))
+    return found
 
 
 def check_same_nccl(lib: Any, allow_mixed: bool) -> str:
-    """torch's NCCL version as text, after checking it is shimrt's ``lib``. UsageError when they
-    differ, unless ``allow_mixed``."""
-    theirs = ".".join(map(str, torch_nccl_version()))
-    if theirs != lib.version_text and not allow_mixed:
-        raise UsageError(f"torch.distributed would use NCCL {theirs} beside shimrt's {lib.version_text} "
-                         f"({lib.path}): torch was imported before shimrt loaded its NCCL and brought its own. "
-                         f"Start with LD_PRELOAD={lib.path} so both take one library, or pass --mixed-nccl to time "
-                         "the two libraries side by side anyway")
-    return theirs
+    """Import torch (with its CUDA library) and say which NCCL it runs with, after checking it
+    is shimrt's ``lib``: UsageError when another NCCL library is mapped too, unless
+    ``allow_mixed``."""
+    import torch
+    torch.cuda.init()
+    ours = os.path.realpath(lib.path)
+    others = sorted(loaded_nccl_files() - {ours})
+    if others and not allow_mixed:
+        raise UsageError(f"torch.distributed would use another NCCL ({', '.join(others)}) beside shimrt's "
+                         f"{lib.version_text} ({lib.path}): torch loads its own libnccl.so.2. Start with "
+                         f"LD_PRELOAD={lib.path} so both take one library, or pass --mixed-nccl to time the two "
+                         "libraries side by side anyway")
+    return f"{lib.version_text} ({lib.path})" if not others else f"another library: {', '.join(others)}"
 
 
 @contextlib.contextmanager
