@@ -71,7 +71,7 @@ def torch_group(comm: Any) -> Any:
     """torch.distributed's NCCL process group of ``comm``'s rank and size on its GPU, joined
     through a HashStore (one rank) or a FileStore named by the communicator's unique id (every
     rank of a launch has it), destroyed on the way out."""
-    import torch  # noqa: F401 - loads its CUDA libraries, NCCL among them
+    import torch
     import torch.distributed as dist
     torch.cuda.set_device(comm.device.index)
     if comm.size == 1:
@@ -105,7 +105,7 @@ def latency(comm: Any, dist: Any, sizes: list[int], calls: int = 200, rounds: in
     """Per-call host time (us, median of ``rounds``) of ``calls`` back-to-back in-place
     all_reduces of float32 at each of ``sizes`` bytes: shimrt's one-off and prepared calls and
     torch.distributed's (``dist``, joined by :func:`torch_group`), on one torch tensor."""
-    import torch  # noqa: F401 - loads its CUDA libraries, NCCL among them
+    import torch
     rows = []
     for step, nbytes in enumerate(sizes, 1):
         if progress and comm.rank == 0:
@@ -157,7 +157,7 @@ def torch_device_times(comm: Any, dist: Any, ops: list[str], sizes: list[int], i
                        warmup: int = 5) -> dict[str, float]:
     """torch.distributed's time (us, device-event median) for each (op, size), keyed "op:bytes":
     in place where torch's call takes one tensor, out of place for all_gather and reduce_scatter."""
-    import torch  # noqa: F401 - loads its CUDA libraries, NCCL among them
+    import torch
     n = comm.size
     out = {}
     for op in ops:
