@@ -22,6 +22,7 @@ With several ranks in one process (``Communicator.local``) torch.distributed can
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import statistics
 import sys
@@ -37,33 +38,44 @@ from ..nccl import buffer_counts, group, prepare_group
 GOALS = {"one-off": 1.10, "prepared": 1.00}
 
 
-def loaded_nccl_files() -> set[str]:
-    """The NCCL libraries mapped into this process (from /proc/self/maps), as real paths.
-    torch.cuda.nccl.version() is the version torch was built against, not the library it runs
-    with, so the mapped files are what says which NCCL torch calls."""
+def torch_nccl_version() -> int | None:
+    """The NCCL version torch's calls reach, X*10000 + Y*100 + Z, once torch is imported: the
+    ``ncclGetVersion`` the process's global symbol scope resolves, which is what libtorch binds
+    (a preloaded library first, else the one torch loads itself). torch.cuda.nccl.version() is
+    the version torch was built against, not this. None where no NCCL is global."""
+    import torch  # noqa: F401 - loads its CUDA libraries, NCCL among them
+    try:
+        fn = ctypes.CDLL(None).ncclGetVersion
+    except AttributeError:
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]
+    out = ctypes.c_int()
+    return out.value if fn(ctypes.byref(out)) == 0 else None
+
+
+def _mapped_nccl() -> set[str]:
+    """The NCCL (RCCL) library files mapped into this process, as real paths (/proc/self/maps)."""
     found = set()
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
-            path = fields[5].strip() if len(fields) == 6 else ""
-            if os.path.basename(path).startswith(("libnccl.so", "librccl.so")):
-                found.add(os.path.realpath(path))
+            if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith(("libnccl.so", "librccl.so")):
+                found.add(os.path.realpath(fields[5].strip()))
     return found
 
 
 def check_same_nccl(lib: Any, allow_mixed: bool) -> str:
-    """Import torch (with its CUDA library) and say which NCCL it runs with, after checking it
-    is shimrt's ``lib``: UsageError when another NCCL library is mapped too, unless
-    ``allow_mixed``."""
-    import torch  # noqa: F401 - loads its CUDA libraries, NCCL among them
-    ours = os.path.realpath(lib.path)
-    others = sorted(loaded_nccl_files() - {ours})
-    if others and not allow_mixed:
-        raise UsageError(f"torch.distributed would use another NCCL ({', '.join(others)}) beside shimrt's "
-                         f"{lib.version_text} ({lib.path}): torch loads its own libnccl.so.2. Start with "
-                         f"LD_PRELOAD={lib.path} so both take one library, or pass --mixed-nccl to time the two "
-                         "libraries side by side anyway")
-    return f"{lib.version_text} ({lib.path})" if not others else f"another library: {', '.join(others)}"
+    """Import torch and say which NCCL its calls reach, after checking it is shimrt's ``lib``:
+    UsageError when it is another version, unless ``allow_mixed``."""
+    theirs = torch_nccl_version()
+    if theirs is None and _mapped_nccl() <= {os.path.realpath(lib.path)}:
+        theirs = lib.version  # no NCCL in the global scope, and no other NCCL file in the process
+    text = "unknown" if theirs is None else f"{theirs // 10000}.{theirs // 100 % 100}.{theirs % 100}"
+    if theirs != lib.version and not allow_mixed:
+        raise UsageError(f"torch.distributed would call NCCL {text} beside shimrt's {lib.version_text} ({lib.path}): "
+                         f"torch loads its own libnccl.so.2. Start with LD_PRELOAD={lib.path} so both call one "
+                         "library, or pass --mixed-nccl to time the two side by side anyway")
+    return text
 
 
 @contextlib.contextmanager
