@@ -116,8 +116,10 @@ def test_wait_gives_up_and_aborts_instead_of_hanging(device):
         pytest.skip(f"NCCL is not available: {exc}")
     k = device.load(device.compile(kernels.source("probe"), name="probe.cu"))["sm_probe"]
     bufs = (device.empty(1, np.uint32), device.empty(1, np.uint64), device.empty(1, np.uint64))
-    k.launch(1, 32, *bufs, 2_000_000_000, stream=c.stream)  # 2 s of work the collective waits behind
     x = device.empty(16, np.float32)
+    c.all_reduce(x)  # the first call of a blocking communicator sets it up and waits for the stream
+    c.wait()
+    k.launch(1, 32, *bufs, 2_000_000_000, stream=c.stream)  # 2 s of work the collective waits behind
     c.all_reduce(x)
     with pytest.raises(CollectiveError, match="did not finish within 0.2 s"):
         c.wait(timeout=0.2)
@@ -141,6 +143,8 @@ def test_the_watchdog_aborts_a_collective_that_outlives_the_timeout(device, bloc
     bufs = (device.empty(1, np.uint32), device.empty(1, np.uint64), device.empty(1, np.uint64))
     x = device.empty(16, np.float32)
     try:
+        c.all_reduce(x)  # set up first: the first call of a blocking communicator waits for the stream
+        c.wait()
         k.launch(1, 32, *bufs, 3_000_000_000, stream=c.stream)
         t0 = time.monotonic()
         c.all_reduce(x)
