@@ -5,8 +5,9 @@ Two measures, side by side in one run, on the rank this process holds (one per p
 
 - **latency**: host time per call of back-to-back in-place all_reduces (``--latency-calls`` of
   them, then one synchronize), as a training loop issues them: shimrt's one-off
-  ``comm.all_reduce(t)``, its prepared call (``comm.prepare``), and ``dist.all_reduce(t)``, all
-  on the same torch tensor, interleaved round by round, medians over rounds;
+  ``comm.all_reduce(t)``, its prepared call (``comm.prepare``), ``dist.all_reduce(t)``, and
+  ncclAllReduce called directly on shimrt's communicator, all on the same torch tensor,
+  interleaved round by round with each in each place in turn, medians over rounds;
 - **device time** per collective and size (CUDA events around each call), torch's beside the
   nccl-tests table (:func:`torch_device_times`).
 
@@ -112,7 +113,7 @@ def _count(nbytes: int, size: int) -> int:
     return max(nbytes // 4 // size * size, size)
 
 
-def latency(comm: Any, dist: Any, sizes: list[int], calls: int = 200, rounds: int = 5,
+def latency(comm: Any, dist: Any, sizes: list[int], calls: int = 200, rounds: int = 8,
             progress: bool = True) -> list[dict]:
     """Per-call host time (us, median of ``rounds``) of ``calls`` back-to-back in-place
     all_reduces of float32 at each of ``sizes`` bytes: shimrt's one-off and prepared calls and
@@ -124,12 +125,16 @@ def latency(comm: Any, dist: Any, sizes: list[int], calls: int = 200, rounds: in
             print(f"\rlatency {nbytes:>12d} B  [{step}/{len(sizes)}]", end="", file=sys.stderr, flush=True)
         t = torch.zeros(_count(nbytes, comm.size), dtype=torch.float32, device=f"cuda:{comm.device.index}")
         prepared = comm.prepare("all_reduce", t)
+        q = prepared.queued
         ways = {"one-off": lambda t=t: comm.all_reduce(t), "prepared": prepared,
-                "torch": lambda t=t: dist.all_reduce(t)}
+                "torch": lambda t=t: dist.all_reduce(t),
+                # NCCL's own function on the same communicator, nothing around it (no check, no watchdog)
+                "direct": lambda f=q.function, a=q.args: f(*a)}
+        names = list(ways)
         times: dict[str, list[float]] = {k: [] for k in ways}
-        for _ in range(rounds + 1):  # the first round warms every path up and is dropped
-            for name, call in ways.items():
-                times[name].append(_per_call_us(call, torch.cuda.synchronize, calls))
+        for r in range(rounds + 1):  # the first round warms every path up and is dropped
+            for name in names[r % len(names):] + names[:r % len(names)]:  # each takes each place in turn
+                times[name].append(_per_call_us(ways[name], torch.cuda.synchronize, calls))
         rows.append({"bytes": nbytes, **{k: statistics.median(v[1:]) for k, v in times.items()}})
         del t
     if progress and comm.rank == 0:
@@ -200,8 +205,10 @@ def report(rows: list[dict], ranks: str) -> str:
     torch_too = bool(rows) and "torch" in rows[0]
     head = f"{'bytes':>12s} {'one-off':>9s} {'prepared':>9s}"
     if torch_too:
-        head += f" {'torch':>9s} {'one-off/torch':>14s} {'prepared/torch':>15s}"
-    lines = [f"# latency: in-place all_reduce, {ranks}, host clock per call of back-to-back calls (us)", head]
+        head += f" {'torch':>9s} {'direct':>9s} {'one-off/torch':>14s} {'prepared/torch':>15s}"
+    lines = [f"# latency: in-place all_reduce, {ranks}, host clock per call of back-to-back calls (us; direct: "
+             "ncclAllReduce itself on shimrt's communicator)" if torch_too else
+             f"# latency: in-place all_reduce, {ranks}, host clock per call of back-to-back calls (us)", head]
     worst = dict.fromkeys(GOALS, 0.0)
     for r in rows:
         line = f"{r['bytes']:12d} {r['one-off']:9.1f} {r['prepared']:9.1f}"
@@ -209,7 +216,7 @@ def report(rows: list[dict], ranks: str) -> str:
             ratios = {k: r[k] / r["torch"] for k in GOALS}
             for k, v in ratios.items():
                 worst[k] = max(worst[k], v)
-            line += f" {r['torch']:9.1f} {ratios['one-off']:13.3f}x {ratios['prepared']:14.3f}x"
+            line += f" {r['torch']:9.1f} {r['direct']:9.1f} {ratios['one-off']:13.3f}x {ratios['prepared']:14.3f}x"
         lines.append(line)
     if torch_too and rows:
         lines.append("goals: " + "; ".join(f"{k} at most {g:.2f}x torch at every size: worst {worst[k]:.3f}x "
