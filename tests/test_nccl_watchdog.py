@@ -40,10 +40,11 @@ class Marker:
 class Comm:
     """What the watchdog calls back: NCCL's asynchronous state and abort."""
 
-    def __init__(self, timeout=10.0, blocking=True):
+    def __init__(self, timeout=10.0, blocking=True, own=None):
         self.async_state, self.aborted, self.made = 0, [], []
         self.state = wd.CommState("handle", timeout=timeout, blocking=blocking, new_event=self.new_event,
-                                  poll=lambda: self.async_state, abort=self.abort, name="test communicator")
+                                  poll=lambda: self.async_state, abort=self.abort, name="test communicator",
+                                  own=own)
 
     def new_event(self):
         self.made.append(Marker())
@@ -209,6 +210,34 @@ def test_a_loop_that_waits_each_step_reuses_one_event_and_closing_releases_them(
     assert len(c.made) == 1  # recycled as soon as it finished
     c.state.release()
     assert not c.state.pending and all(getattr(m, "closed", False) for m in c.made)
+
+
+def test_back_to_back_collectives_on_its_own_stream_share_an_event_and_the_tail_is_covered(dog):
+    d, clock = dog
+    c = Comm(timeout=10, own="own")
+    d.register(c.state)
+    with c.state.lock:
+        c.state.follow("own", "first", clock.now)  # an event
+        c.state.follow("own", "second", clock.now + wd.GAP / 4)  # within the gap: the tail
+        c.state.follow("own", "third", clock.now + wd.GAP / 2)
+        c.state.follow("other", "elsewhere", clock.now + wd.GAP / 2)  # another stream: its own event
+    assert len(c.made) == 2 and c.state.tail == ("own", clock.now + wd.GAP / 4, "third")
+    c.made[0].done = c.made[1].done = True
+    clock.now += 1
+    assert d.check() == [] and c.state.tail is None  # the look covered the tail with an event
+    assert len(c.state.pending) == 1 and c.state.pending[0][1:] == (clock.now - 1 + wd.GAP / 4, "third")
+    clock.now += 9.1  # 10.1 s after the second collective was enqueued, which the tail's event covers
+    (_, reason), = d.check()
+    assert reason.startswith("third enqueued 10.1 s ago")
+
+
+def test_a_collective_after_the_gap_gets_its_own_event_counted_from_the_tail():
+    c = Comm(own="own")
+    with c.state.lock:
+        c.state.follow("own", "a", 0.0)
+        c.state.follow("own", "b", wd.GAP / 2)
+        c.state.follow("own", "c", 2 * wd.GAP)
+    assert [p[1:] for p in c.state.pending] == [(0.0, "a"), (wd.GAP / 2, "c")] and c.state.tail is None
 
 
 def test_the_handle_is_taken_once():

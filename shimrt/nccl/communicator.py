@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import time
 from typing import Any
 
 from .. import validate, waiting
@@ -117,10 +118,15 @@ class Communicator:
         self.options = options or CommOptions()
         self._clique = bytes(uid)
         self.stream = device.stream("high")
+
+        def record(event: Any, stream: Any) -> None:
+            device.activate()  # the watchdog's thread has no context of its own
+            event.record(stream)
         self.state = CommState(ctypes.c_void_p(), timeout=self.options.timeout, blocking=self.options.blocking,
                                new_event=lambda: device.event(timing=False), poll=self.async_error,
                                abort=lambda reason: self.abort(),
-                               name=f"communicator of rank {rank}/{size} on {device!r}")
+                               name=f"communicator of rank {rank}/{size} on {device!r}", own=self.stream,
+                               record=record)
 
     def _init_on(self, device: Device, uid: library.UniqueId, box: ctypes.c_void_p) -> int:
         """ncclCommInitRankConfig (or ncclCommInitRank) into ``box``, with ``device`` current."""
@@ -339,6 +345,7 @@ class Communicator:
             if state.handle:
                 def drained() -> bool:
                     with state.lock:
+                        state.flush(time.monotonic())
                         state.reap()
                         return not state.pending
                 try:
