@@ -66,7 +66,7 @@ class Clock:
 @pytest.fixture
 def dog():
     clock = Clock()
-    d = wd.Watchdog(clock)
+    d = wd.Watchdog(clock, abort_in_thread=False)
     d._thread = threading.current_thread()  # registered states are looked at by the test alone
     return d, clock
 
@@ -268,6 +268,24 @@ def test_the_thread_aborts_an_overdue_collective_on_the_real_clock():
     took = time.monotonic() - t0
     assert c.aborted and 0.2 <= took < 1.0, took
     assert d._thread.daemon
+
+
+def test_a_slow_abort_does_not_hold_up_the_others():
+    d = wd.Watchdog(Clock())
+    d._thread = threading.current_thread()
+    release = threading.Event()
+    slow, quick = Comm(), Comm()
+    slow.state.abort = lambda reason: release.wait(30)
+    slow.async_state = quick.async_state = 6
+    d.register(slow.state)
+    d.register(quick.state)
+    t0 = time.monotonic()
+    assert len(d.check()) == 2
+    while not quick.aborted and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert time.monotonic() - t0 < 5 and quick.aborted  # the slow one's abort runs on a thread of its own
+    assert "watchdog aborted" in str(slow.state.error)  # and its next use raises at once
+    release.set()
 
 
 def test_the_process_has_one_watchdog():

@@ -208,7 +208,7 @@ class Communicator:
         state = self.state
         with state.lock:
             handle = state.handle
-            if not handle:
+            if not handle or state.error is not None:
                 raise state.dead()
             out = ctypes.c_int()
             self.lib.check(self.lib.ncclCommGetAsyncError(handle, ctypes.byref(out)), "ncclCommGetAsyncError", handle)

@@ -125,7 +125,7 @@ def run(q: Queued) -> None:
     """Make the one call ``q`` (outside any group), settle it and follow it."""
     state = q.state
     with state.lock:
-        if state.handle is not q.handle:
+        if state.handle is not q.handle or state.error is not None:
             raise state.dead()
         state.call, state.entered = q.name, time.monotonic()
         try:
@@ -211,7 +211,7 @@ def run_group(members: list["Communicator"], calls: list[Queued]) -> None:
         for c in sorted(members, key=id):  # one order everywhere: two groups never wait on each other
             held.enter_context(c.state.lock)
         for q in calls:
-            if q.state.handle is not q.handle:
+            if q.state.handle is not q.handle or q.state.error is not None:
                 raise q.state.dead()
         start = time.monotonic()
         for c in members:

@@ -84,7 +84,8 @@ class CommState:
             return handle
 
     def dead(self) -> CollectiveError:
-        """The error a call on a closed or aborted communicator raises."""
+        """The error a call on a closed or aborted communicator raises (also while the watchdog's
+        abort is under way)."""
         return self.error or CollectiveError("the communicator is closed or was aborted")
 
     def follow(self, stream: Any, what: str, now: float) -> None:
@@ -164,8 +165,8 @@ class Watchdog:
     """Looks at every registered :class:`CommState` in a daemon thread of its own (started with
     the first registration) and aborts those :meth:`check` finds overdue."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
-        self.clock = clock
+    def __init__(self, clock: Callable[[], float] = time.monotonic, abort_in_thread: bool = True):
+        self.clock, self.abort_in_thread = clock, abort_in_thread
         self._states: dict[int, CommState] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -218,8 +219,18 @@ class Watchdog:
         return aborted
 
     def _abort(self, state: CommState, reason: str) -> None:
+        """Mark ``state`` aborted (its next use raises why, and no new call starts: callers check
+        ``error`` under the lock), then abort the communicator on a thread of its own, so a slow
+        ncclCommAbort never holds up the looks at the others."""
         self.unregister(state)
         state.error = CollectiveError(f"shimrt's watchdog aborted the {state.name}: {reason}")
+        if self.abort_in_thread:
+            threading.Thread(target=self._finish, args=(state, reason), name="shimrt NCCL abort", daemon=True).start()
+        else:
+            self._finish(state, reason)
+
+    @staticmethod
+    def _finish(state: CommState, reason: str) -> None:
         try:
             state.abort(reason)
         except ShimrtError as exc:  # ncclCommAbort itself stuck: say so on the next use too
