@@ -4,7 +4,8 @@ lines and environment variables all use these, so every refusal reads the same w
 
 numpy integers are taken wherever ints are, and numpy floats wherever floats are; ``bool`` is
 never taken for a number (``True`` is not a timeout). :func:`argument` adapts any check to an
-argparse ``type=``, so command lines refuse a bad value before anything runs.
+argparse ``type=``, so command lines refuse a bad value before anything runs. A refused value is
+shown by :func:`shown`: cut short, and an int too long to print (10**5000) by its size.
 """
 
 from __future__ import annotations
@@ -21,16 +22,33 @@ import numpy as np
 from .errors import UsageError
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+# ASCII digits only (\d would take "١٢"), and few enough for int() (Python refuses 4300+ digits).
+_SIZE = re.compile(r"^\s*([0-9]{1,30})\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_SHOWN = 200  # characters of a refused value a message quotes
+
+#: The largest value of a C ``int``: vendor APIs take counts, ranks, indices and grids as one.
+MAX_INT32 = 2**31 - 1
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message: at most 200 characters, and an int too long for ``repr``
+    (Python refuses to print 4300+ digits) by its size."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond sys.get_int_max_str_digits()
+        return f"an int of about {int(abs(int(value)).bit_length() * 0.30103) + 1} digits"
+    except Exception as exc:  # a repr that fails: name the type, never fail the refusal itself
+        return f"<{type(value).__name__} ({type(exc).__name__} in its repr)>"
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
 
 
 def integer(value: Any, what: str, *, least: int | None = None, most: int | None = None) -> int:
     """``value`` as an int (a Python or numpy integer, never a bool) within [least, most]."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise UsageError(f"{what} must be an int{_range(least, most)}, not {value!r}")
+        raise UsageError(f"{what} must be an int{_range(least, most)}, not {shown(value)}")
     value = int(value)
     if (least is not None and value < least) or (most is not None and value > most):
-        raise UsageError(f"{what} must be an int{_range(least, most)}, not {value}")
+        raise UsageError(f"{what} must be an int{_range(least, most)}, not {shown(value)}")
     return value
 
 
@@ -38,38 +56,62 @@ def number(value: Any, what: str, *, positive: bool = False, least: float | None
            most: float | None = None) -> float:
     """``value`` as a finite float (an int or float, Python or numpy, never a bool); ``positive``
     refuses 0 and below."""
-    allowed = "a positive number" if positive else "a finite number" + _range(least, most)
+    allowed = ("a positive number" + _range(None, most) if positive
+               else "a finite number" + _range(least, most))
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise UsageError(f"{what} must be {allowed}, not {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or (positive and value <= 0) or (least is not None and value < least) \
-            or (most is not None and value > most):
-        raise UsageError(f"{what} must be {allowed}, not {value!r}")
-    return value
+        raise UsageError(f"{what} must be {allowed}, not {shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float (10**400)
+        raise UsageError(f"{what} must be {allowed}, not {shown(value)}") from None
+    if not math.isfinite(number) or (positive and number <= 0) or (least is not None and number < least) \
+            or (most is not None and number > most):
+        raise UsageError(f"{what} must be {allowed}, not {shown(value)}")
+    return number
 
 
 def boolean(value: Any, what: str) -> bool:
     """``value`` when it is True or False (or a numpy bool); strings like "no" are refused."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise UsageError(f"{what} must be True or False, not {value!r}")
+    raise UsageError(f"{what} must be True or False, not {shown(value)}")
 
 
-def text(value: Any, what: str, *, empty: bool = False) -> str:
-    """``value`` when it is a str (non-empty unless ``empty``) with no NUL character."""
+def text(value: Any, what: str, *, empty: bool = False, path: bool = False) -> str:
+    """``value`` when it is a str (non-empty unless ``empty``) with no NUL character that can be
+    written out: as UTF-8 (what compilers and C libraries read), or with ``path`` as the OS
+    encodes a file name or argument (undecodable bytes, which Python holds as surrogates from
+    U+DC80, are taken there). A lone surrogate ("\\ud800") is refused."""
+    allowed = "a string" + ("" if empty else " (not empty)") + " without NUL characters"
     if not isinstance(value, str) or (not empty and not value) or "\0" in value:
-        allowed = "a string" + ("" if empty else " (not empty)") + " without NUL characters"
-        raise UsageError(f"{what} must be {allowed}, not {value!r}")
+        raise UsageError(f"{what} must be {allowed}, not {shown(value)}")
+    try:
+        os.fsencode(value) if path else value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{what} must be {allowed} or lone surrogates (valid Unicode), not {shown(value)} "
+                         f"({value[exc.start]!r} at {exc.start})") from None
     return value
 
 
 def one_of(value: Any, what: str, allowed: Iterable) -> Any:
     """``value`` when it is one of ``allowed``."""
     allowed = tuple(allowed)
+    # Compared one by one, by type first: an array or an unhashable value is simply not allowed.
     # True == 1: a bool is taken only where the allowed values hold that very bool.
-    if value not in allowed or (isinstance(value, bool) and not any(a is value for a in allowed)):
-        raise UsageError(f"{what} must be one of {', '.join(map(str, allowed))}, not {value!r}")
+    if not any(_same(value, a) for a in allowed):
+        raise UsageError(f"{what} must be one of {', '.join(map(str, allowed))}, not {shown(value)}")
     return value
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    if value is allowed:
+        return True
+    if isinstance(value, (bool, np.bool_)) or isinstance(allowed, bool) or isinstance(value, np.ndarray):
+        return False
+    try:
+        return bool(value == allowed)
+    except (TypeError, ValueError):  # an object whose == is not a truth value
+        return False
 
 
 def nbytes(value: Any, what: str, *, least: int = 0, most: int | None = None) -> int:
@@ -78,7 +120,7 @@ def nbytes(value: Any, what: str, *, least: int = 0, most: int | None = None) ->
     if isinstance(value, str):
         m = _SIZE.match(value)
         if m is None:
-            raise UsageError(f"{what} must be a byte count such as 8, 64K, 256M or 1G, not {value!r}")
+            raise UsageError(f"{what} must be a byte count such as 8, 64K, 256M or 1G, not {shown(value)}")
         value = int(m.group(1)) * _SUFFIX[m.group(2).upper()]
     return integer(value, what, least=least, most=most)
 
@@ -86,7 +128,7 @@ def nbytes(value: Any, what: str, *, least: int = 0, most: int | None = None) ->
 def writable_file(value: Any, what: str) -> Path:
     """A path a run will write: its folder must exist and be writable and the path must not be a
     folder. Checked before the run, so a long run never ends unable to save its results."""
-    path = Path(text(value, what))
+    path = Path(text(value, what, path=True))
     if path.is_dir():
         raise UsageError(f"{what} must be a file path, not the folder {str(path)!r}")
     folder = path.parent if str(path.parent) else Path(".")
@@ -99,7 +141,7 @@ def writable_file(value: Any, what: str) -> Path:
 
 def readable_file(value: Any, what: str) -> Path:
     """A path a run will read: an existing, readable file."""
-    path = Path(text(value, what))
+    path = Path(text(value, what, path=True))
     if not path.is_file() or not os.access(path, os.R_OK):
         raise UsageError(f"{what}: {str(path)!r} is not a readable file")
     return path
@@ -142,7 +184,7 @@ def argument(check: Callable[..., Any], name: str, **limits: Any) -> Callable[[s
                 value = int(raw) if check is integer else float(raw)
             except ValueError:
                 kind = "an int" if check is integer else "a number"
-                raise argparse.ArgumentTypeError(f"{name} must be {kind}, not {raw!r}") from None
+                raise argparse.ArgumentTypeError(f"{name} must be {kind}, not {shown(raw)}") from None
         try:
             return check(value, name, **limits)
         except UsageError as exc:
@@ -158,7 +200,7 @@ def listed(check: Callable[..., Any], name: str, **limits: Any) -> Callable[[str
     def convert(raw: str) -> list:
         items = [p.strip() for p in raw.split(",") if p.strip()]
         if not items:
-            raise argparse.ArgumentTypeError(f"{name} must be a comma-separated list, not {raw!r}")
+            raise argparse.ArgumentTypeError(f"{name} must be a comma-separated list, not {shown(raw)}")
         return [one(p) for p in items]
     convert.__name__ = name
     return convert
