@@ -6,6 +6,8 @@ Every command's ``main(argv)`` is ``cli.main(parser, argv)``: argparse refuses a
 command's ``check(args)`` (relations between options) and only then its ``run(args)``. A
 :class:`ShimrtError` or :class:`OSError` becomes ``<command>: <message>`` on stderr and exit
 code 2, Ctrl-C exit code 130, as torchrun and nccl-tests users expect; never a traceback.
+Every environment variable shimrt reads is checked (:func:`shimrt.config.check`) before the
+command's own checks, whether or not the run would reach it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import __version__, validate
-from .config import settings
+from . import __version__, config, validate
 from .errors import ShimrtError, UsageError
 
 VERSION = f"shimrt {__version__}"
@@ -86,7 +87,7 @@ def _main(parser, argv, run) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     command = getattr(args, "command", None) or _name(parser.prog)
     try:
-        settings()  # a bad SHIMRT_* variable is refused before anything runs
+        config.check()  # a bad SHIMRT_* (or launch) variable is refused before anything runs
         check = getattr(args, "check", None)
         if check is not None:
             check(args)
@@ -116,7 +117,7 @@ def add_json(p: argparse.ArgumentParser, what: str = "also write the results as 
 def writable_folder(value: Any, what: str) -> Path:
     """A folder a run will write into: an existing writable folder, or one that can be created
     (its nearest existing parent is a writable folder). Checked before the run starts."""
-    path = Path(validate.text(value, what))
+    path = Path(validate.text(value, what, path=True))
     if path.exists():
         if not path.is_dir():
             raise UsageError(f"{what} must be a folder, not the file {str(path)!r}")
@@ -131,6 +132,12 @@ def writable_folder(value: Any, what: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{what}: {str(path)!r} cannot be created: {str(parent)!r} is not writable")
     return path
+
+
+def count(name: str, least: int = 1) -> Callable[[str], int]:
+    """An argparse ``type=`` for a count (iterations, calls, steps): an int from ``least`` to a C
+    int's largest. More would never end (nor fit the vendor APIs' ints): a typo, not a request."""
+    return validate.argument(validate.integer, name, least=least, most=validate.MAX_INT32)
 
 
 def distinct(check: Callable[..., Any], name: str, **limits: Any) -> Callable[[str], list]:
@@ -169,7 +176,15 @@ def integer_text(raw: Any, what: str) -> int:
     try:
         return int(raw)
     except (TypeError, ValueError):
-        raise UsageError(f"{what} must be an int, not {raw!r}") from None
+        raise UsageError(f"{what} must be an int, not {validate.shown(raw)}") from None
+
+
+def number_text(raw: Any, what: str) -> float:
+    """The float a command-line string spells (for checks that take the raw string)."""
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        raise UsageError(f"{what} must be a number, not {validate.shown(raw)}") from None
 
 
 def renamed(exc: UsageError, field: str, what: str) -> UsageError:

@@ -9,6 +9,7 @@ and what it may hold.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +21,17 @@ from .errors import UsageError
 #: name -> what it does; the README's table is written from this.
 VARIABLES = {
     "SHIMRT_BACKEND": "force the GPU backend: 'cuda' or 'hip', any case (default: the first one with a device)",
-    "SHIMRT_CACHE_DIR": "the folder where compiled kernels are cached "
-                        "(default: $XDG_CACHE_HOME/shimrt or ~/.cache/shimrt)",
+    "SHIMRT_CACHE_DIR": "the folder where compiled kernels are cached, made if missing (default: "
+                        "$XDG_CACHE_HOME/shimrt or ~/.cache/shimrt); an absolute path or one starting with ~ or "
+                        "~user: a relative path is refused (it would follow the working directory), and so is a "
+                        "path that exists and is not a folder",
     "SHIMRT_DISABLE_CACHE": "1/true/yes/on (any case) to compile every time and never touch the cache; "
                             "0/false/no/off or unset to use it",
     "SHIMRT_NCCL_LIBRARY": "path of the NCCL (or RCCL) library to load; when set it is the only place searched, "
-                           "and a path that does not load is an error (no fallback to another NCCL)",
+                           "and a path that does not load is an error (no fallback to another NCCL); its headers are "
+                           "read first, so that a file that is truncated, not a shared library of this machine "
+                           "(x86-64 or aarch64, 64-bit) or not a regular file is refused with a message instead of "
+                           "crashing dlopen",
     "ROCM_PATH": "where ROCm is installed; librccl.so is looked for in its lib/ (read, not owned, by shimrt)",
     "SHIMRT_DEVICES": "comma-separated GPU indices, the device of each local rank in turn, e.g. '0,0' for two "
                       "ranks on GPU 0 (python -m shimrt.launch --devices sets it; default: local rank i uses GPU i)",
@@ -66,6 +72,10 @@ BACKENDS = ("cuda", "hip")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 UNIQUE_ID_BYTES = 128  # sizeof(ncclUniqueId)
+MAX_RANKS = validate.MAX_INT32  # NCCL takes rank counts, ranks and device ordinals as C ints
+# Set by python -m shimrt.launch beside SHIMRT_RANK, and read only with it.
+_WITH_RANK = ("SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE", "SHIMRT_NCCL_UNIQUE_ID",
+              "SHIMRT_NCCL_UNIQUE_ID_ERROR")
 _INT = re.compile(r"[+-]?[0-9]+")
 _HEX = re.compile(r"[0-9a-fA-F]*")
 
@@ -129,18 +139,12 @@ class Settings:
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Read the settings from ``environ`` (default: ``os.environ``). UsageError, naming the
     variable and the values it may take, for SHIMRT_BACKEND or SHIMRT_DISABLE_CACHE values that
-    mean nothing."""
+    mean nothing, and for a SHIMRT_CACHE_DIR that is relative, names a user who does not exist
+    (~nosuchuser) or exists and is not a folder."""
     env = os.environ if environ is None else environ
     backend = _choice(env, "SHIMRT_BACKEND", BACKENDS)
     disabled = _switch(env, "SHIMRT_DISABLE_CACHE")
-    cache = _get(env, "SHIMRT_CACHE_DIR")
-    if cache:
-        cache_dir = Path(cache).expanduser()
-    else:
-        # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
-        xdg = _get(env, "XDG_CACHE_HOME")
-        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-        cache_dir = base / "shimrt"
+    cache_dir = _cache_dir(env)
     library = _get(env, "SHIMRT_NCCL_LIBRARY")
     control = _get(env, "SHIMRT_MPS_CONTROL")
     return Settings(backend=backend, cache_dir=cache_dir, cache_enabled=not disabled,
@@ -148,6 +152,65 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
                     rocm_path=_get(env, "ROCM_PATH"), nccl_multi_rank_gpu=_nccl_flag(env, "NCCL_MULTI_RANK_GPU_ENABLE"),
                     mps_control=os.path.expanduser(control) if control else None,
                     mps_pipe_directory=_get(env, "CUDA_MPS_PIPE_DIRECTORY"))
+
+
+def _cache_dir(env: Mapping[str, str]) -> Path:
+    """The compile cache's folder: SHIMRT_CACHE_DIR, else $XDG_CACHE_HOME/shimrt, else
+    $HOME/.cache/shimrt. Always absolute: a relative SHIMRT_CACHE_DIR is refused (it would put a
+    cache wherever a process happens to stand), as is a ~user that names nobody, and a path
+    that exists and is not a folder (/dev/null)."""
+    raw = _get(env, "SHIMRT_CACHE_DIR")
+    if raw is not None:
+        what = "SHIMRT_CACHE_DIR"
+        path = _expand_user(env, raw, what)
+        if not os.path.isabs(path):
+            raise UsageError(f"{what} must be an absolute folder path (or one starting with ~), not {raw!r}: a "
+                             "relative one would follow the working directory")
+        folder = Path(path)
+    else:
+        # The XDG spec says a relative XDG_CACHE_HOME is invalid and must be ignored.
+        xdg = _get(env, "XDG_CACHE_HOME")
+        if xdg and os.path.isabs(xdg):
+            what, folder = "XDG_CACHE_HOME's shimrt folder (SHIMRT_CACHE_DIR sets another)", Path(xdg) / "shimrt"
+        else:
+            what, folder = "~/.cache/shimrt (SHIMRT_CACHE_DIR sets another)", Path(_home(env)) / ".cache" / "shimrt"
+    _not_a_file(folder, what)
+    return folder
+
+
+def _home(env: Mapping[str, str]) -> str:
+    """HOME from ``env`` (else this process's home, as ``Path.home()`` finds it), refused unless
+    absolute: the default cache folder must not follow the working directory."""
+    home = env.get("HOME")
+    if home is None:
+        home = os.path.expanduser("~")  # HOME, else the user database's; "~" itself when neither says
+    if not os.path.isabs(home):
+        raise UsageError(f"HOME must be an absolute path for the compile cache's default folder (~/.cache/shimrt), "
+                         f"not {home!r}: set SHIMRT_CACHE_DIR or XDG_CACHE_HOME to an absolute folder")
+    return home
+
+
+def _expand_user(env: Mapping[str, str], path: str, what: str) -> str:
+    """``path`` with a leading ~ (HOME of ``env``) or ~user (that user's home) expanded."""
+    if not path.startswith("~"):
+        return path
+    user, sep, rest = path[1:].partition("/")
+    if not user:
+        return _home(env) + sep + rest
+    try:
+        home = pwd.getpwnam(user).pw_dir
+    except KeyError:
+        raise UsageError(f"{what} must be an absolute folder path (or one starting with ~ or ~user of a user who "
+                         f"exists), not {path!r}: there is no user {user!r}") from None
+    return home + sep + rest
+
+
+def _not_a_file(folder: Path, what: str) -> None:
+    """UsageError when ``folder`` exists and is not a folder (a file, a device, a dangling link):
+    no cache can live there. One that cannot be made or written is the cache's to report."""
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"{what} must be a folder (or a path where one can be made), not {str(folder)!r}, which "
+                         "is not a folder")
 
 
 def _nccl_flag(env: Mapping[str, str], name: str) -> bool:
@@ -190,8 +253,9 @@ def _int(env: Mapping[str, str], name: str, *, least: int | None = None, most: i
     """The integer variable ``name`` within [least, most]; ``what`` names it in the message
     (default: ``name``) where another variable sets a bound."""
     raw = env.get(name, "").strip()
-    # Not int(): it takes "1_000" and non-ASCII digits, which no launcher writes.
-    value = int(raw) if _INT.fullmatch(raw) else env.get(name, "")
+    # Not int(): it takes "1_000" and non-ASCII digits, which no launcher writes; and no more
+    # digits than int() converts (a value that long is refused as written).
+    value = int(raw) if _INT.fullmatch(raw) and len(raw) <= 40 else env.get(name, "")
     return validate.integer(value, what or name, least=least, most=most)
 
 
@@ -203,8 +267,9 @@ def _required(env: Mapping[str, str], name: str, because: str) -> None:
 def _ranks(env: Mapping[str, str], rank: str, size: str, local: str | None, local_size: str | None,
            *, local_default: int | None = 0) -> tuple[int, int, int, int | None]:
     """(rank, world size, local rank, local world size) from these variables, each checked
-    against the others: 0 <= rank < size, 0 <= local rank < local size <= size."""
-    world = _int(env, size, least=1)
+    against the others: 0 <= rank < size <= MAX_RANKS (NCCL's C int), 0 <= local rank < local
+    size <= size."""
+    world = _int(env, size, least=1, most=MAX_RANKS)
     r = _int(env, rank, least=0, most=world - 1, what=f"{rank} (with {size}={world})")
     lsize = None
     if local_size is not None and _get(env, local_size) is not None:
@@ -224,9 +289,10 @@ def devices_of(value: str, what: str = "SHIMRT_DEVICES") -> tuple[int, ...]:
     integers, each at least 0; UsageError naming ``what`` otherwise."""
     text = validate.text(value, what)
     items = [p.strip() for p in text.split(",")]
-    if not all(_INT.fullmatch(p) and int(p) >= 0 for p in items):
-        raise UsageError(f"{what} must be comma-separated GPU indices (integers >= 0, one per local rank, "
-                         f"e.g. 0,0 for two ranks on GPU 0), not {text!r}")
+    # A GPU index is a C int (CUdevice, hipDevice_t): at most 10 digits.
+    if not all(_INT.fullmatch(p) and len(p) <= 11 and 0 <= int(p) <= MAX_RANKS for p in items):
+        raise UsageError(f"{what} must be comma-separated GPU indices (integers in 0..{MAX_RANKS}, one per local "
+                         f"rank, e.g. 0,0 for two ranks on GPU 0), not {validate.shown(text)}")
     return tuple(int(p) for p in items)
 
 
@@ -263,16 +329,22 @@ def launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
     (RANK and WORLD_SIZE), then MPI (Open MPI's OMPI_COMM_WORLD_*, then PMI_*). UsageError naming
     the variable for a value that cannot be: a rank outside 0..size-1, a size below 1, a local
     rank outside 0..local size-1, a unique id that is not 128 bytes in hex, a SHIMRT_MPS that is
-    not a yes/no."""
+    not a yes/no, or a variable python -m shimrt.launch sets with SHIMRT_RANK without it."""
     env = os.environ if environ is None else environ
-    if _get(env, "SHIMRT_RANK") is not None:
+    mps = bool(_switch(env, "SHIMRT_MPS"))  # checked even where no launch reads it
+    if _get(env, "SHIMRT_RANK") is None:
+        for name in _WITH_RANK:
+            if _get(env, name) is not None:
+                raise UsageError(f"SHIMRT_RANK must be set when {name} is (python -m shimrt.launch sets both); "
+                                 f"unset {name} or start with python -m shimrt.launch")
+    else:
         _required(env, "SHIMRT_WORLD_SIZE", "SHIMRT_RANK")
         rank, world, local, lsize = _ranks(env, "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK",
                                            "SHIMRT_LOCAL_WORLD_SIZE", local_default=None)
         uid = _unique_id(env)
         error = None if uid is not None else _get(env, "SHIMRT_NCCL_UNIQUE_ID_ERROR")
         return LaunchEnv("shimrt", rank, world, local, uid, local_world_size=lsize, unique_id_error=error,
-                         devices=_devices(env, local, lsize), mps=bool(_switch(env, "SHIMRT_MPS")))
+                         devices=_devices(env, local, lsize), mps=mps)
     if _get(env, "RANK") is not None and _get(env, "WORLD_SIZE") is not None:
         rank, world, local, lsize = _ranks(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
         port = _int(env, "MASTER_PORT", least=1, most=65535) if _get(env, "MASTER_PORT") is not None else None
@@ -285,3 +357,13 @@ def launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
             rank, world, local, lsize = _ranks(env, *names)
             return LaunchEnv("mpi", rank, world, local, local_world_size=lsize, devices=_devices(env, local, lsize))
     return LaunchEnv(None, devices=_devices(env, 0, None))
+
+
+def check(environ: Mapping[str, str] | None = None) -> None:
+    """Read every variable shimrt reads, refusing the first bad one (UsageError naming it):
+    :func:`settings` and :func:`launch_env` (SHIMRT_DEVICES and SHIMRT_MPS included). Commands
+    call it before they run, so a bad value ends them at once whether or not the run would
+    have reached it."""
+    env = os.environ if environ is None else environ
+    settings(env)
+    launch_env(env)

@@ -32,7 +32,7 @@ class Device(Closing):
     """
 
     def __init__(self, index: int = 0, backend: str | None = None):
-        index = validate.integer(index, "device index", least=0)
+        index = validate.integer(index, "device index", least=0, most=validate.MAX_INT32)  # a C int ordinal
         if backend is not None:
             validate.one_of(backend, "backend", backends.NAMES)
         requested = backend or settings().backend

@@ -32,9 +32,8 @@ def names() -> list[str]:
 def path(name: str) -> Path:
     """Path of one source; ``name`` may omit the ``.cu``."""
     base = directory()
-    usable = isinstance(name, str) and name and "\0" not in name
-    if usable:
-        for candidate in (name, name + ".cu"):
+    if isinstance(name, str) and 0 < len(name) <= 255 and "\0" not in name and "/" not in name:
+        for candidate in (name, name + ".cu"):  # short, plain names only: the file system raises on others
             p = base / candidate
             if p.suffix in SUFFIXES and p.is_file() and p.parent == base:
                 return p

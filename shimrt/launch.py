@@ -47,10 +47,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import mps, validate
-from .config import BACKENDS, LaunchEnv, device_map, devices_of, launch_env, settings
+from . import config, mps, validate
+from .config import BACKENDS, LaunchEnv, device_map, devices_of, launch_env
 from .errors import CollectiveError, ShimrtError, UsageError
 from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
+from .stream import MAX_TIMEOUT
 
 _INSTALL_HINT = ("install NCCL (pip install 'shimrt[nccl]') or set SHIMRT_NCCL_LIBRARY to the path of "
                  "libnccl.so.2 (librccl.so under ROCm), then launch again")
@@ -261,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
         usage="python -m shimrt.launch --nproc N [--devices I,J,...] [--mps] [--timeout SECONDS] "
               "(script | -m module) [args ...]")
     parser.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", dest="nproc", metavar="N", required=True,
-                        type=validate.argument(validate.integer, "--nproc", least=1),
+                        type=validate.argument(validate.integer, "--nproc", least=1, most=config.MAX_RANKS),
                         help="how many processes to start (one per local GPU); the names are torchrun's too")
     parser.add_argument("--nnodes", metavar="1", default=1, type=validate.argument(_one_node, "--nnodes"),
                         help="torchrun's flag: this launcher starts ranks on this machine only, so 1 (across "
@@ -277,7 +278,7 @@ def _parser() -> argparse.ArgumentParser:
                              "that ranks sharing a GPU (--devices 0,0) run side by side instead of taking turns; it "
                              "works with one rank per GPU too")
     parser.add_argument("--timeout", metavar="SECONDS", default=None,
-                        type=validate.argument(validate.number, "--timeout", positive=True),
+                        type=validate.argument(validate.number, "--timeout", positive=True, most=MAX_TIMEOUT),
                         help="stop every process after this many seconds and exit with 124 (default: no limit)")
     parser.add_argument("--version", action="version", version=f"shimrt {__version__}",
                         help="print shimrt's version and exit")
@@ -300,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.module is not None:
             if not args.module:
                 parser.error("-m needs a module name, e.g. -m shimrt.bench")
+            if not all(part.isidentifier() for part in args.module[0].split(".")):  # what python -m finds
+                parser.error(f"-m takes a module name (dotted Python names, e.g. shimrt.bench), not "
+                             f"{validate.shown(args.module[0])}")
             target = ["-m", *args.module]
         elif args.script is None:
             parser.error("give a script or -m module")
@@ -312,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version (0) or a refused argument (2): argparse said why
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
-        settings()  # a bad SHIMRT_* value is refused here, before any process starts
+        config.check()  # a bad SHIMRT_* value is refused here, before any process starts
         return run(args.nproc, target, args.timeout, args.devices, mps=args.mps)
     except ShimrtError as exc:
         say(str(exc))

@@ -346,6 +346,12 @@ class Mps:
                                f"{self.start_timeout:g} s ({said or 'nothing printed'}){self._log_text()}")
             time.sleep(0.1)
         self.pid = self.pid or _read_pid(self.pipe_directory) or next(iter(self._processes()), None)
+        if self.pid is None or not _alive(self.pid):
+            # A program that exits 0 to anything (/bin/true) "starts" and "answers" without a daemon:
+            # the ranks would run outside MPS with no word.
+            raise MpsError(f"the MPS control daemon did not start: {self.control} -d returned and answered, but no "
+                           f"daemon runs (no {PID_FILE} in its pipe folder, no process of it): is it NVIDIA's "
+                           f"{CONTROL}?{self._log_text()}")
 
     def ask(self, command: str, timeout: float = QUERY_TIMEOUT_S) -> str:
         """What the daemon answers to one control command (``get_server_list``, ...); MpsError when

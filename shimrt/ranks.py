@@ -20,6 +20,7 @@ from . import backends, validate
 from .config import device_map
 from .errors import CollectiveError, ShimrtError, UsageError
 from .mps import Mps
+from .stream import timeout_seconds
 
 #: Seconds the ranks get to exit after the signal that stops them, before SIGKILL.
 GRACE_S = 5.0
@@ -212,13 +213,13 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
     for a rank killed by signal N), 124 after the timeout, or 128 + N after the launcher got
     signal N. UsageError for a bad argument. No rank (and no MPS daemon) is left running when
     it returns or raises."""
-    nproc = validate.integer(nproc, "nproc", least=1)
+    nproc = validate.integer(nproc, "nproc", least=1, most=validate.MAX_INT32)  # NCCL's rank count: a C int
     mps = validate.boolean(mps, "mps")
     if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
         raise UsageError(f"argv must be a non-empty list of strings (a script and its arguments), not {argv!r}")
     argv = [validate.text(a, "every item of argv", empty=True) for a in argv]
     if timeout is not None:
-        timeout = validate.number(timeout, "timeout", positive=True)
+        timeout = timeout_seconds(timeout, "timeout")
     if devices is None:
         devices = device_map()  # the caller's SHIMRT_DEVICES, checked here, before any rank starts
     if devices is not None:

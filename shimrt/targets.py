@@ -28,6 +28,12 @@ from .errors import UsageError
 
 _KIB = 1024
 
+#: Bounds no GPU exceeds, for values given before a device is known (a policy's SMs, a
+#: collective's threads per block): the largest have 148 SMs (B200) and 304 CUs (MI300X), and
+#: every NVIDIA and AMD GPU runs at most 1024 threads per block.
+MAX_SMS = 1024
+MAX_BLOCK_THREADS = 1024
+
 
 @dataclass(frozen=True)
 class Target:
@@ -74,8 +80,10 @@ class Target:
                              f"not {self.sgpr_alloc_unit!r}")
 
     def _set_int(self, name: str, least: int) -> None:
-        # numpy integers (a driver's attributes) become ints, so equal targets compare and hash alike.
-        object.__setattr__(self, name, validate.integer(getattr(self, name), f"Target.{name}", least=least))
+        # numpy integers (a driver's attributes) become ints, so equal targets compare and hash alike;
+        # every field is a device attribute, a C int.
+        object.__setattr__(self, name, validate.integer(getattr(self, name), f"Target.{name}", least=least,
+                                                        most=validate.MAX_INT32))
 
     @property
     def compute_capability(self) -> tuple[int, int] | None:
@@ -171,7 +179,7 @@ def get(name: "str | Target") -> Target:
         return name
     if not isinstance(name, str):
         raise UsageError(f"target must be a Target or a name such as 'H200' or 'sm_90' (known: {', '.join(names())}), "
-                         f"not {name!r}")
+                         f"not {validate.shown(name)}")
     key = _key(name)
     for pname in PROFILES:
         if _key(pname) == key:
@@ -181,4 +189,5 @@ def get(name: "str | Target") -> Target:
     for arch, pname in _BY_ARCH.items():
         if _key(arch) == key:
             return PROFILES[pname]
-    raise UsageError(f"target must be one of {', '.join(names())} (or a Target), not {name!r}: unknown target")
+    raise UsageError(f"target must be one of {', '.join(names())} (or a Target), not {validate.shown(name)}: "
+                     "unknown target")

@@ -28,6 +28,8 @@ _SHOWN = 200  # characters of a refused value a message quotes
 
 #: The largest value of a C ``int``: vendor APIs take counts, ranks, indices and grids as one.
 MAX_INT32 = 2**31 - 1
+#: The largest ``unsigned int``: what cuLaunchKernel and hipModuleLaunchKernel take shared memory as.
+MAX_UINT32 = 2**32 - 1
 
 
 def shown(value: Any) -> str:
@@ -56,18 +58,17 @@ def number(value: Any, what: str, *, positive: bool = False, least: float | None
            most: float | None = None) -> float:
     """``value`` as a finite float (an int or float, Python or numpy, never a bool); ``positive``
     refuses 0 and below."""
-    allowed = ("a positive number" + _range(None, most) if positive
-               else "a finite number" + _range(least, most))
+    allowed = ("a positive number" if positive else "a finite number") + _range(least, most)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise UsageError(f"{what} must be {allowed}, not {shown(value)}")
     try:
-        number = float(value)
+        result = float(value)
     except OverflowError:  # an int beyond any float (10**400)
         raise UsageError(f"{what} must be {allowed}, not {shown(value)}") from None
-    if not math.isfinite(number) or (positive and number <= 0) or (least is not None and number < least) \
-            or (most is not None and number > most):
+    if not math.isfinite(result) or (positive and result <= 0) or (least is not None and result < least) \
+            or (most is not None and result > most):
         raise UsageError(f"{what} must be {allowed}, not {shown(value)}")
-    return number
+    return result
 
 
 def boolean(value: Any, what: str) -> bool:

@@ -6,12 +6,15 @@ One test per class of bad input (bools for numbers, non-numbers, NaN and infinit
 numbers, bad strings, bad booleans, wrong lengths, timeouts), each over every place that takes such a
 value; then the cases of issue 13 one by one. Objects that need a device (Stream, Event, Kernel,
 Buffer) are real objects on a stand-in device that has no driver: their checks all run before any
-driver call. The same checks on a real device are in tests/gpu/test_bad_inputs_gpu.py.
+driver call. The same checks on a real device are in tests/gpu/test_bad_inputs_gpu.py. Then the
+cases of issue 24: ints beyond any float, lone surrogates, and values beyond what a C int, an
+unsigned int or any GPU takes.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 
@@ -19,7 +22,7 @@ import numpy as np
 import pytest
 
 import shimrt
-from shimrt import CollectiveError, UsageError, kernels, occupancy, targets
+from shimrt import CollectiveError, UsageError, kernels, occupancy, targets, validate
 from shimrt.cuda import rtc
 from shimrt.device import Device, host_array, partition_sms, stream_priority
 from shimrt.kernel import Kernel
@@ -659,7 +662,7 @@ def test_device_helpers_refuse_bad_values():
 
 @pytest.mark.parametrize("index", [True, False, -1, 1.0, "0", None, np.bool_(False)])
 def test_device_indices_are_non_negative_ints(index):
-    refused(Device, index, "device index must be an int >= 0")
+    refused(Device, index, "device index must be an int in 0..2147483647")
 
 
 def test_a_numpy_device_index_is_taken():
@@ -747,3 +750,92 @@ def test_kernel_resources_and_programs_are_checked():
         H200.with_(speed=3)
     with pytest.raises(UsageError, match="Target.sgpr_alloc_unit must be an int >= 1 when sgprs_per_simd is set"):
         targets.get("MI250X").with_(sgpr_alloc_unit=0)
+
+
+# --- the cases of issue 24 ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("call", [
+    lambda v: validate.number(v, "x"), lambda v: CommOptions(timeout=v), lambda v: planner.estimate(PROBLEM, v, 1.0),
+    lambda v: metrics.compute(1.0, 1.0, 2.0, v, 1.0, 0.0), lambda v: StandInSpec(1 << 20, link_gbps=v)])
+@pytest.mark.parametrize("value", [10**400, -10**400, 10**5000], ids=["1e400", "-1e400", "1e5000"])
+def test_ints_beyond_any_float_are_refused_not_overflowed(call, value):
+    """float(10**400) raises OverflowError: the check refuses the value instead, and names it even
+    where Python will not print it (more than 4300 digits)."""
+    with pytest.raises(UsageError, match=r"must be a (positive|finite) number.*, not (-?10000000|an int of about)"):
+        call(value)
+
+
+def test_ints_too_long_to_print_are_named_by_their_size():
+    with pytest.raises(UsageError, match=r"^x must be an int <= 5, not an int of about 5001 digits$"):
+        validate.integer(10**5000, "x", most=5)
+    with pytest.raises(UsageError, match=r"^x must be an int >= 0, not an int of about 5001 digits$"):
+        validate.integer(-10**5000, "x", least=0)
+    assert validate.shown("y" * 1000) == repr("y" * 1000)[:200] + "..."
+
+
+@pytest.mark.parametrize("text", ["\ud800", "a\udfffb", "k\ud83d.cu"])
+def test_lone_surrogates_are_refused_where_text_is_written_out(text, cache_dir):
+    """A lone surrogate cannot be encoded for NVRTC, hipRTC or NCCL: UsageError naming it, where
+    compile() used to raise UnicodeEncodeError from the compiler's binding."""
+    allowed = "without NUL characters or lone surrogates"
+    refused(lambda v: validate.text(v, "x"), text, allowed)
+    refused(lambda v: shimrt.compile(EMPTY_KERNEL + "// " + v, "sm_90"), text, f"source must be .*{allowed}",
+            shown=repr(text)[1:-1])
+    refused(lambda v: shimrt.compile(EMPTY_KERNEL, "sm_90", name=v), text, f"name must be .*{allowed}")
+    refused(lambda v: shimrt.compile(EMPTY_KERNEL, "sm_90", options=[f"-DX={v}"]), text, "each option must be",
+            shown=repr(text)[1:-1])
+    refused(lambda v: CommOptions(net_name=v), text, f"net_name must be .*{allowed}")
+    refused(lambda v: Footprint(v, 1, 256, 32, 0, 0), text, f"Footprint.name must be .*{allowed}")
+
+
+def test_paths_take_what_the_os_decoded_but_not_lone_surrogates(tmp_path):
+    # Undecodable bytes in a file name come back as U+DC80..U+DCFF (surrogateescape): a real path.
+    name = os.fsdecode(b"results-\xff.json")
+    assert validate.writable_file(str(tmp_path / name), "--json") == tmp_path / name
+    refused(lambda v: validate.writable_file(v, "--json"), str(tmp_path / "out\ud800.json"), "--json must be")
+    refused(lambda v: validate.readable_file(v, "script"), "in\ud800.py", "script must be")
+
+
+@pytest.mark.parametrize("value", ["\u0661\u0662", "1" * 5000, "1" * 31 + "K"], ids=["arabic", "5000", "31K"])
+def test_byte_counts_are_ascii_digits_of_reasonable_length(value):
+    refused(lambda v: validate.nbytes(v, "x"), value, "x must be a byte count such as 8, 64K, 256M or 1G",
+            shown=validate.shown(value))
+
+
+@pytest.mark.parametrize("value", [np.array([1, 2]), ["sum"], {"sum": 0}, {}])
+def test_one_of_refuses_arrays_and_unhashables_instead_of_raising(value):
+    refused(lambda v: validate.one_of(v, "op", ("sum", "max")), value, "op must be one of sum, max",
+            shown=validate.shown(value))
+    refused(lambda v: CommOptions(cta_policy=v), value, "cta_policy must be one of", shown=validate.shown(value))
+    refused(lambda v: library_ops(v), value, "op must be one of sum", shown=validate.shown(value))
+    assert validate.one_of(np.str_("sum"), "op", ("sum", "max")) == "sum"
+
+
+def library_ops(op):
+    from shimrt.nccl import collectives
+    return collectives.op_of("all_reduce", collectives.COLLECTIVES["all_reduce"], op)
+
+
+def test_values_beyond_what_any_gpu_or_c_int_takes_are_refused():
+    """Values that reach a C int (ranks, grids, ordinals), an unsigned int (dynamic shared
+    memory) or a GPU's own limits (SMs, threads per block) are refused where they enter."""
+    from shimrt.overlap.standin import StandInSpec as Spec
+    from shimrt.targets import MAX_BLOCK_THREADS, MAX_SMS
+    cases = [
+        (lambda v: Choice("partition", partition_sms=v), MAX_SMS + 1, f"partition_sms .*in 1..{MAX_SMS}"),
+        (lambda v: Choice("priority", comm_threads=v), MAX_BLOCK_THREADS + 1, f"comm_threads .*1..{MAX_BLOCK_THREADS}"),
+        (lambda v: Choice("priority", comm_blocks=v), 2**31, "comm_blocks .*1..2147483647"),
+        (lambda v: Choice("shaping", resident_blocks=1, dynamic_smem=v), 2**32, "dynamic_smem must be an int in "
+                                                                               "0..4294967295"),
+        (lambda v: Problem(H200, RES, 256, NCCL_2_28_SM90, v), 2**31, "comm_blocks must be an int in 1..2147483647"),
+        (lambda v: Spec(1 << 20, dynamic_smem=v), 2**32, "dynamic_smem .*0..4294967295"),
+        (lambda v: Spec(1 << 20, link_gbps=v), 1e308, r"link_gbps .*positive number in 0.001..1000000.0"),
+        (lambda v: Spec(1 << 20, link_gbps=v), 1e-300, r"link_gbps .*positive number in 0.001..1000000.0"),
+        (lambda v: H200.with_(num_sms=v), 2**31, "Target.num_sms must be an int in 1..2147483647"),
+        (lambda v: planner.estimate(PROBLEM, v, v), 1e308, r"t_comp \(ms\) must be a positive number <= "),
+        (lambda v: buffer_counts("all_reduce", v, 2), 2**64, "count must be an int in 0..18446744073709551615"),
+        (lambda v: buffer_counts("all_reduce", 8, v), 2**31, "size must be an int in 1..2147483647"),
+        (lambda v: Device(v), 2**31, "device index must be an int in 0..2147483647"),
+    ]
+    for call, value, allowed in cases:
+        refused(call, value, allowed)

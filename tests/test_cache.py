@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 import shimrt
-from shimrt import cache, kernels
+from shimrt import UsageError, cache, kernels
 
 
 def entries(d):
@@ -240,15 +240,15 @@ def test_forged_metadata_with_a_valid_checksum_is_a_miss(case, cache_dir, caplog
     assert shimrt.compile(small(32), "sm_90").from_cache
 
 
-def test_a_cache_folder_that_is_a_device_warns_once(tmp_path, monkeypatch, caplog):
-    # The sweep's SHIMRT_CACHE_DIR=/dev/null, through a link so that the folder is this test's own.
+def test_a_cache_folder_that_is_a_device_is_refused_once_with_its_name(tmp_path, monkeypatch):
+    # The sweep's SHIMRT_CACHE_DIR=/dev/null (it printed one warning per compile), through a link so
+    # that the path is this test's own: refused where the variable is read, with one message.
     (tmp_path / "null").symlink_to("/dev/null")
     monkeypatch.setenv("SHIMRT_CACHE_DIR", str(tmp_path / "null"))
     monkeypatch.delenv("SHIMRT_DISABLE_CACHE", raising=False)
-    for _ in range(24):
-        assert not shimrt.compile(small(32), "sm_90").from_cache
-    (message,) = warnings_of(caplog)
-    assert "is not a folder" in message
+    with pytest.raises(UsageError, match="SHIMRT_CACHE_DIR") as refused:
+        shimrt.compile(small(32), "sm_90")
+    assert str(tmp_path / "null") in str(refused.value)
 
 
 def test_an_unwritable_cache_warns_once(tmp_path, monkeypatch, caplog):

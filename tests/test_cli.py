@@ -110,6 +110,26 @@ BAD_INTEGERS = [
     ("collectives", "--local-ranks", "--local-ranks", ["0", "65", "x"]),
     ("host-cost", "--calls", "--calls", ["0", "-1", "x"]),
     ("host-cost", "--batches", "--batches", ["0", "2.5"]),
+    # Issue 24: counts beyond a C int (a typo, never a run that ends) and ints too long to convert.
+    ("collectives", "-n", "-n/--iters", ["2147483648", "9" * 5000]),
+    ("collectives", "-w", "-w/--warmup", ["2147483648"]),
+    ("collectives", "-f", "-f/--factor", ["2147483648"]),
+    ("collectives", "--latency-calls", "--latency-calls", ["2147483648", "0"]),
+    ("overlap", "--repeats", "--repeats", ["2147483648"]),
+    ("gemm", "--repeats", "--repeats", ["2147483648"]),
+    ("gemm", "--warmup", "--warmup", ["2147483648"]),
+    ("launch", "--batch", "--batch", ["2147483648"]),
+    ("launch", "--launches", "--launches", ["9" * 30]),
+    ("host-cost", "--calls", "--calls", ["2147483648"]),
+    ("host-cost", "--batches", "--batches", ["2147483648"]),
+    ("torch", "--steps", "--steps", ["2147483648"]),
+    ("torch", "--warmup", "--warmup", ["2147483648"]),
+    ("torch", "--trial-steps", "--trial-steps", ["2147483648"]),
+    ("torch", "--bucket-mb", "--bucket-mb", ["2147483648"]),
+    ("torch", "--width", "--width", ["9" * 23]),
+    ("torch", "--layers", "--layers", ["2147483648"]),
+    ("torch", "--sms", "--sms", ["1025", "99999999999"]),
+    ("torch", "--local-ranks", "--local-ranks", ["65"]),
 ]
 
 
@@ -128,7 +148,9 @@ BAD_SIZES = [
     (bench.main, ["collectives", "-e"], "-e/--max-bytes", ["0", "-1", "256Q", "2T", "M"]),
     (bench.main, ["collectives", "--max-bytes"], "-e/--max-bytes", ["0"]),
     (bench.main, ["overlap", "--bytes"], "--bytes", ["abc", "8", "1.5M", "0", "-16M", "16M,16M", "1000000"]),
-    (footprint.main, ["--bytes"], "--bytes", ["2", "0", "5G", "abc", "-4"]),
+    (footprint.main, ["--bytes"], "--bytes", ["2", "0", "5G", "abc", "-4", "9" * 5000, "\u0664\u0660\u0669\u0666"]),
+    (bench.main, ["collectives", "-b"], "-b/--min-bytes", ["\u0668"]),
+    (bench.main, ["overlap", "--bytes"], "--bytes", ["9" * 30 + "M", "2T"]),
 ]
 
 
@@ -140,9 +162,16 @@ def test_bad_sizes_are_refused_naming_the_option(capsys, ran, main, argv, name, 
 
 @pytest.mark.parametrize("option, value", [
     ("--comm-ratios", v) for v in ["abc", "0", "-1", "nan", "inf", ",", "1,1", "0.5,x"]] + [
-    ("--link-gbps", v) for v in ["-1", "nan", "inf", "-inf", "abc", ""]])
+    ("--link-gbps", v) for v in ["-1", "nan", "inf", "-inf", "abc", "", "1e308", "1e-300", "1e7"]] + [
+    ("--comm-ratios", v) for v in ["1e308", "1e-300", "1001", "0.25,1e9"]])
 def test_bad_numbers_are_refused_naming_the_option(capsys, ran, option, value):
     refused(capsys, ran, bench.main, ["overlap", *opt(option, value)], option, "must")
+
+
+@pytest.mark.parametrize("value", ["1e308", "1e30", "inf", "0"])
+def test_a_timeout_beyond_what_a_thread_can_wait_is_refused(capsys, ran, value):
+    """bench torch's watchdog (faulthandler) takes at most threading.TIMEOUT_MAX seconds."""
+    refused(capsys, ran, bench.main, ["torch", "--timeout", value], "--timeout must be a positive number <= ")
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -257,6 +286,15 @@ BAD_RESULTS = {
     "device a list": _broken(lambda r: r.update(device=[1])),
     "summary of strings": _broken(lambda r: r.update(summary=["x"])),
     "a duplicate run": _broken(lambda r: r["runs"].append(r["runs"][0])),
+    # Issue 24: these raised (1e308, a string, an infinite SM index) or were drawn (a negative or
+    # NaN time) after the schema's first look had passed them.
+    "a negative makespan": _broken(lambda r: r["runs"][0]["metrics"].update(makespan_ms=-1.0)),
+    "a makespan of 1e308": _broken(lambda r: r["runs"][0]["metrics"].update(makespan_ms=1e308)),
+    "a string in a timeline": _broken(lambda r: r["runs"][0]["timeline"].update(compute=[["0", "1", "0"]])),
+    "an infinite SM index": _broken(lambda r: r["runs"][0]["timeline"].update(comm=[[0.0, 1.0, math.inf]])),
+    "a NaN start": _broken(lambda r: r["runs"][0]["timeline"].update(compute=[[math.nan, 1.0, 0]])),
+    "a string reduction": _broken(lambda r: r["runs"][0]["metrics"].update(reduction="lots")),
+    "an endless workload name": _broken(lambda r: [run.update(workload="w" * 100000) for run in r["runs"]]),
 }
 
 
@@ -289,6 +327,8 @@ def test_plot_refuses_what_is_no_results_file(capsys, tmp_path, what):
     (["overlap", "--collective", "send_recv"], ["--collective", "all_reduce, all_gather, reduce_scatter",
                                                 "--comm nccl"]),
     (["overlap", "--comm", "stand-in", "--collective", "send_recv"], ["--collective"]),
+    (["overlap", "--comm", "stand-in", "--local-ranks", "2"], ["--local-ranks is for --comm nccl"]),
+    (["overlap", "--comm", "stand-in", "--stand-in-too"], ["--stand-in-too is for --comm nccl"]),
 ])
 def test_options_that_do_not_go_together_are_refused(capsys, ran, argv, needles):
     refused(capsys, ran, bench.main, argv, *needles)
@@ -335,6 +375,34 @@ def test_valid_runs_without_a_gpu_end_in_one_line(argv, tmp_path):
     assert "no GPU" in run.stderr and run.stderr.count("\n") == 1, run.stderr
     assert run.stderr.startswith(" ".join(argv[:2]) if argv[0] == "shimrt.bench" else argv[0])
     assert not (tmp_path / "out.json").exists()
+
+
+ISSUE_24_ENVIRONMENTS = {
+    # (the environment, what the one line must say); each was a traceback, or taken, before.
+    "~nosuchuser": ({"SHIMRT_CACHE_DIR": "~nosuchuser/x"}, "SHIMRT_CACHE_DIR must be an absolute folder path"),
+    "relative cache": ({"SHIMRT_CACHE_DIR": "rel/cache"}, "a relative one would follow the working directory"),
+    "/dev/null cache": ({"SHIMRT_CACHE_DIR": "/dev/null"}, "not '/dev/null', which is not a folder"),
+    "bad SHIMRT_DEVICES": ({"SHIMRT_DEVICES": "abc"}, "SHIMRT_DEVICES must be comma-separated GPU indices"),
+    "world beyond a C int": ({"SHIMRT_RANK": "0", "SHIMRT_WORLD_SIZE": str(2**31), "SHIMRT_LOCAL_RANK": "0"},
+                             "SHIMRT_WORLD_SIZE must be an int in 1..2147483647, not 2147483648"),
+    "a lone SHIMRT_WORLD_SIZE": ({"SHIMRT_WORLD_SIZE": "2"}, "SHIMRT_RANK must be set when SHIMRT_WORLD_SIZE is"),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(ISSUE_24_ENVIRONMENTS))
+@pytest.mark.parametrize("argv", [["shimrt"], ["shimrt.selftest", "--quiet"],
+                                  ["shimrt.launch", "--nproc", "1", "-m", "shimrt"]])
+def test_a_bad_environment_ends_every_command_in_one_line(argv, case, tmp_path):
+    """Every command, the launcher and the selftest too (which exited 0 with a malformed
+    SHIMRT_DEVICES), refuses before it runs; nothing is made where the command stands."""
+    env, needle = ISSUE_24_ENVIRONMENTS[case]
+    run = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=100, cwd=tmp_path,
+                         env={**os.environ, "SHIMRT_CACHE_DIR": str(tmp_path / "cache"), **env})
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.startswith(f"{argv[0]}: ") and run.stderr.count("\n") == 1, run.stderr
+    assert needle in run.stderr and run.stdout == ""
+    assert not (tmp_path / "rel").exists()
 
 
 @pytest.mark.timeout(60)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,10 +63,56 @@ def test_cache_dir(tmp_path):
     assert settings({"SHIMRT_CACHE_DIR": "~/x"}).cache_dir == Path.home() / "x"
     assert settings({"SHIMRT_CACHE_DIR": str(tmp_path)}).check_cache_dir() == tmp_path
     assert settings({"SHIMRT_CACHE_DIR": str(tmp_path / "not-yet")}).check_cache_dir() == tmp_path / "not-yet"
+    assert settings({"SHIMRT_CACHE_DIR": "~", "HOME": str(tmp_path)}).cache_dir == tmp_path
+    assert settings({"HOME": str(tmp_path)}).cache_dir == tmp_path / ".cache" / "shimrt"
+    # A folder that cannot be written or made is the cache's to report (it never fails a compile).
     (tmp_path / "file").write_text("")
-    cfg = settings({"SHIMRT_CACHE_DIR": str(tmp_path / "file")})  # settings() itself does not refuse it
-    with pytest.raises(UsageError, match="is a file, not a folder: point SHIMRT_CACHE_DIR at a folder"):
-        cfg.check_cache_dir()
+    assert settings({"SHIMRT_CACHE_DIR": str(tmp_path / "file" / "c")}).cache_dir == tmp_path / "file" / "c"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("~nosuchuser/x", "SHIMRT_CACHE_DIR must be an absolute folder path (or one starting with ~ or ~user of a user "
+                      "who exists), not '~nosuchuser/x': there is no user 'nosuchuser'"),
+    ("rel/cache", "SHIMRT_CACHE_DIR must be an absolute folder path (or one starting with ~), not 'rel/cache': a "
+                  "relative one would follow the working directory"),
+    (".", "SHIMRT_CACHE_DIR must be an absolute folder path (or one starting with ~), not '.'"),
+    ("~/x", "HOME must be an absolute path for the compile cache's default folder (~/.cache/shimrt), not 'home'"),
+])
+def test_bad_cache_dirs_are_refused_naming_the_variable(value, message):
+    with pytest.raises(UsageError) as info:
+        settings({"SHIMRT_CACHE_DIR": value, "HOME": "home"})
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("what", ["a file", "a device", "a dangling link"])
+def test_a_cache_dir_that_exists_and_is_no_folder_is_refused_once(tmp_path, what):
+    path = tmp_path / "cache"
+    if what == "a file":
+        path.write_text("")
+    else:
+        path.symlink_to("/dev/null" if what == "a device" else tmp_path / "nowhere")
+    with pytest.raises(UsageError, match=f"^SHIMRT_CACHE_DIR must be a folder .*not '{path}', which is not a folder$"):
+        settings({"SHIMRT_CACHE_DIR": str(path)})
+
+
+@pytest.mark.parametrize("home", ["", "home", "./home"])
+def test_the_default_cache_dir_needs_an_absolute_home(home, tmp_path):
+    with pytest.raises(UsageError, match=f"^HOME must be an absolute path .*, not {home!r}: set SHIMRT_CACHE_DIR"):
+        settings({"HOME": home})
+    # XDG_CACHE_HOME (absolute) or SHIMRT_CACHE_DIR make HOME unneeded.
+    assert settings({"HOME": home, "XDG_CACHE_HOME": str(tmp_path)}).cache_dir == tmp_path / "shimrt"
+    assert settings({"HOME": home, "SHIMRT_CACHE_DIR": str(tmp_path)}).cache_dir == tmp_path
+
+
+def test_a_relative_cache_dir_makes_no_folder_where_the_command_stands(tmp_path):
+    """The issue's case: a relative SHIMRT_CACHE_DIR, once a folder made in the working directory,
+    is one line and exit code 2, and nothing is made."""
+    result = subprocess.run([sys.executable, "-m", "shimrt"], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "SHIMRT_CACHE_DIR": "rel/cache"}, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("shimrt: SHIMRT_CACHE_DIR must be an absolute folder path (or one starting with "
+                                     "~), not 'rel/cache': a relative one would follow the working directory")
+    assert not (tmp_path / "rel").exists()
 
 
 def test_nccl_library_is_carried_never_refused(tmp_path):
@@ -152,9 +201,18 @@ BAD_LAUNCHES = [
     (dict(SHIMRT, SHIMRT_RANK="-1"), "SHIMRT_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1, not -1"),
     (dict(SHIMRT, SHIMRT_RANK="1.0"), "SHIMRT_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1, not '1.0'"),
     (dict(SHIMRT, SHIMRT_RANK="1_0"), "SHIMRT_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1, not '1_0'"),
-    (dict(SHIMRT, SHIMRT_WORLD_SIZE="0"), "SHIMRT_WORLD_SIZE must be an int >= 1, not 0"),
-    (dict(SHIMRT, SHIMRT_WORLD_SIZE="-3"), "SHIMRT_WORLD_SIZE must be an int >= 1, not -3"),
-    (dict(SHIMRT, SHIMRT_WORLD_SIZE="two"), "SHIMRT_WORLD_SIZE must be an int >= 1, not 'two'"),
+    (dict(SHIMRT, SHIMRT_WORLD_SIZE="0"), "SHIMRT_WORLD_SIZE must be an int in 1..2147483647, not 0"),
+    (dict(SHIMRT, SHIMRT_WORLD_SIZE="-3"), "SHIMRT_WORLD_SIZE must be an int in 1..2147483647, not -3"),
+    (dict(SHIMRT, SHIMRT_WORLD_SIZE="two"), "SHIMRT_WORLD_SIZE must be an int in 1..2147483647, not 'two'"),
+    # NCCL's rank count is a C int: a larger world passed the rendezvous before.
+    (dict(SHIMRT, SHIMRT_WORLD_SIZE=str(2**31)), "SHIMRT_WORLD_SIZE must be an int in 1..2147483647, not 2147483648"),
+    (dict(SHIMRT, SHIMRT_WORLD_SIZE="9" * 5000), "SHIMRT_WORLD_SIZE must be an int in 1..2147483647, not '9999"),
+    ({"SHIMRT_WORLD_SIZE": "2"}, "SHIMRT_RANK must be set when SHIMRT_WORLD_SIZE is"),
+    ({"SHIMRT_LOCAL_RANK": "0"}, "SHIMRT_RANK must be set when SHIMRT_LOCAL_RANK is"),
+    ({"SHIMRT_NCCL_UNIQUE_ID": UID}, "SHIMRT_RANK must be set when SHIMRT_NCCL_UNIQUE_ID is"),
+    ({"SHIMRT_MPS": "maybe"}, "SHIMRT_MPS must be one of 1, true, yes, on, 0, false, no, off, not 'maybe'"),
+    ({"SHIMRT_DEVICES": str(2**31)}, "SHIMRT_DEVICES must be comma-separated GPU indices (integers in 0..2147483647"),
+    ({"SHIMRT_DEVICES": "0,,1"}, "SHIMRT_DEVICES must be comma-separated GPU indices"),
     ({k: v for k, v in SHIMRT.items() if k != "SHIMRT_WORLD_SIZE"}, "SHIMRT_WORLD_SIZE must be set when SHIMRT_RANK"),
     ({k: v for k, v in SHIMRT.items() if k != "SHIMRT_LOCAL_RANK"}, "SHIMRT_LOCAL_RANK must be set when SHIMRT_RANK"),
     (dict(SHIMRT, SHIMRT_LOCAL_RANK="-1"), "SHIMRT_LOCAL_RANK (with SHIMRT_WORLD_SIZE=2) must be an int in 0..1"),
@@ -171,8 +229,9 @@ BAD_LAUNCHES = [
     (dict(TORCHRUN, RANK="4"), "RANK (with WORLD_SIZE=4) must be an int in 0..3, not 4"),
     (dict(TORCHRUN, RANK="-1"), "RANK (with WORLD_SIZE=4) must be an int in 0..3, not -1"),
     (dict(TORCHRUN, RANK="one"), "RANK (with WORLD_SIZE=4) must be an int in 0..3, not 'one'"),
-    (dict(TORCHRUN, WORLD_SIZE="0"), "WORLD_SIZE must be an int >= 1, not 0"),
-    (dict(TORCHRUN, WORLD_SIZE="-2"), "WORLD_SIZE must be an int >= 1, not -2"),
+    (dict(TORCHRUN, WORLD_SIZE="0"), "WORLD_SIZE must be an int in 1..2147483647, not 0"),
+    (dict(TORCHRUN, WORLD_SIZE="-2"), "WORLD_SIZE must be an int in 1..2147483647, not -2"),
+    (dict(TORCHRUN, WORLD_SIZE=str(2**31)), "WORLD_SIZE must be an int in 1..2147483647, not 2147483648"),
     (dict(TORCHRUN, LOCAL_RANK="-1"), "LOCAL_RANK (with LOCAL_WORLD_SIZE=2) must be an int in 0..1, not -1"),
     (dict(TORCHRUN, LOCAL_RANK="2"), "LOCAL_RANK (with LOCAL_WORLD_SIZE=2) must be an int in 0..1, not 2"),
     (dict(TORCHRUN, LOCAL_RANK="x"), "LOCAL_RANK (with LOCAL_WORLD_SIZE=2) must be an int in 0..1, not 'x'"),
@@ -181,11 +240,11 @@ BAD_LAUNCHES = [
     (dict(TORCHRUN, MASTER_PORT="http"), "MASTER_PORT must be an int in 1..65535, not 'http'"),
     (dict(TORCHRUN, MASTER_PORT="70000"), "MASTER_PORT must be an int in 1..65535, not 70000"),
     (dict(OMPI, OMPI_COMM_WORLD_RANK="4"), "OMPI_COMM_WORLD_RANK (with OMPI_COMM_WORLD_SIZE=4) must be an int"),
-    (dict(OMPI, OMPI_COMM_WORLD_SIZE="0"), "OMPI_COMM_WORLD_SIZE must be an int >= 1, not 0"),
+    (dict(OMPI, OMPI_COMM_WORLD_SIZE="0"), "OMPI_COMM_WORLD_SIZE must be an int in 1..2147483647, not 0"),
     (dict(OMPI, OMPI_COMM_WORLD_LOCAL_RANK="-1"), "OMPI_COMM_WORLD_LOCAL_RANK (with OMPI_COMM_WORLD_LOCAL_SIZE=2)"),
     (dict(OMPI, OMPI_COMM_WORLD_LOCAL_SIZE="x"), "OMPI_COMM_WORLD_LOCAL_SIZE (with OMPI_COMM_WORLD_SIZE=4)"),
     (dict(PMI, PMI_RANK="9"), "PMI_RANK (with PMI_SIZE=4) must be an int in 0..3, not 9"),
-    (dict(PMI, PMI_SIZE="-4"), "PMI_SIZE must be an int >= 1, not -4"),
+    (dict(PMI, PMI_SIZE="-4"), "PMI_SIZE must be an int in 1..2147483647, not -4"),
     (dict(PMI, MPI_LOCALRANKID="2"), "MPI_LOCALRANKID (with MPI_LOCALNRANKS=2) must be an int in 0..1, not 2"),
     (dict(PMI, MPI_LOCALNRANKS="5"), "MPI_LOCALNRANKS (with PMI_SIZE=4) must be an int in 1..4, not 5"),
 ]

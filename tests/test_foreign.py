@@ -102,6 +102,6 @@ def test_the_torch_helpers_say_what_they_need():
     else:
         with pytest.raises(UsageError, match="takes an open shimrt Stream"):
             st.stream(object())
-        with pytest.raises(UsageError, match="sms must be an int >= 0"):
+        with pytest.raises(UsageError, match="sms must be an int in 0..1024"):
             with st.sm_carveout(-1):
                 pass

@@ -137,15 +137,17 @@ def test_a_module_runs_in_every_rank(tmp_path):
 # --- the command line ------------------------------------------------------------------------
 
 BAD_ARGUMENTS = [
-    (["--nproc", "0"], "--nproc must be an int >= 1, not 0"),
-    (["--nproc", "-2"], "--nproc must be an int >= 1, not -2"),
+    (["--nproc", "0"], "--nproc must be an int in 1..2147483647, not 0"),
+    (["--nproc", "-2"], "--nproc must be an int in 1..2147483647, not -2"),
+    (["--nproc", str(2**31)], "--nproc must be an int in 1..2147483647, not 2147483648"),
     (["--nproc", "abc"], "--nproc must be an int, not 'abc'"),
     (["--nproc", "1.5"], "--nproc must be an int, not '1.5'"),
-    (["--nproc-per-node", "0"], "--nproc must be an int >= 1, not 0"),
-    (["--nproc", "2", "--timeout", "0"], "--timeout must be a positive number, not 0.0"),
-    (["--nproc", "2", "--timeout", "-1"], "--timeout must be a positive number, not -1.0"),
-    (["--nproc", "2", "--timeout", "inf"], "--timeout must be a positive number, not inf"),
-    (["--nproc", "2", "--timeout", "nan"], "--timeout must be a positive number, not nan"),
+    (["--nproc-per-node", "0"], "--nproc must be an int in 1..2147483647, not 0"),
+    (["--nproc", "2", "--timeout", "0"], "--timeout must be a positive number <= 9223372036.0, not 0.0"),
+    (["--nproc", "2", "--timeout", "-1"], "--timeout must be a positive number <= 9223372036.0, not -1.0"),
+    (["--nproc", "2", "--timeout", "inf"], "--timeout must be a positive number <= 9223372036.0, not inf"),
+    (["--nproc", "2", "--timeout", "nan"], "--timeout must be a positive number <= 9223372036.0, not nan"),
+    (["--nproc", "2", "--timeout", "1e308"], "--timeout must be a positive number <= 9223372036.0, not 1e+308"),
     (["--nproc", "2", "--timeout", "abc"], "--timeout must be a number, not 'abc'"),
     (["--nproc", "2", "--devices", "0"], "--devices / SHIMRT_DEVICES must name one GPU per rank (2), not 1: 0"),
     (["--nproc", "1", "--devices", "0,0"], "must name one GPU per rank (1), not 2: 0,0"),
@@ -171,7 +173,7 @@ def test_bad_arguments_are_refused_before_anything_starts(args, message):
 
 def test_bad_arguments_in_process(capsys, tmp_path):
     assert launch.main(["--nproc", "0", LAUNCH_PROBE]) == 2
-    assert "--nproc must be an int >= 1, not 0" in capsys.readouterr().err
+    assert "--nproc must be an int in 1..2147483647, not 0" in capsys.readouterr().err
     assert launch.main(["--nproc", "2", str(tmp_path / "missing.py")]) == 2
     assert "is not a readable file" in capsys.readouterr().err
     assert launch.main(["--nproc", "2", "-m"]) == 2

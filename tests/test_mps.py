@@ -183,6 +183,23 @@ def test_a_daemon_that_does_not_start_is_refused_cleanly(standin):
 
 
 @pytest.mark.timeout(60)
+def test_a_control_program_that_starts_no_daemon_is_refused(tmp_path):
+    """One that exits 0 to anything (/bin/true) seemed to start and answer: the ranks then ran
+    outside MPS with no word (issue 24)."""
+    true = tmp_path / "nvidia-cuda-mps-control"
+    true.write_text("#!/bin/sh\nexit 0\n")
+    true.chmod(0o755)
+    before = set(Path("/tmp").glob("shimrt-mps-*"))
+    run = launch_cmd("--nproc", "1", "--mps", PROBE, "env", env=env_with(str(true)), timeout=30)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert (f"shimrt.launch: the MPS control daemon did not start: {true} -d returned and answered, but no daemon "
+            f"runs (no {mps.PID_FILE} in its pipe folder, no process of it): is it NVIDIA's {mps.CONTROL}?"
+            in run.stderr), run.stderr
+    assert run.stdout == "" and "Traceback" not in run.stderr and len(run.stderr.splitlines()) == 1
+    assert set(Path("/tmp").glob("shimrt-mps-*")) == before  # its folders removed
+
+
+@pytest.mark.timeout(60)
 def test_a_daemon_that_never_answers_is_refused_and_killed(standin, monkeypatch):
     monkeypatch.setenv("MPS_STANDIN_SILENT", "1")
     daemon = mps.Mps(standin, start_timeout=1, stop_timeout=1)

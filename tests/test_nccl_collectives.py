@@ -87,13 +87,15 @@ def test_a_larger_gathering_side_is_accepted(size):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: buffer_counts("all_to_all", 4, 2), "collective must be one of all_reduce, .*not 'all_to_all'"),
-    (lambda: buffer_counts("all_reduce", 4, 0), "size must be an int >= 1, not 0"),
-    (lambda: buffer_counts("all_reduce", 4, True), "size must be an int >= 1, not True"),
-    (lambda: buffer_counts("all_reduce", -1, 2), "count must be an int >= 0, not -1"),
-    (lambda: buffer_counts("all_reduce", 4.0, 2), "count must be an int >= 0, not 4.0"),
+    (lambda: buffer_counts("all_reduce", 4, 0), "size must be an int in 1..2147483647, not 0"),
+    (lambda: buffer_counts("all_reduce", 4, True), "size must be an int in 1..2147483647, not True"),
+    (lambda: buffer_counts("all_reduce", 4, 2**31), "size must be an int in 1..2147483647, not 2147483648"),
+    (lambda: buffer_counts("all_reduce", -1, 2), "count must be an int in 0..18446744073709551615, not -1"),
+    (lambda: buffer_counts("all_reduce", 2**64, 2), "count must be an int in 0..18446744073709551615, not 1844"),
+    (lambda: buffer_counts("all_reduce", 4.0, 2), "count must be an int in 0..18446744073709551615, not 4.0"),
     (lambda: buffer_counts("all_reduce", 4, 2, given="recv"), "given must be one of nccl, send, largest"),
     (lambda: nccl_count("gather", info(1), info(1), 1), "not 'gather'"),
-    (lambda: nccl_count("all_gather", info(1), info(2), -2), "size must be an int >= 1, not -2"),
+    (lambda: nccl_count("all_gather", info(1), info(2), -2), "size must be an int in 1..2147483647, not -2"),
 ])
 def test_bad_arguments_of_the_rule_are_refused(call, message):
     with pytest.raises(UsageError, match=message):

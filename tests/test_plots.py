@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import struct
 import subprocess
 import sys
@@ -94,6 +95,29 @@ def test_an_unknown_policy_and_an_empty_timeline_still_plot(tmp_path):
     (lambda r: r["runs"][1].pop("policy"), "'policy'"),
     (lambda r: r["runs"][2]["metrics"].pop("makespan_ms"), "metrics.makespan_ms"),
     (lambda r: r["runs"].append(copy.deepcopy(r["runs"][0])), "two runs"),
+    # Issue 24: values that passed the schema's first look, then raised or were drawn anyway.
+    (lambda r: r["runs"][0]["metrics"].update(makespan_ms=-1.0), r"metrics.makespan_ms \(a positive number"),
+    (lambda r: r["runs"][0]["metrics"].update(makespan_ms=1e308), r"metrics.makespan_ms .* up to 1e\+09\): 1e\+308"),
+    (lambda r: r["runs"][0]["metrics"].update(t_comp_ms=0.0), "metrics.t_comp_ms"),
+    (lambda r: r["runs"][0]["metrics"].update(reduction="lots"), "metrics.reduction must be a finite number"),
+    (lambda r: r["runs"][0]["timeline"].update(compute=[["0", "1", "0"]]),
+     r"timeline.compute is not a list of \[start_ms, end_ms, sm\] numbers"),
+    (lambda r: r["runs"][0]["timeline"].update(comm=[[0.0, 1.0, True]]), "timeline.comm is not a list"),
+    (lambda r: r["runs"][0]["timeline"].update(comm=[[0.0, 1.0, math.inf]]), "an SM index in 0..15 .*not inf"),
+    (lambda r: r["runs"][0]["timeline"].update(comm=[[0.0, 1.0, 16]]), "an SM index in 0..15 .*not 16"),
+    (lambda r: r["runs"][0]["timeline"].update(comm=[[0.0, 1.0, 2.5]]), "an SM index in 0..15 .*not 2.5"),
+    (lambda r: r["runs"][0]["timeline"].update(comm=[[0.0, 1.0, -2]]), r"an SM index .*\(or -1: not known\)"),
+    (lambda r: r["runs"][0]["timeline"].update(comm=[[0.0, 1.0, 10**400]]), "too large for a time or an SM"),
+    (lambda r: r["runs"][0]["timeline"].update(compute=[[math.nan, 1.0, 0]]), "row 0 must have 0 <= start_ms"),
+    (lambda r: r["runs"][0]["timeline"].update(compute=[[0.0, 1.0, 0], [2.0, 1.0, 0]]), "row 1 must have"),
+    (lambda r: r["runs"][0]["timeline"].update(compute=[[-1.0, 1.0, 0]]), "row 0 must have 0 <= start_ms"),
+    (lambda r: r["runs"][0]["timeline"].update(compute=[[0.0, 1e308, 0]]), r"end_ms <= 1e\+09"),
+    (lambda r: r["runs"][0].update(timeline_blocks={"compute": "many"}), "timeline_blocks.compute must be an int"),
+    (lambda r: r["runs"][0].update(describe=5), "describe must be a string"),
+    (lambda r: r["runs"][0].update(workload="w" * 201), "'workload' \\(a string of 1..200 characters\\)"),
+    (lambda r: r.update(device={"num_sms": 10**400}), "num_sms must be an int in 1..1024"),
+    (lambda r: r.update(summary=[{"workload": WORKLOADS[0], "model_ms": math.nan}]), "model_ms must be a positive"),
+    (lambda r: r.update(summary=[{"workload": WORKLOADS[0], "model_ms": True}]), "model_ms must be a positive"),
 ])
 def test_bad_results_raise(tmp_path, change, message):
     results = synthetic()
@@ -101,6 +125,16 @@ def test_bad_results_raise(tmp_path, change, message):
     with pytest.raises(ShimrtError, match=message):
         plots.write_all(results, tmp_path)
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_an_unknown_sm_and_numpy_numbers_are_drawn(tmp_path):
+    """CUPTI's blocks (NCCL's kernels) have no SM: -1, drawn off the rows; numpy's own numbers
+    (results made in-process) pass as JSON's do."""
+    results = synthetic()
+    results["runs"][0]["timeline"]["comm"] = [[np.float64(0.5), np.float64(1.5), -1]]
+    results["device"]["num_sms"] = np.int64(16)
+    for path in plots.write_all(results, tmp_path):
+        png_size(path)
 
 
 def test_bad_timeline_and_unknown_workload_raise(tmp_path):

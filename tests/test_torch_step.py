@@ -24,7 +24,8 @@ def test_the_parameter_count_matches_a_count_by_hand():
 @pytest.mark.parametrize("fields, message", [
     (dict(width=100, heads=3), "ModelSize.width must be a multiple of heads"),
     (dict(width=72, heads=6), "head size that is a multiple of 8"),
-    (dict(batch=0), "ModelSize.batch must be an int >= 1"),
+    (dict(batch=0), "ModelSize.batch must be an int in 1..2147483647"),
+    (dict(width=2**40, heads=16), "ModelSize.width must be an int in 1..2147483647"),
     (dict(weights="float16"), "ModelSize.weights must be one of bfloat16, float32"),
 ])
 def test_bad_model_sizes_are_refused(fields, message):
@@ -263,3 +264,103 @@ def test_rounds_leave_out_the_warm_up_and_check_their_count():
     assert _rounds(lambda: 4.0, 0) == [4.0]  # one round only: it is the result
     with pytest.raises(UsageError, match="repeats"):
         _rounds(lambda: 4.0, -1)
+
+
+# --- issue 24: the torch extra's pure parts refuse what they cannot use --------------------------
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(carveout=10**12), "Policy.carveout must be an int in 1..1024, not 1000000000000"),
+    (dict(partition=1025), "Policy.partition must be an int in 1..1024, not 1025"),
+    (dict(name="p\ud800"), "Policy.name must be a string .*lone surrogates"),
+])
+def test_policies_beyond_any_gpu_are_refused(fields, message):
+    with pytest.raises(UsageError, match=message):
+        Policy(**{"name": "p", **fields})
+
+
+def _model():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    return torch, torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+def _backward(torch, model):
+    model(torch.ones(2, 4)).square().sum().backward()
+
+
+def test_gradient_buckets_refuse_a_model_without_gradients():
+    from shimrt.torch.step import GradientBuckets
+    torch, model = _model()
+    model.requires_grad_(False)
+    with pytest.raises(UsageError, match="model must have a parameter with requires_grad=True .*none of its 4"):
+        GradientBuckets(model, 1 << 20)
+    with pytest.raises(UsageError, match="model must be a torch.nn.Module, not 'model'"):
+        GradientBuckets("model", 1 << 20)
+
+
+def test_zero_grad_set_to_none_is_caught_at_the_next_bucket_check():
+    """torch's default zero_grad() drops the views: backward then writes new tensors, and an
+    all-reduce of the buckets would reduce the previous step's gradients without a word."""
+    from shimrt.torch.step import GradientBuckets
+    torch, model = _model()
+    buckets = GradientBuckets(model, 24)  # small buckets: several of them
+    assert len(buckets.flats) > 1
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):  # zeroed as the buckets expect: the views hold step after step
+        optimizer.zero_grad(set_to_none=False)
+        _backward(torch, model)
+        buckets.check_views()
+        for p in buckets.params:
+            assert p.grad.data_ptr() == buckets.views[p].data_ptr()
+    optimizer.zero_grad()  # set_to_none=True
+    for i in range(len(buckets.flats)):
+        with pytest.raises(UsageError, match=rf"\.grad of parameter .* must be its view of gradient bucket {i}, not "
+                                             r"None: .*zero_grad\(set_to_none=False\)"):
+            buckets.check_bucket(i)
+    _backward(torch, model)  # fresh tensors, not the views
+    with pytest.raises(UsageError, match="not a tensor of its own"):
+        buckets.check_views()
+
+
+def test_attach_puts_the_views_back_and_backward_fills_them():
+    from shimrt.torch.step import GradientBuckets
+    torch, model = _model()
+    buckets = GradientBuckets(model, 1 << 20)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.zero_grad()
+    buckets.attach()
+    buckets.zero()
+    _backward(torch, model)
+    buckets.check_views()
+    reference = torch.cat([p.grad.reshape(-1) for p in buckets.params])
+    assert torch.equal(buckets.flats[0], reference)  # one bucket, in the order of buckets.params
+    assert reference.abs().sum() > 0
+
+
+@pytest.mark.parametrize("lr", [float("nan"), float("inf"), -1.0, 0, True, "0.1", 10**400])
+def test_the_trainer_refuses_a_learning_rate_that_is_none(lr):
+    from shimrt.torch.step import GradientBuckets, Trainer
+    torch, model = _model()
+    with pytest.raises(UsageError, match="lr must be a positive number"):
+        Trainer(model, (torch.ones(2, 4),), GradientBuckets(model, 1 << 20), lr=lr)
+
+
+def test_the_trainer_and_compute_context_check_what_they_take():
+    from shimrt.torch.step import GradientBuckets, Trainer, compute_context
+    torch, model = _model()
+    with pytest.raises(UsageError, match="buckets must be a GradientBuckets, not None"):
+        Trainer(model, (torch.ones(2, 4),), None)
+    with pytest.raises(UsageError, match="batch must be a tuple"):
+        Trainer(model, torch.ones(2, 4), GradientBuckets(model, 1 << 20))
+    with pytest.raises(UsageError, match="policy must be a Policy, not 'sequential'"):
+        with compute_context("sequential"):
+            pass
+
+
+@pytest.mark.parametrize("sms", [-1, 1025, 10**12])
+def test_sm_carveout_is_refused_beyond_any_gpu(sms):
+    pytest.importorskip("torch")
+    import shimrt.torch
+    with pytest.raises(UsageError, match=r"sms must be an int in 0..1024"):
+        with shimrt.torch.sm_carveout(sms):
+            pass

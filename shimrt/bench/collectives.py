@@ -54,13 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=validate.argument(byte_count, "-e/--max-bytes"),
                    help="largest size, from the smallest to 1T (default 256M)")
     p.add_argument("-f", "--factor", "--stepfactor", dest="factor", metavar="N", default=4,
-                   type=validate.argument(validate.integer, "-f/--factor", least=2),
+                   type=cli.count("-f/--factor", 2),
                    help="each size is the previous one times N, N >= 2 (default 4)")
     p.add_argument("-n", "--iters", dest="iters", metavar="N", default=20,
-                   type=validate.argument(validate.integer, "-n/--iters", least=1),
+                   type=cli.count("-n/--iters", 1),
                    help="timed iterations per size, at least 1 (default 20)")
     p.add_argument("-w", "--warmup", "--warmup_iters", dest="warmup", metavar="N", default=5,
-                   type=validate.argument(validate.integer, "-w/--warmup", least=0),
+                   type=cli.count("-w/--warmup", 0),
                    help="untimed iterations per size first, at least 0 (default 5)")
     p.add_argument("--ops", metavar="OP[,OP...]", default=list(COLLECTIVES),
                    type=cli.distinct(validate.one_of, "--ops", allowed=COLLECTIVES),
@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also time torch.distributed, one rank per process, on the same NCCL, and the latency of "
                         "back-to-back all_reduces (shimrt one-off and prepared against torch)")
     p.add_argument("--latency-calls", metavar="N", default=200,
-                   type=validate.argument(validate.integer, "--latency-calls", least=1),
+                   type=cli.count("--latency-calls", 1),
                    help="back-to-back calls per latency measurement with --torch, at least 1 (default 200)")
     p.add_argument("--mixed-nccl", action="store_true",
                    help="with --torch, time torch.distributed even when it uses another NCCL than shimrt's")

@@ -29,9 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``bench gemm``."""
     p.add_argument("--size", metavar="N", type=validate.argument(sgemm_size, "--size"), default=4096,
                    help="M = N = K, a positive multiple of 128 (default 4096)")
-    p.add_argument("--repeats", metavar="N", type=validate.argument(validate.integer, "--repeats", least=1),
+    p.add_argument("--repeats", metavar="N", type=cli.count("--repeats", 1),
                    default=20, help="timed launches per method, at least 1 (default 20)")
-    p.add_argument("--warmup", metavar="N", type=validate.argument(validate.integer, "--warmup", least=0),
+    p.add_argument("--warmup", metavar="N", type=cli.count("--warmup", 0),
                    default=3, help="untimed launches per method first, at least 0 (default 3)")
     cli.add_json(p)
     p.set_defaults(run=run)

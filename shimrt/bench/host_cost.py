@@ -37,10 +37,10 @@ _COUNT = 2  # float32 elements: 8 bytes
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``bench host-cost``."""
-    p.add_argument("--calls", metavar="N", default=200, type=validate.argument(validate.integer, "--calls", least=1),
+    p.add_argument("--calls", metavar="N", default=200, type=cli.count("--calls", 1),
                    help="calls per timed batch, at least 1 (default 200)")
     p.add_argument("--batches", metavar="N", default=50,
-                   type=validate.argument(validate.integer, "--batches", least=1),
+                   type=cli.count("--batches", 1),
                    help="timed batches per method, interleaved with the others', at least 1 (default 50)")
     p.add_argument("--no-torch", action="store_true", help="leave torch.distributed out")
     cli.add_json(p)

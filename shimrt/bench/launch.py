@@ -44,7 +44,7 @@ COUNTS = {"batch": (200, "launches per enqueue batch"), "batches": (200, "enqueu
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``bench launch``."""
     for name, (default, what) in COUNTS.items():
-        p.add_argument(f"--{name}", metavar="N", type=validate.argument(validate.integer, f"--{name}", least=1),
+        p.add_argument(f"--{name}", metavar="N", type=cli.count(f"--{name}", 1),
                        default=default, help=f"{what}, at least 1 (default {default})")
     cli.add_json(p)
     p.set_defaults(run=run)

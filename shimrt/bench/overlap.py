@@ -33,7 +33,7 @@ from ..overlap import planner
 from ..overlap.auto import ChoiceCache
 from ..overlap.collective import COLLECTIVES
 from ..overlap.engine import Engine, Schedule
-from ..overlap.standin import STEPS, StandInSpec
+from ..overlap.standin import MAX_LINK_GBPS, MIN_LINK_GBPS, STEPS, StandInSpec
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
 from .communication import Communication, auto_nccl
 from .communication import comm_kind as _comm_kind
@@ -41,7 +41,7 @@ from .progress import Progress
 
 SCHEMA = "shimrt.bench.overlap/1"
 _MIB = 1 << 20
-_SPEC = re.compile(r"^([A-Za-z_]+):([0-9]+)(?::([0-9]+))?$")
+_SPEC = re.compile(r"^([A-Za-z_]+):([0-9]{1,20})(?::([0-9]{1,20}))?$")  # no more digits than int() reads
 
 
 def compute_spec(item: str, what: str = "compute") -> ComputeSpec:
@@ -49,7 +49,7 @@ def compute_spec(item: str, what: str = "compute") -> ComputeSpec:
     m = _SPEC.match(validate.text(item, what).strip())
     if m is None:
         raise UsageError(f"{what} must be kind:size[:block] items such as sgemm:4096 or softmax:8192:1024, "
-                         f"not {item!r}")
+                         f"not {validate.shown(item)}")
     kind, size, block = m.groups()
     try:
         return ComputeSpec(kind, int(size), *([int(block)] if block else []))
@@ -71,10 +71,22 @@ def _stand_in(field: str):
 
 def message_bytes(value: Any, what: str = "bytes") -> int:
     """A collective's message size: whole MiB (the sizes the benchmark runs), e.g. 16M or 256MiB."""
-    nbytes = validate.nbytes(value, what, least=1)
+    nbytes = cli.nbytes(value, what, least=1, most=1 << 40)  # no GPU holds a 1T message
     if nbytes % _MIB:
         raise UsageError(f"{what} must be whole MiB such as 1M, 16MiB or 1G, not {value!r}")
     return nbytes
+
+
+def link_gbps(value: Any, what: str = "link_gbps") -> float:
+    """A stand-in channel's bandwidth in GB/s: 0 (unpaced) or what StandInSpec takes."""
+    gbps = validate.number(cli.number_text(value, what) if isinstance(value, str) else value, what, least=0)
+    if gbps:
+        try:
+            StandInSpec(nbytes=_MIB, link_gbps=gbps)
+        except UsageError as exc:
+            raise UsageError(f"{what} must be 0 (unpaced) or a bandwidth in GB/s from {MIN_LINK_GBPS:g} to "
+                             f"{MAX_LINK_GBPS:g}, not {validate.shown(value)}") from exc
+    return gbps
 
 
 # The list forms of the checks above, for callers outside argparse (tests/test_overlap_plan.py).
@@ -101,8 +113,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "runs as a kernel) (default %(default)s)")
     sizing = p.add_mutually_exclusive_group()
     sizing.add_argument("--comm-ratios", metavar="R,...", default="0.25,1,4",
-                        type=cli.distinct(validate.number, "--comm-ratios", positive=True),
-                        help="size the collective so T_comm = ratio x T_comp, ratios > 0 (default %(default)s)")
+                        type=cli.distinct(validate.number, "--comm-ratios", least=1e-3, most=1e3),
+                        help="size the collective so T_comm = ratio x T_comp, ratios from 0.001 to 1000 (default "
+                             "%(default)s)")
     sizing.add_argument("--bytes", metavar="SIZE,...", type=cli.distinct(message_bytes, "--bytes"),
                         help="message sizes instead of ratios, whole MiB, e.g. 16M,256MiB,1G")
     p.add_argument("--policies", metavar="POLICY,...", default=list(planner.POLICIES),
@@ -131,7 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--comm-threads", metavar="N", type=validate.argument(_stand_in("threads"), "--comm-threads"),
                    default=512, help="stand-in threads per block, a multiple of 32 from 32 to 640 (default 512)")
     p.add_argument("--link-gbps", metavar="GBPS", default=25.0,
-                   type=validate.argument(validate.number, "--link-gbps", least=0),
+                   type=validate.argument(link_gbps, "--link-gbps"),
                    help="stand-in bandwidth per channel in GB/s, as NVLink sets NCCL's (16 x 25 = 400 GB/s, about "
                         "an H200 node's all-reduce bus bandwidth); 0: unpaced, as fast as local memory allows "
                         "(default 25)")
@@ -143,7 +156,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=cli.distinct(_stand_in("blocks"), "--auto-blocks"),
                    help="lower block (CTA) counts auto may give the collective; those not below --comm-blocks are "
                         "left out (default %(default)s)")
-    p.add_argument("--repeats", metavar="N", type=validate.argument(validate.integer, "--repeats", least=1),
+    p.add_argument("--repeats", metavar="N", type=cli.count("--repeats", 1),
                    default=5, help="runs per policy, at least 1; medians are reported (default 5)")
     p.add_argument("--fresh", action="store_true", help="ignore auto's cached choices")
     cli.add_json(p, "write the results as JSON")
@@ -155,6 +168,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """What depends on more than one option or on the launch, refused before any device is opened."""
+    if args.comm == "stand-in":  # options only a real NCCL reads would be taken and ignored
+        for given, flag in ((args.local_ranks is not None, "--local-ranks"), (args.stand_in_too, "--stand-in-too")):
+            if given:
+                raise UsageError(f"{flag} is for --comm nccl (or auto with NCCL), not with --comm stand-in")
     if _comm_kind(args.comm, launch_env()) == "stand-in" and args.collective not in STEPS:
         raise UsageError(f"--collective must be one of {', '.join(STEPS)} with the stand-in (send_recv needs "
                          f"--comm nccl or 2+ ranks under python -m shimrt.launch), not {args.collective!r}")

@@ -1,6 +1,7 @@
 """Draw PNG plots of overlap benchmark results: per-SM block timelines and makespans per policy.
 
-Reads the results of the overlap benchmark (schema ``shimrt.bench.overlap/1``) and writes
+Reads the results of the overlap benchmark (schema ``shimrt.bench.overlap/1``, checked by
+:mod:`shimrt.bench.results`) and writes
 makespan.png (one panel per workload: the makespan of each policy beside T_comp + T_comm and
 max(T_comp, T_comm)) and timeline_<workload>.png (one panel per policy: every thread block as a
 bar on its SM, compute and communication in two colors). Needs matplotlib:
@@ -10,7 +11,6 @@ pip install 'shimrt[plot]'.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import textwrap
@@ -21,9 +21,9 @@ import numpy as np
 
 from .. import cli
 from ..errors import ShimrtError
-from ..validate import argument  # this module's own validate() checks results
+from ..validate import argument
+from .results import SCHEMA, load, validate  # noqa: F401 - SCHEMA and load are this module's names too
 
-SCHEMA = "shimrt.bench.overlap/1"
 # Panels follow the order in which the controls build on one another; unknown policies go last.
 POLICIES = ("sequential", "concurrent", "priority", "shaping", "shaping+priority", "partition", "auto")
 DPI = 100
@@ -31,52 +31,6 @@ COMPUTE_COLOR, COMM_COLOR = "#4C72B0", "#E8642B"
 # Figure sizes in inches; fixed per layout so that the pixel size of a PNG is predictable.
 TIMELINE_WIDTH, TIMELINE_PANEL, TIMELINE_EXTRA = 12.0, 2.2, 0.9
 MAKESPAN_PANEL_HEIGHT, MAKESPAN_EXTRA, MAKESPAN_COLUMNS = 4.5, 0.9, 3
-_METRICS = ("makespan_ms", "t_comp_ms", "t_comm_ms")
-
-
-def validate(results: Any) -> None:
-    """Raise ShimrtError, naming the first problem, unless ``results`` follows the schema."""
-    if not isinstance(results, dict):
-        raise ShimrtError(f"results must be a JSON object, not {type(results).__name__}")
-    if results.get("schema") != SCHEMA:
-        raise ShimrtError(f"results schema is {results.get('schema')!r}, expected {SCHEMA!r}")
-    runs = results.get("runs")
-    if not isinstance(runs, list) or not runs:
-        raise ShimrtError("results have no 'runs' (a non-empty list)")
-    seen = set()
-    for i, run in enumerate(runs):
-        if not isinstance(run, dict):
-            raise ShimrtError(f"results run {i} is not an object")
-        for key in ("workload", "policy"):
-            if not isinstance(run.get(key), str):
-                raise ShimrtError(f"results run {i} has no {key!r} (a string)")
-        metrics = run.get("metrics")
-        if not isinstance(metrics, dict):
-            raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}) has no 'metrics'")
-        for key in _METRICS:
-            if not _finite(metrics.get(key)):
-                raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}) has no metrics.{key} "
-                                  "(a finite number)")
-        for key in ("timeline", "timeline_blocks", "choice"):
-            if run.get(key) is not None and not isinstance(run[key], dict):
-                raise ShimrtError(f"results run {i} ({run['workload']}, {run['policy']}): {key} is not an object")
-        key = (run["workload"], run["policy"])
-        if key in seen:
-            raise ShimrtError(f"results have two runs of workload {key[0]!r} with policy {key[1]!r}")
-        seen.add(key)
-    device = results.get("device")
-    if device is not None and not isinstance(device, dict):
-        raise ShimrtError("results 'device' is not an object")
-    sms = (device or {}).get("num_sms")
-    if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms < 1):
-        raise ShimrtError(f"results device.num_sms must be a positive int, not {sms!r}")
-    summary = results.get("summary")
-    if summary is not None and not (isinstance(summary, list) and all(isinstance(s, dict) for s in summary)):
-        raise ShimrtError("results 'summary' is not a list of objects")
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def workloads(results: Any) -> list[str]:
@@ -202,21 +156,6 @@ def write_all(results: Any, out_dir: Any) -> list[Path]:
     return paths
 
 
-def load(path: Any) -> dict:
-    """Read and validate a results JSON file."""
-    if Path(path).exists() and not Path(path).is_file():  # a folder, or a device or pipe read forever
-        raise ShimrtError(f"cannot read {path}: not a regular file")
-    try:
-        with open(path) as f:
-            results = json.load(f)
-    except OSError as exc:
-        raise ShimrtError(f"cannot read {path}: {exc.strerror}") from exc
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested beyond reason
-        raise ShimrtError(f"{path} is not a JSON file: {exc}") from exc
-    validate(results)
-    return results
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``bench plot``."""
     p.add_argument("results", metavar="RESULTS.json", help="results of the overlap benchmark (its --json)")
@@ -312,8 +251,8 @@ def _blocks(run: dict, kind: str):
 
 def _sampled(run: dict) -> str:
     """A note when the timeline holds an even sample of the blocks rather than all of them."""
-    total, shown = run.get("timeline_blocks") or {}, run.get("timeline") or {}
-    parts = [f"{len(shown.get(k, []))} of {n} {k} blocks" for k, n in total.items() if n > len(shown.get(k, []))]
+    total, kept = run.get("timeline_blocks") or {}, run.get("timeline") or {}
+    parts = [f"{len(kept.get(k, []))} of {n} {k} blocks" for k, n in total.items() if n > len(kept.get(k, []))]
     return f"   [shown: {', '.join(parts)}]" if parts else ""
 
 

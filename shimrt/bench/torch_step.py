@@ -29,6 +29,8 @@ from typing import Any
 from .. import cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
+from ..stream import MAX_TIMEOUT
+from ..targets import MAX_SMS
 from . import torch_measure
 from .progress import Progress
 from .torch_measure import finish, interposer_cost, is_nccl, timed_steps
@@ -49,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=cli.distinct(validate.one_of, "--configs", allowed=tuple(CONFIGS)),
         help=f"configurations, comma-separated, of {', '.join(CONFIGS)} (default: all)")
     for flag, least, what in (("--width", 64, "model width"), ("--layers", 1, "blocks")):
-        p.add_argument(flag, metavar="N", default=None, type=validate.argument(validate.integer, flag, least=least),
+        p.add_argument(flag, metavar="N", default=None,
+                       type=cli.count(flag, least),
                        help=f"{what} of every configuration, at least {least} (default: each configuration's own)")
     for flag, default, least, what in (("--steps", 8, 1, "timed steps per policy"),
                                        ("--warmup", 2, 1, "untimed steps before them (the first teaches the "
@@ -57,22 +60,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                        ("--trial-steps", 3, 1, "steps auto times each choice for"),
                                        ("--bucket-mb", 25, 1, "gradient bucket size in MiB (DDP's default: 25)")):
         p.add_argument(flag, metavar="N", default=default,
-                       type=validate.argument(validate.integer, flag, least=least),
+                       type=cli.count(flag, least),
                        help=f"{what}, at least {least} (default {default})")
-    p.add_argument("--sms", default="32,48,64", type=cli.distinct(validate.integer, "--sms", least=2),
+    p.add_argument("--sms", default="32,48,64", type=cli.distinct(validate.integer, "--sms", least=2, most=MAX_SMS),
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
     p.add_argument("--policies", default=",".join(KINDS),
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
                    help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all; the first is the "
                         "reference the others' losses and gradients are compared with)")
     p.add_argument("--timeout", metavar="S", default=1800.0,
-                   type=validate.argument(validate.number, "--timeout", positive=True),
+                   type=validate.argument(validate.number, "--timeout", positive=True, most=MAX_TIMEOUT),
                    help="end the run with every thread's stack on stderr after S seconds (default 1800): a "
                         "hung collective never holds the machine")
     p.add_argument("--local-ranks", metavar="N", default=None,
-                   type=validate.argument(validate.integer, "--local-ranks", least=2),
+                   type=validate.argument(validate.integer, "--local-ranks", least=2, most=64),
                    help="ranks in this process (default: 2 on one GPU where NCCL can, else one per GPU)")
-    p.add_argument("--plots", metavar="DIR", default=None, type=lambda v: cli.writable_folder(v, "--plots"),
+    p.add_argument("--plots", metavar="DIR", default=None, type=validate.argument(cli.writable_folder, "--plots"),
                    help="write a CUPTI timeline of one step per policy as DIR/torch_CONFIG.png")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     cli.add_json(p)

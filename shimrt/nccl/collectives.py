@@ -57,6 +57,7 @@ GIVEN = ("nccl", "send", "largest")
 
 
 MAX_RANKS = 2**31 - 1  # the largest rank count NCCL's C int takes
+MAX_COUNT = 2**64 - 1  # the largest count NCCL's size_t takes
 
 
 def row_of(collective: str) -> Collective:
@@ -78,8 +79,8 @@ def buffer_counts(collective: str, count: int, size: int, *, given: str = "nccl"
     hold the same count on both sides.
     """
     row = row_of(collective)
-    count = validate.integer(count, "count", least=0)
-    size = validate.integer(size, "size", least=1)
+    count = validate.integer(count, "count", least=0, most=MAX_COUNT)
+    size = validate.integer(size, "size", least=1, most=MAX_RANKS)
     validate.one_of(given, "given", GIVEN)
     per_send = size if row.ranks_in == "send" else 1  # elements per element of NCCL's count
     per_recv = size if row.ranks_in == "recv" else 1
@@ -94,7 +95,7 @@ def nccl_count(collective: str, send: arrays.ArrayInfo, recv: arrays.ArrayInfo, 
     do not fit :func:`buffer_counts`. A gathering receive or a scattered send may be larger
     than needed; where both sides hold one count they must be equal."""
     row = row_of(collective)
-    size = validate.integer(size, "size", least=1)
+    size = validate.integer(size, "size", least=1, most=MAX_RANKS)
     if row.ranks_in is None and recv.count == send.count:  # one count on both sides: nothing to split
         return send.count
     count = recv.count if row.ranks_in == "send" else send.count  # NCCL counts the per-rank side

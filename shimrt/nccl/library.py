@@ -8,7 +8,10 @@ Otherwise the search order is: the ``nvidia-nccl-cu13``/``-cu12`` wheel's
 lacks is left unbound, and only what uses it is unavailable.
 
 Each library is opened and bound once per process: :func:`load` keeps what it loaded by
-resolved path and hands the same :class:`Library` back.
+resolved path and hands the same :class:`Library` back. A path (not a bare name, which the
+dynamic loader resolves) is read before ``dlopen`` far enough to refuse a file that is not a
+whole shared library for this machine (:func:`shimrt.elf.library_problem`): a truncated one
+would otherwise kill the process with SIGBUS inside ``dlopen``, and a FIFO would block it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import elf
 from ..config import settings
 from ..errors import CollectiveError, UsageError
 
@@ -222,7 +226,10 @@ def load(backend: str = "cuda") -> Library:
             key = _key(path)
             if key in _loaded:
                 return _loaded[key]
+            problem = elf.library_problem(path) if os.sep in path else None
             try:
+                if problem is not None:
+                    raise OSError(f"{path}: {problem}")
                 handle = ctypes.CDLL(path)
             except OSError as exc:
                 reason = str(exc)

@@ -18,12 +18,13 @@ from typing import Any
 from .. import occupancy, validate
 from ..errors import ShimrtError, UsageError
 from ..occupancy import Footprint
-from ..targets import Target
+from ..targets import MAX_BLOCK_THREADS, MAX_SMS, Target
 
 #: Every policy, in report order; ``auto`` picks among the choices of the others.
 POLICIES = ("sequential", "concurrent", "priority", "shaping", "shaping+priority", "partition", "auto")
 FIXED = POLICIES[:-1]
 PRIORITIES = ("low", "high")
+MAX_MS = 1e12  # the longest time estimate() takes, in ms
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,16 @@ class Choice:
     def __post_init__(self) -> None:
         validate.one_of(self.policy, "policy", FIXED)
         validate.one_of(self.comm_priority, "comm_priority", PRIORITIES)
-        # numpy integers become ints: a Choice is a dict key (auto's times) and goes to JSON.
-        for name in ("resident_blocks", "partition_sms", "comm_blocks", "comm_threads"):
+        # numpy integers become ints: a Choice is a dict key (auto's times) and goes to JSON. The
+        # bounds are any GPU's (a Choice may be read back from auto's cache before a device is
+        # known); the launch checks the device's own: blocks a C int, the padding an unsigned int.
+        for name, most in (("resident_blocks", validate.MAX_INT32), ("partition_sms", MAX_SMS),
+                           ("comm_blocks", validate.MAX_INT32), ("comm_threads", MAX_BLOCK_THREADS)):
             value = getattr(self, name)
             if value is not None:
-                object.__setattr__(self, name, validate.integer(value, f"{name} (or None)", least=1))
-        object.__setattr__(self, "dynamic_smem", validate.integer(self.dynamic_smem, "dynamic_smem", least=0))
+                object.__setattr__(self, name, validate.integer(value, f"{name} (or None)", least=1, most=most))
+        object.__setattr__(self, "dynamic_smem", validate.integer(self.dynamic_smem, "dynamic_smem", least=0,
+                                                                  most=validate.MAX_UINT32))
         if self.resident_blocks is None and self.dynamic_smem:
             raise UsageError("dynamic_smem is set only with resident_blocks")
 
@@ -121,7 +126,8 @@ class Problem:
         object.__setattr__(self, "compute", dict(self.compute))  # a copy: the caller's may change later
         object.__setattr__(self, "compute_block", validate.integer(
             self.compute_block, "compute_block", least=1, most=self.target.max_threads_per_block))
-        object.__setattr__(self, "comm_blocks", validate.integer(self.comm_blocks, "comm_blocks", least=1))
+        object.__setattr__(self, "comm_blocks", validate.integer(self.comm_blocks, "comm_blocks", least=1,
+                                                                 most=validate.MAX_INT32))  # a grid: a C int
 
     def footprint(self, threads: int | None = None) -> Footprint:
         """The communication kernel's footprint, with ``threads`` per block when given."""
@@ -133,7 +139,7 @@ class Problem:
 
     def comm_grid(self, blocks: Any) -> int:
         """``blocks`` as the communication kernel's blocks (channels): a positive int."""
-        return validate.integer(blocks, "blocks", least=1)
+        return validate.integer(blocks, "blocks", least=1, most=validate.MAX_INT32)
 
     def compute_per_sm(self) -> int:
         """Compute blocks one otherwise idle SM holds (unshaped)."""
@@ -227,8 +233,9 @@ class Estimate:
 def estimate(problem: Problem, t_comp: float, t_comm: float) -> Estimate:
     """The makespan and R the occupancy model expects at best for ``problem`` (see :class:`Estimate`)."""
     _problem(problem)
-    t_comp = validate.number(t_comp, "t_comp (ms)", positive=True)
-    t_comm = validate.number(t_comm, "t_comm (ms)", positive=True)
+    # 1e12 ms is 30 years: a longer time is a unit mistake, and near 1e308 the sums overflow.
+    t_comp = validate.number(t_comp, "t_comp (ms)", positive=True, most=MAX_MS)
+    t_comm = validate.number(t_comm, "t_comm (ms)", positive=True, most=MAX_MS)
     t = problem.target
     res, block = problem.compute, problem.compute_block
     natural = problem.compute_per_sm()

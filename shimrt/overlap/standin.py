@@ -28,6 +28,9 @@ STEPS = {"all_reduce": lambda r: 2 * (r - 1), "all_gather": lambda r: r - 1, "re
 _KERNEL = "comm_ring"
 _MAX_THREADS = 640  # the kernel's launch bounds, NCCL's largest block
 _MAX_INT32 = 2**31 - 1
+#: The pacing a stand-in channel takes, in GB/s: slower than 1 MB/s would make a step's sleep
+#: outgrow the kernel's 64-bit nanoseconds, and faster than 1 PB/s paces nothing (0 ns a step).
+MIN_LINK_GBPS, MAX_LINK_GBPS = 1e-3, 1e6
 
 
 def size_label(nbytes: int) -> str:
@@ -71,11 +74,13 @@ class StandInSpec:
         if self.threads > _MAX_THREADS or self.threads % 32:
             raise UsageError(f"threads must be a multiple of 32 up to {_MAX_THREADS}, not {self.threads}")
         if self.dynamic_smem is not None:
+            # cuLaunchKernel takes it as an unsigned int.
             object.__setattr__(self, "dynamic_smem", validate.integer(self.dynamic_smem, "dynamic_smem (or None)",
-                                                                      least=0))
+                                                                      least=0, most=validate.MAX_UINT32))
         if self.link_gbps is not None:
             object.__setattr__(self, "link_gbps", validate.number(self.link_gbps, "link_gbps (GB/s, or None)",
-                                                                  positive=True))
+                                                                  positive=True, least=MIN_LINK_GBPS,
+                                                                  most=MAX_LINK_GBPS))
         object.__setattr__(self, "timeout_s", timeout_seconds(self.timeout_s, "timeout_s"))
 
     def _blocks(self, blocks) -> int:

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 from .. import validate
 from ..errors import UsageError
+from ..targets import MAX_SMS
 
 
 def _torch() -> Any:
@@ -49,7 +50,7 @@ def sm_carveout(sms: int | None) -> Iterator[None]:
     UsageError where this torch lacks the knob."""
     torch = _torch()
     if sms is not None:
-        sms = validate.integer(sms, "sms", least=0)
+        sms = validate.integer(sms, "sms", least=0, most=MAX_SMS)
     setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
     getter = getattr(torch._C, "_get_sm_carveout_experimental", None)
     if setter is None or getter is None:

@@ -34,7 +34,9 @@ class ModelSize:
 
     def __post_init__(self) -> None:
         for name in ("width", "heads", "layers", "vocab", "seq", "batch"):
-            object.__setattr__(self, name, validate.integer(getattr(self, name), f"ModelSize.{name}", least=1))
+            # torch takes sizes as int64, but a dimension beyond a C int is a typo, never a model.
+            object.__setattr__(self, name, validate.integer(getattr(self, name), f"ModelSize.{name}", least=1,
+                                                            most=validate.MAX_INT32))
         validate.one_of(self.weights, "ModelSize.weights", WEIGHTS)
         if self.width % self.heads or (self.width // self.heads) % 8:
             raise UsageError(f"ModelSize.width must be a multiple of heads ({self.heads}) with a head size that is "

@@ -6,7 +6,9 @@
   with cuBLAS leaving SMs free (carveout: for the whole step, or only while all-reduces run), and
   NCCL's channels per rank.
 - :class:`GradientBuckets`: the parameters' gradients as views of flat buckets (as DDP's
-  ``gradient_as_bucket_view``), in the order backward produces them, zeroed each step.
+  ``gradient_as_bucket_view``), in the order backward produces them, zeroed each step; every
+  bucket's views are checked before its all-reduce (torch's default ``zero_grad()`` sets
+  ``.grad`` to None, and backward then writes a new tensor the all-reduce would never see).
 - :class:`NcclBuckets`: a bucket's all-reduce over this process's ranks (shimrt
   Communicators), launched on its own streams once torch's compute stream reaches the bucket's
   event. Ranks other than the first, where one process holds several (two ranks on one GPU),
@@ -22,6 +24,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 from .. import nccl, validate
 from ..errors import UsageError
+from ..targets import MAX_SMS
 from . import stream as torch_stream
 
 #: Stream priorities a policy may give its communication.
@@ -49,7 +52,7 @@ class Policy:
         validate.text(self.name, "Policy.name")
         object.__setattr__(self, "overlap", validate.boolean(self.overlap, "Policy.overlap"))
         validate.one_of(self.priority, "Policy.priority", PRIORITIES)
-        for name, most in (("cap", 64), ("partition", None), ("carveout", None), ("ctas", 64)):
+        for name, most in (("cap", 64), ("partition", MAX_SMS), ("carveout", MAX_SMS), ("ctas", 64)):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, validate.integer(getattr(self, name), f"Policy.{name}", least=1,
                                                                 most=most))
@@ -76,12 +79,25 @@ class Policy:
 class GradientBuckets:
     """Every parameter's ``.grad`` as a view of a flat bucket of at most ``bucket_bytes`` (one
     parameter larger than that gets a bucket of its own), filled in reverse registration order,
-    the order backward produces gradients in."""
+    the order backward produces gradients in.
+
+    The views hold only while nothing replaces ``.grad``: ``optimizer.zero_grad()`` (torch's
+    default, ``set_to_none=True``) drops them, and the next backward writes new tensors that a
+    bucket's all-reduce would miss, reducing the previous step's gradients instead. Zero with
+    :meth:`zero` or ``zero_grad(set_to_none=False)``, or call :meth:`attach` after
+    ``zero_grad()``; :meth:`check_bucket` (run before every bucket's all-reduce by
+    :class:`NcclBuckets`) and :meth:`check_views` refuse what no longer holds."""
 
     def __init__(self, model: Any, bucket_bytes: int):
         import torch
         bucket_bytes = validate.integer(bucket_bytes, "bucket_bytes", least=1)
-        params = [p for p in model.parameters() if p.requires_grad][::-1]
+        if not callable(getattr(model, "named_parameters", None)):
+            raise UsageError(f"model must be a torch.nn.Module, not {validate.shown(model)}")
+        names = {p: name for name, p in model.named_parameters()}
+        params = [p for p in names if p.requires_grad][::-1]
+        if not params:
+            raise UsageError(f"model must have a parameter with requires_grad=True (a gradient to all-reduce), "
+                             f"not none of its {len(names)} parameters")
         groups: list[list[Any]] = [[]]
         size = 0
         for p in params:
@@ -92,31 +108,50 @@ class GradientBuckets:
             groups[-1].append(p)
             size += nbytes
         self.flats, self.bucket_of, self.counts = [], {}, []
+        self.views: dict = {}  # parameter -> its view of a bucket, what .grad must be
+        self._expected: list[list[tuple[Any, int]]] = []  # per bucket: (parameter, its view's address)
         for i, group in enumerate(groups):
             flat = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype, device=group[0].device)
             offset = 0
             for p in group:
-                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                view = flat[offset:offset + p.numel()].view_as(p)
+                self.views[p] = p.grad = view
                 self.bucket_of[p] = i
                 offset += p.numel()
             self.flats.append(flat)
             self.counts.append(len(group))
+            self._expected.append([(p, self.views[p].data_ptr()) for p in group])
         self.params = params
+        self._names = names
 
     @property
     def nbytes(self) -> int:
         return sum(f.numel() * f.element_size() for f in self.flats)
 
+    def check_bucket(self, index: int) -> None:
+        """UsageError unless every parameter of bucket ``index`` still has its view of the bucket
+        as ``.grad`` (one attribute and one address per parameter: cheap enough for every step)."""
+        for p, address in self._expected[index]:
+            grad = p.grad
+            if grad is None or grad.data_ptr() != address:
+                now = "None" if grad is None else "a tensor of its own"
+                raise UsageError(
+                    f"the .grad of parameter {self._names.get(p, '?')!r} must be its view of gradient bucket "
+                    f"{index}, not {now}: the all-reduce would miss this step's gradients. Zero with "
+                    "optimizer.zero_grad(set_to_none=False) (torch's default sets .grad to None) or "
+                    "GradientBuckets.zero(), or call GradientBuckets.attach() after zero_grad(); and no "
+                    "backward(create_graph=True)")
+
     def check_views(self) -> None:
-        """UsageError unless every parameter's ``.grad`` is still its view of a bucket (autograd
-        replaces ``.grad`` instead of adding into it after ``zero_grad(set_to_none=True)``, or
-        under ``create_graph=True``: the all-reduces would then miss the gradients)."""
-        for p in self.params:
-            flat = self.flats[self.bucket_of[p]]
-            start = flat.data_ptr()
-            if p.grad is None or not start <= p.grad.data_ptr() < start + flat.numel() * flat.element_size():
-                raise UsageError("a parameter's .grad is no longer its view of a gradient bucket (was zero_grad() "
-                                 "called with set_to_none=True, or backward with create_graph=True?)")
+        """:meth:`check_bucket` of every bucket."""
+        for i in range(len(self.flats)):
+            self.check_bucket(i)
+
+    def attach(self) -> None:
+        """Make every parameter's ``.grad`` its view of a bucket again (after ``zero_grad()`` set
+        them to None, say); the buckets keep their values (:meth:`zero` clears them)."""
+        for p, view in self.views.items():
+            p.grad = view
 
     def zero(self) -> None:
         for f in self.flats:
@@ -149,6 +184,7 @@ class NcclBuckets:
                              f"{buckets.flats[0].device}, not GPU {comms[0].device.index}")
         import torch
         self.comms, self.priority, self.beside = list(comms), priority, beside
+        self.buckets = buckets
         self._held = contextlib.ExitStack()
         self._running = False
         self.flats = buckets.flats  # the prepared calls hold their pointers: keep them alive
@@ -186,7 +222,10 @@ class NcclBuckets:
             torch.cuda.synchronize(d)
 
     def launch(self, index: int, ready: Any) -> None:
-        """Bucket ``index``'s all-reduce, once every rank's stream has reached event ``ready``."""
+        """Bucket ``index``'s all-reduce, once every rank's stream has reached event ``ready``;
+        UsageError, before anything is launched, where a parameter's ``.grad`` is no longer its
+        view of the bucket (:meth:`GradientBuckets.check_bucket`)."""
+        self.buckets.check_bucket(index)
         if not self._running and self.beside is not None:
             self._held.enter_context(self.beside())
         self._running = True
@@ -220,11 +259,17 @@ class Trainer:
     launched as their buckets fill (or after backward), the optimizer after they finish."""
 
     def __init__(self, model: Any, batch: tuple[Any, Any], buckets: GradientBuckets, lr: float = 1e-4):
+        if not callable(getattr(model, "parameters", None)):
+            raise UsageError(f"model must be a torch.nn.Module, not {validate.shown(model)}")
+        if not isinstance(batch, tuple):
+            raise UsageError(f"batch must be a tuple of the model's inputs, not {validate.shown(batch)}")
+        if not isinstance(buckets, GradientBuckets):
+            raise UsageError(f"buckets must be a GradientBuckets, not {validate.shown(buckets)}")
+        lr = validate.number(lr, "lr", positive=True)
         import torch
         self.model, self.batch, self.buckets, self.lr = model, batch, buckets, lr
         self.initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.optimizer = self._optimizer()
-        self._views_checked = False
         self._comm: NcclBuckets | None = None
         self._filled = [0] * len(buckets.counts)
         self._events = [torch.cuda.Event() for _ in buckets.counts]
@@ -299,9 +344,7 @@ class Trainer:
             loss = self.model(*self.batch)
             loss.backward()
             self._mark("backward")
-            if not self._views_checked:
-                self.buckets.check_views()
-                self._views_checked = True
+            self.buckets.check_views()  # every step: a launch during backward checked its own bucket
             if comm is not None:
                 # Sequential: every bucket now. Overlapped: any bucket a parameter without a gradient
                 # kept from filling (its zeros are all-reduced all the same, so ranks stay in step).
@@ -324,6 +367,8 @@ class Trainer:
 def compute_context(policy: Policy, interposer: Any = None, partition_stream: Any = None) -> Iterator[None]:
     """torch's compute as ``policy`` shapes it: on ``partition_stream`` (a shimrt Stream of an SM
     partition), with cuBLAS's carveout, or inside ``interposer``'s block."""
+    if not isinstance(policy, Policy):
+        raise UsageError(f"policy must be a Policy, not {validate.shown(policy)}")
     import torch
 
     from . import sm_carveout

@@ -62,6 +62,33 @@ def test_an_overlapped_step_all_reduces_every_bucket_and_keeps_rank0s_gradients(
         comm.close()
 
 
+def test_a_step_after_zero_grad_set_to_none_is_refused_before_any_all_reduce(setup):
+    """torch's default zero_grad() sets .grad to None: backward then writes new tensors, and the
+    buckets' all-reduces would carry the previous step's gradients. Every step's launches check
+    their bucket first (issue 24): the step fails saying what to do, and attach() mends it."""
+    from shimrt.torch.step import NcclBuckets
+    torch, comms, buckets, trainer = setup
+    comm = NcclBuckets(comms, buckets, "high")
+    try:
+        for overlap in (True, False):  # launched from backward's hooks, and after backward
+            trainer.reset()
+            trainer.optimizer.zero_grad()
+            with pytest.raises(UsageError, match=r"gradient bucket .*zero_grad\(set_to_none=False\)"):
+                trainer.step(comm, overlap)
+            buckets.attach()
+        trainer.reset()
+        assert bool(torch.isfinite(trainer.step(comm)))
+        ready = torch.cuda.Event()
+        ready.record()
+        trainer.optimizer.zero_grad()  # a loop of the user's own, launching bucket by bucket
+        with pytest.raises(UsageError, match="must be its view of gradient bucket 0, not None"):
+            comm.launch(0, ready)
+        buckets.attach()
+        torch.cuda.synchronize()
+    finally:
+        comm.close()
+
+
 def test_nccl_buckets_refuse_what_is_not_communicators_and_gradient_buckets(setup):
     from shimrt.torch.step import NcclBuckets
     torch, comms, buckets, _ = setup
