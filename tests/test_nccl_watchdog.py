@@ -288,6 +288,29 @@ def test_a_slow_abort_does_not_hold_up_the_others():
     release.set()
 
 
+def test_the_thread_lives_on_after_a_look_or_an_abort_that_raises_anything():
+    """A look whose event raises something other than a shimrt error, and an abort that raises,
+    leave the thread running: the next communicator is still aborted on time."""
+    d = wd.Watchdog()
+    odd, later = Comm(timeout=0.2), Comm(timeout=0.2)
+    odd.state.abort = lambda reason: (_ for _ in ()).throw(RuntimeError("abort broke"))
+    with odd.state.lock:
+        odd.state.follow("s", "all_reduce", time.monotonic())
+    odd.made[0].done = TypeError("query broke")
+    d.register(odd.state)
+    t0 = time.monotonic()
+    while "abort broke" not in str(odd.state.error) and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert "query broke" in str(odd.state.error) and "abort broke" in str(odd.state.error)
+    with later.state.lock:
+        later.state.follow("s", "all_gather", time.monotonic())
+    d.register(later.state)
+    t0 = time.monotonic()
+    while not later.aborted and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert later.aborted and d._thread.is_alive() and d.failures == 0
+
+
 def test_the_process_has_one_watchdog():
     assert wd.watchdog() is wd.watchdog()
 

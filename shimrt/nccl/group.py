@@ -127,14 +127,14 @@ def run(q: Queued) -> None:
     with state.lock:
         if state.handle is not q.handle or state.error is not None:
             raise state.dead()
-        state.call, state.entered = q.name, time.monotonic()
+        state.call, state.entered = q.name, start = time.monotonic()
         try:
             result = q.function(*q.args)
             if result:
                 settle([q.comm], result, q.name)
         finally:
             state.entered = 0.0
-        state.follow(q.stream, q.what, time.monotonic())
+        state.follow(q.stream, q.what, start)  # counted from the call: its settling is part of the wait
 
 
 def open_calls() -> list | None:
@@ -232,6 +232,5 @@ def run_group(members: list["Communicator"], calls: list[Queued]) -> None:
         finally:
             for c in members:
                 c.state.entered = 0.0
-        now = time.monotonic()
         for q in calls:
-            q.state.follow(q.stream, q.what, now)
+            q.state.follow(q.stream, q.what, start)

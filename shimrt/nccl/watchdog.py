@@ -26,7 +26,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
-from ..errors import CollectiveError, ShimrtError
+from ..errors import CollectiveError
 
 #: How many followed collectives a communicator keeps before the caller reaps finished ones even
 #: when it has spare events (a tight loop enqueues faster than the watchdog looks).
@@ -171,6 +171,8 @@ class Watchdog:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
+        #: Looks that raised past every guard (none expected; counted so a test can tell).
+        self.failures, self.last_failure = 0, None
 
     def register(self, state: CommState) -> None:
         """Follow ``state`` until :meth:`unregister`; starts the thread if it is not running."""
@@ -206,7 +208,7 @@ class Watchdog:
                         continue
                     try:
                         reason = state.overdue(now)
-                    except ShimrtError as exc:
+                    except Exception as exc:  # noqa: BLE001 - whatever it is, the thread must live on
                         reason = f"following its collectives failed: {exc}"
                     if reason is not None:
                         self._abort(state, reason)
@@ -233,7 +235,7 @@ class Watchdog:
     def _finish(state: CommState, reason: str) -> None:
         try:
             state.abort(reason)
-        except ShimrtError as exc:  # ncclCommAbort itself stuck: say so on the next use too
+        except Exception as exc:  # noqa: BLE001 - ncclCommAbort stuck or failed: said on the next use too
             state.error = CollectiveError(f"{state.error}; then {exc}")
 
     def pause(self) -> float:
@@ -248,7 +250,11 @@ class Watchdog:
             dog = ref()
             if dog is None:
                 return
-            dog.check()
+            try:
+                dog.check()
+            except Exception as exc:  # noqa: BLE001 - a thread that died would leave every wait unbounded
+                dog.failures += 1
+                dog.last_failure = exc
             wake, pause = dog._wake, dog.pause()
             del dog  # the thread does not keep its watchdog alive
             wake.wait(pause)

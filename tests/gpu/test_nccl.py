@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shimrt import CollectiveError, UsageError, kernels
-from shimrt.nccl import CommOptions, Communicator, unique_id
+from shimrt.nccl import CommOptions, Communicator, unique_id, watchdog
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +148,16 @@ def test_the_watchdog_aborts_a_collective_that_outlives_the_timeout(device, bloc
         k.launch(1, 32, *bufs, 3_000_000_000, stream=c.stream)
         t0 = time.monotonic()
         c.all_reduce(x)
+        returned = time.monotonic() - t0
         while c.state.error is None and time.monotonic() - t0 < 10:
             time.sleep(0.01)
         took = time.monotonic() - t0
-        assert c.state.error is not None and 0.9 <= took <= 2.5, took
+        dog = watchdog.watchdog()
+        # What the watchdog was doing, should it not have aborted in time.
+        seen = (f"took {took:.2f} s, the call returned after {returned:.2f} s; watched: {c.state in dog.watched()}, "
+                f"thread alive: {dog._thread is not None and dog._thread.is_alive()}, failures: {dog.failures} "
+                f"({dog.last_failure!r}), pending: {len(c.state.pending)}, tail: {c.state.tail is not None}")
+        assert c.state.error is not None and 0.9 <= took <= 2.5, seen
         assert "all_reduce enqueued" in str(c.state.error)
         with pytest.raises(CollectiveError, match="watchdog aborted"):
             c.all_reduce(x)
