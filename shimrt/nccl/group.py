@@ -127,7 +127,8 @@ def run(q: Queued) -> None:
     with state.lock:
         if state.handle is not q.handle or state.error is not None:
             raise state.dead()
-        state.call, state.entered = q.name, start = time.monotonic()
+        start = time.monotonic()
+        state.call, state.entered = q.name, start
         try:
             result = q.function(*q.args)
             if result:
