@@ -13,11 +13,13 @@ command's own checks, whether or not the run would reach it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from . import __version__, config, validate
 from .errors import ShimrtError, UsageError
@@ -132,6 +134,27 @@ def writable_folder(value: Any, what: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{what}: {str(path)!r} cannot be created: {str(parent)!r} is not writable")
     return path
+
+
+def add_timeout(p: argparse.ArgumentParser, default: float) -> None:
+    """``--timeout S``: the whole run's limit (see :func:`deadline`)."""
+    from .stream import MAX_TIMEOUT
+    p.add_argument("--timeout", metavar="S", default=float(default),
+                   type=validate.argument(validate.number, "--timeout", positive=True, most=MAX_TIMEOUT),
+                   help=f"end the run with every thread's stack on stderr after S seconds (default {default:g}): a "
+                        "hung call never holds the machine")
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Every thread's stack on stderr and exit code 1 when the block outlives ``seconds``.
+    faulthandler's own C thread fires it, so a main thread stuck inside C (a blocking NCCL call,
+    a synchronize) is no obstacle, and the stacks say where it was."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def count(name: str, least: int = 1) -> Callable[[str], int]:

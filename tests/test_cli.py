@@ -607,3 +607,23 @@ def test_collectives_torch_needs_torch(capsys, ran):
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed here: --torch is taken")
     refused(capsys, ran, bench.main, ["collectives", "--torch"], "--torch needs torch", "shimrt[torch]")
+
+
+def test_a_run_past_its_deadline_ends_with_every_threads_stack():
+    """cli.deadline fires from faulthandler's own thread, also while the main thread waits in C."""
+    import subprocess
+    import sys
+    code = ("import time; from shimrt import cli\n"
+            "def stuck_here():\n    time.sleep(30)\n"
+            "with cli.deadline(0.5):\n    stuck_here()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert run.returncode == 1 and "Timeout" in run.stderr and "stuck_here" in run.stderr, run.stderr
+
+
+def test_a_deadline_that_is_not_reached_is_cancelled():
+    import time
+
+    from shimrt import cli
+    with cli.deadline(0.2):
+        pass
+    time.sleep(0.4)  # still alive: the dump was cancelled

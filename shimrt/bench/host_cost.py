@@ -43,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=cli.count("--batches", 1),
                    help="timed batches per method, interleaved with the others', at least 1 (default 50)")
     p.add_argument("--no-torch", action="store_true", help="leave torch.distributed out")
+    cli.add_timeout(p, 600)
     cli.add_json(p)
     p.set_defaults(run=run)
 
@@ -236,7 +237,8 @@ def report(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """``bench host-cost``: measure, print the table, write --json."""
     try:
-        result = measure(Device(), args.calls, args.batches, not args.no_torch)
+        with cli.deadline(args.timeout):  # its direct calls into NCCL have no watchdog: never a hang
+            result = measure(Device(), args.calls, args.batches, not args.no_torch)
     except ShimrtError as exc:
         print(f"bench host-cost: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,6 @@ contention); --json, and --plots for CUPTI timelines of one step per policy (PNG
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import sys
 import time
@@ -29,7 +28,6 @@ from typing import Any
 from .. import cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
-from ..stream import MAX_TIMEOUT
 from ..targets import MAX_SMS
 from . import torch_measure
 from .progress import Progress
@@ -68,10 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
                    help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all; the first is the "
                         "reference the others' losses and gradients are compared with)")
-    p.add_argument("--timeout", metavar="S", default=1800.0,
-                   type=validate.argument(validate.number, "--timeout", positive=True, most=MAX_TIMEOUT),
-                   help="end the run with every thread's stack on stderr after S seconds (default 1800): a "
-                        "hung collective never holds the machine")
+    cli.add_timeout(p, 1800)
     p.add_argument("--local-ranks", metavar="N", default=None,
                    type=validate.argument(validate.integer, "--local-ranks", least=2, most=64),
                    help="ranks in this process (default: 2 on one GPU where NCCL can, else one per GPU)")
@@ -362,8 +357,9 @@ def run(args: argparse.Namespace) -> int:
     bench = _Bench(dev, devices)
     fixed = len(policies(args.sms, 1, args.policies))
     progress = Progress(len(args.configs) * (fixed + 2), enabled=not args.quiet)
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
     results = {"device": repr(dev), "ranks": [d.index for d in devices], "configs": {}}
+    deadline = cli.deadline(args.timeout)
+    deadline.__enter__()  # noqa: PLC2801 - the whole run, its clean-up below included
     try:
         results["interposer_cost"] = cost = interposer_cost(dev)
         print("interposer host cost per launch (us): " + "; ".join(
@@ -375,7 +371,7 @@ def run(args: argparse.Namespace) -> int:
             progress.close()
             print(report(name, results["configs"][name]), flush=True)
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        deadline.__exit__(None, None, None)
         progress.close()
         bench.close()
     results["nccl_version"] = _nccl_version()
