@@ -41,7 +41,7 @@ if [ "$part" = all ] || [ "$part" = benches ]; then
             "shimrt.bench gemm --json $OUT/gemm.json" \
             "shimrt.bench overlap --quiet --json $OUT/overlap.json" \
             "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json" \
-            "shimrt.bench host-cost --json $OUT/host_cost.json")
+            "shimrt.bench host-cost --timeout 240 --json $OUT/host_cost.json")
 fi
 if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
@@ -55,7 +55,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ]; then
 try: sys.exit(bool(mps.running(mps.find_control())))
 except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
     else mpsflag=; echo "MPS not usable here (see above): two processes time-slice the GPU" | tee -a "$summary"; fi
-    steps+=("shimrt.bench host-cost --json $OUT/host_cost_multirank.json" \
+    steps+=("shimrt.bench host-cost --timeout 240 --json $OUT/host_cost_multirank.json" \
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --json $OUT/latency_2procs.json" \
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2procs_nonblocking.json" \
             "shimrt.bench collectives $lat --json $OUT/latency_2ranks.json" \
