@@ -62,23 +62,24 @@ def test_bad_nccl_bucket_options_are_refused_before_anything_is_made(fields, mes
 def test_the_policies_keep_one_nccl_block_per_kept_sm():
     fixed = torch_step.policies([16, 32], ranks_per_gpu=2)
     names = [p.name for p in fixed]
-    assert names[:3] == ["sequential", "torch default", "DDP high priority"]
+    assert names[:3] == ["sequential", "low-priority", "priority"]
     assert not fixed[0].overlap and fixed[1].priority == "low" and fixed[2].priority == "high"
     by_name = {p.name: p for p in fixed}
-    assert by_name["partition 32 SMs"].ctas == 16 and by_name["carveout 16 SMs"].ctas == 8
+    assert by_name["partition:32"].ctas == 16 and by_name["carveout:16"].ctas == 8
     assert torch_step.policies([16], ranks_per_gpu=1)[-1].ctas == 16
     # NCCL takes at most 64 channels: more SMs kept than that still give 64 (one rank per GPU, 96 SMs).
     assert torch_step.policies([96], ranks_per_gpu=1)[-1].ctas == 64
     assert torch_step.policies([112], ranks_per_gpu=2)[-1].ctas == 56
-    assert "cuBLAS leaves 16 SMs, NCCL 8 channels/rank" in by_name["carveout 16 SMs"].describe()
-    assert [torch_step.kind(p) for p in fixed] == ["sequential", "torch-default", "ddp-high-priority", "shaping",
+    assert "cuBLAS leaves 16 SMs, NCCL 8 channels/rank" in by_name["carveout:16"].describe()
+    assert [torch_step.kind(p) for p in fixed] == ["sequential", "low-priority", "priority", "shaping",
                                                    "shaping", "partition", "carveout", "windowed-carveout",
                                                    "partition", "carveout", "windowed-carveout"]
-    window = by_name["windowed carveout 32 SMs"]
+    window = by_name["windowed-carveout:32"]
     assert window.window and window.carveout == 32 and window.ctas == 16
     assert "cuBLAS leaves 32 SMs while all-reduces run, NCCL 16 channels/rank" in window.describe()
     assert [p.name for p in torch_step.policies([16, 32], 2, ("sequential", "carveout"))] == \
-        ["sequential", "carveout 16 SMs", "carveout 32 SMs"]
+        ["sequential", "carveout:16", "carveout:32"]
+    assert "ddp" not in torch_step.KINDS  # one process holds every rank there: no process group
 
 
 def _entry(step_ms, slowdown=1.0, **more):
@@ -90,7 +91,7 @@ def _entry(step_ms, slowdown=1.0, **more):
 def test_the_report_gives_ratios_to_torchs_default_and_autos_distance_from_the_best():
     result = {"model": {"parameters": 537e6, "tokens": 8192}, "gradient_bytes": 1 << 30, "buckets": 41,
               "compute_ms": 10.0, "comm_ms": {"None": 5.0},
-              "policies": {"sequential": _entry(15.0), "torch default": _entry(14.0),
+              "policies": {"sequential": _entry(15.0), "low-priority": _entry(14.0),
                            "carveout 16 SMs": _entry(11.2, 1.1, grads_bitwise=False, grad_max_diff=0.004),
                            "windowed carveout 16 SMs": _entry(11.5, None),
                            "auto": _entry(11.27, picked="carveout 16 SMs", tuning_s=2.5)},
@@ -100,7 +101,7 @@ def test_the_report_gives_ratios_to_torchs_default_and_autos_distance_from_the_b
     # A windowed carveout's compute alone is the plain one: no slowdown of its own is claimed.
     assert [line.split()[-4] for line in text.splitlines() if line.startswith("windowed")] == ["-"]
     assert "auto picked carveout 16 SMs after 2.5 s of trials: 1.006x the best fixed (carveout 16 SMs), " \
-           "+19.5% step time against torch default" in text
+           "+19.5% step time against low-priority" in text
     assert "partition 16 SMs          failed: DriverError: no green contexts" in text
 
 
@@ -180,9 +181,9 @@ def test_the_exclusive_bound_adds_the_all_reduces_sm_time_to_the_rest_of_backwar
              loss_max_diff=0.0, grads_bitwise=True, grad_max_diff=0.0)
     text = report("comm-heavy", {"model": {"parameters": 1.07e9, "tokens": 256}, "gradient_bytes": 2 << 30,
                                  "buckets": 23, "compute_ms": 11.07, "comm_ms": comm, "bound": b,
-                                 "policies": {"torch default": e}})
+                                 "policies": {"low-priority": e}})
     assert "bound if NCCL's blocks never share an SM with compute: 13.27 ms (24 channels/rank, 48 blocks on " \
-           "this GPU): at most 18.8% below torch default" in text
+           "this GPU): at most 18.8% below low-priority" in text
 
 
 def test_overlap_share_is_the_hidden_part_of_the_shorter_work():
@@ -206,7 +207,7 @@ def test_the_report_gives_the_contention_measured_or_why_not():
     e = dict(policy="p", choice="c", step_ms=16.33, compute_slowdown=1.0, comm_hidden=0.1, losses_bitwise=True,
              loss_max_diff=0.0, grads_bitwise=True, grad_max_diff=0.0)
     r = {"model": {"parameters": 1.07e9, "tokens": 256}, "gradient_bytes": 2 << 30, "buckets": 23,
-         "compute_ms": 11.07, "comm_ms": {"None": 6.19}, "policies": {"torch default": e}, "contention": contention}
+         "compute_ms": 11.07, "comm_ms": {"None": 6.19}, "policies": {"low-priority": e}, "contention": contention}
     assert "contention (torch kept off the 48 SMs left to NCCL's 24 channels/rank): all-reduces alone 10.79 ms; " \
            "beside them a memory-bound copy 10.85 -> 19.03 ms together (24% overlap), a compute-bound GEMM " \
            "9.95 -> 13.68 ms (71%)" in report("comm-heavy", r)

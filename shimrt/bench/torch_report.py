@@ -32,7 +32,7 @@ def timelines_png(name: str, result: dict, path: Any) -> Path:
 def report(name: str, r: dict) -> str:
     """The table of one configuration and its summary lines."""
     ran = r["policies"]
-    base_name = "torch default" if "torch default" in ran else next(iter(ran), None)
+    base_name = "low-priority" if "low-priority" in ran else next(iter(ran), None)
     comm = r["comm_ms"]["None"]
     lines = [f"== {name}: {r['model']['parameters'] / 1e6:.0f} M parameters ({r['model'].get('weights', 'bfloat16')} "
              f"weights, bf16 compute), {r['model']['tokens']} tokens/step, "

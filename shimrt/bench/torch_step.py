@@ -4,9 +4,9 @@ reduced bucket by bucket during backward) under every overlap policy, side by si
 Communication is real NCCL over this process's ranks (two ranks on one GPU where NCCL 2.30+
 allows it, NCCL_MULTI_RANK_GPU_ENABLE=1; else one per GPU of SHIMRT_DEVICES); ranks after the
 first add zeros, so the gradients stay rank 0's own, bit for bit. Policies:
-- baselines a user already has: sequential (every all-reduce after backward), torch default
-  (each bucket on a separate stream at default priority, as DDP does) and DDP's high-priority
-  stream (the same at the greatest priority: also shimrt's "priority" policy);
+- baselines a user already has: sequential (every all-reduce after backward), low-priority
+  (each bucket on a separate stream at default priority, as DDP does) and priority (the same at
+  the greatest priority, as DDP's high-priority stream);
 - shimrt: shaping (every torch kernel capped at N blocks per SM through launch interposition),
   partition (torch on a green context of all but K SMs, NCCL's channels sized to fit K), carveout
   (cuBLAS leaves K SMs, NCCL sized alike), and auto (each choice tried for a few steps, the
@@ -29,6 +29,7 @@ from .. import cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..targets import MAX_SMS
+from ..torch import policies as policies_mod
 from . import torch_measure
 from .progress import Progress
 from .torch_measure import finish, interposer_cost, is_nccl, timed_steps
@@ -77,35 +78,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
-#: What --policies takes: the baselines, shimrt's kinds (shaping at N=2 and 1, partition and
-#: carveout at each of --sms) and auto.
-KINDS = ("sequential", "torch-default", "ddp-high-priority", "shaping", "partition", "carveout", "windowed-carveout",
-         "auto")
-
-
-def kind(policy: Any) -> str:
-    """The --policies name of a fixed policy."""
-    return policy.name.split(" N=")[0].split(" SMs")[0].rstrip("0123456789 ").lower().replace(" ", "-")
-
-
-def channels(sms: int, ranks_per_gpu: int) -> int:
-    """NCCL's channels per rank where ``sms`` SMs are kept for the ranks on a GPU: one block per
-    channel, one NCCL block per SM, between 1 and NCCL's 64."""
-    return max(1, min(64, sms // ranks_per_gpu))
+#: What --policies takes (shimrt.torch.policies' kinds but ``ddp``: one process here holds every
+#: rank, so there is no torch.distributed process group to all-reduce through).
+KINDS = tuple(k for k in policies_mod.KINDS if k != "ddp")
+kind = policies_mod.kind
+channels = policies_mod.channels
 
 
 def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
-    """The fixed policies of ``kinds``, baselines first; NCCL gets :func:`channels` per rank
-    where SMs are kept for it."""
-    from ..torch.step import Policy
-    out = [Policy("sequential", overlap=False, priority="low"), Policy("torch default", priority="low"),
-           Policy("DDP high priority", priority="high"), Policy("shaping N=2", cap=2), Policy("shaping N=1", cap=1)]
-    for k in sms:
-        ctas = channels(k, ranks_per_gpu)
-        out += [Policy(f"partition {k} SMs", partition=k, ctas=ctas),
-                Policy(f"carveout {k} SMs", carveout=k, ctas=ctas),
-                Policy(f"windowed carveout {k} SMs", carveout=k, ctas=ctas, window=True)]
-    return [p for p in out if kind(p) in kinds]
+    """The fixed policies of ``kinds``, baselines first (:func:`shimrt.torch.policies.candidates`)."""
+    return policies_mod.candidates(sms, ranks_per_gpu, [k for k in kinds if k != "ddp"])
 
 
 class _Bench:

@@ -29,13 +29,15 @@ from . import stream as torch_stream
 
 #: Stream priorities a policy may give its communication.
 PRIORITIES = ("low", "high")
+#: Who all-reduces: shimrt's Communicator, or torch.distributed's process group (plain DDP's way).
+COMMS = ("shimrt", "torch")
 
 
 @dataclass(frozen=True)
 class Policy:
     """How a step overlaps its all-reduces (see the module's docstring). ``partition`` and
     ``carveout`` are SMs kept from torch's compute (NCCL's channels belong there: ``ctas`` per
-    rank); ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
+    rank); ``comm``: "shimrt" (a Communicator) or "torch" (torch.distributed, as plain DDP); ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
     carveout holds only while all-reduces run (from a step's first bucket until the step waits for
     them after backward), so forward and the optimizer keep every SM."""
 
@@ -47,9 +49,14 @@ class Policy:
     carveout: int | None = None
     ctas: int | None = None
     window: bool = False
+    comm: str = "shimrt"
 
     def __post_init__(self) -> None:
         validate.text(self.name, "Policy.name")
+        validate.one_of(self.comm, "Policy.comm", COMMS)
+        if self.comm == "torch" and self.ctas is not None:
+            raise UsageError(f"Policy {self.name!r}: ctas sets shimrt's communicators, not torch.distributed's "
+                             "(comm='torch')")
         object.__setattr__(self, "overlap", validate.boolean(self.overlap, "Policy.overlap"))
         validate.one_of(self.priority, "Policy.priority", PRIORITIES)
         for name, most in (("cap", 64), ("partition", MAX_SMS), ("carveout", MAX_SMS), ("ctas", 64)):
@@ -64,7 +71,8 @@ class Policy:
                              "carveout to the time all-reduces run beside backward)")
 
     def describe(self) -> str:
-        parts = ["after backward" if not self.overlap else f"{self.priority} priority"]
+        parts = ["after backward" if not self.overlap else
+                 "torch.distributed's all-reduce" if self.comm == "torch" else f"{self.priority} priority"]
         if self.cap is not None:
             parts.append(f"compute capped at {self.cap} blocks/SM")
         if self.partition is not None:

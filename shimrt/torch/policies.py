@@ -1,0 +1,95 @@
+"""The overlap policies of a data-parallel step, by name: one vocabulary for the library
+(:func:`shimrt.torch.overlap`) and ``bench torch``.
+
+A policy is a :class:`~shimrt.torch.step.Policy`. Its name says what it does:
+
+- ``ddp``: torch.distributed's own all-reduce, as plain DDP does it (ProcessGroupNCCL, its
+  stream): the reference, and one of auto's candidates, so auto never keeps anything slower;
+- ``priority``: shimrt's all-reduce on a stream of the greatest priority, NCCL's own channels;
+- ``low-priority``: the same at default priority (what a second stream alone gives);
+- ``shaping:N``: every torch kernel capped at N blocks per SM (launch interposition), room left
+  for NCCL's blocks;
+- ``partition:K``: torch's compute on an SM partition of all but K SMs, NCCL's channels sized to
+  the K kept;
+- ``carveout:K``: cuBLAS leaves K SMs free for the whole step; ``windowed-carveout:K`` only while
+  all-reduces run (from the first bucket to the end of backward);
+- ``sequential``: every all-reduce after backward (no overlap; a bench baseline).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .. import validate
+from ..errors import UsageError
+from ..targets import MAX_SMS
+from .step import Policy
+
+#: Kinds of policy (what ``bench torch --policies`` takes), baselines first.
+KINDS = ("sequential", "ddp", "low-priority", "priority", "shaping", "partition", "carveout",
+         "windowed-carveout", "auto")
+#: Kinds that take a number after a colon: the cap, or the SMs kept for NCCL.
+NUMBERED = ("shaping", "partition", "carveout", "windowed-carveout")
+
+
+def channels(sms: int, ranks_per_gpu: int) -> int:
+    """NCCL's channels per rank where ``sms`` SMs are kept for the ranks on a GPU: one block per
+    channel, one NCCL block per SM, between 1 and NCCL's 64."""
+    return max(1, min(64, sms // ranks_per_gpu))
+
+
+def make(kind: str, number: int | None = None, ranks_per_gpu: int = 1) -> Policy:
+    """The policy of ``kind`` (see the module's docstring) with its number (the cap, or the SMs
+    kept), NCCL's channels sized for ``ranks_per_gpu`` ranks sharing a GPU."""
+    validate.one_of(kind, "policy kind", KINDS[:-1])
+    ranks_per_gpu = validate.integer(ranks_per_gpu, "ranks_per_gpu", least=1, most=MAX_SMS)
+    if kind in NUMBERED:
+        if number is None:
+            raise UsageError(f"policy {kind!r} needs a number: {kind}:N (e.g. {kind}:{2 if kind == 'shaping' else 48})")
+        number = validate.integer(number, f"{kind}'s number", least=1, most=64 if kind == "shaping" else MAX_SMS)
+    elif number is not None:
+        raise UsageError(f"policy {kind!r} takes no number, not {number!r}")
+    if kind == "sequential":
+        return Policy("sequential", overlap=False, priority="low")
+    if kind == "ddp":
+        return Policy("ddp", comm="torch")
+    if kind in ("priority", "low-priority"):
+        return Policy(kind, priority="high" if kind == "priority" else "low")
+    if kind == "shaping":
+        return Policy(f"shaping:{number}", cap=number)
+    ctas = channels(number, ranks_per_gpu)
+    if kind == "partition":
+        return Policy(f"partition:{number}", partition=number, ctas=ctas)
+    return Policy(f"{kind}:{number}", carveout=number, ctas=ctas, window=kind == "windowed-carveout")
+
+
+def parse(text: Any, ranks_per_gpu: int = 1) -> Policy:
+    """The policy a name such as ``"priority"`` or ``"partition:48"`` stands for."""
+    if isinstance(text, Policy):
+        return text
+    allowed = (f"a Policy, or one of {', '.join(k + (':N' if k in NUMBERED else '') for k in KINDS[:-1])}")
+    if not isinstance(text, str):
+        raise UsageError(f"policy must be {allowed}, not {validate.shown(text)}")
+    kind, _, number = text.partition(":")
+    if kind not in KINDS[:-1]:
+        raise UsageError(f"policy must be {allowed}, not {text!r:.100}")
+    if number and not (number.isascii() and number.isdigit()):
+        raise UsageError(f"{kind}:N takes a positive whole number N, not {number!r:.40}")
+    return make(kind, int(number) if number else None, ranks_per_gpu)
+
+
+def candidates(sms: Iterable[int], ranks_per_gpu: int, kinds: Iterable[str] = KINDS) -> list[Policy]:
+    """The fixed policies of ``kinds`` (auto's candidates, or a bench's list), baselines first:
+    shaping at N=2 and 1, partition and both carveouts at each of ``sms``."""
+    kinds = tuple(kinds)
+    out = [make(k, None, ranks_per_gpu) for k in ("sequential", "ddp", "low-priority", "priority") if k in kinds]
+    if "shaping" in kinds:
+        out += [make("shaping", n) for n in (2, 1)]
+    for k in sms:
+        out += [make(kind, k, ranks_per_gpu) for kind in ("partition", "carveout", "windowed-carveout") if kind in kinds]
+    return out
+
+
+def kind(policy: Policy) -> str:
+    """The kind of ``policy`` (its name before the colon)."""
+    return policy.name.partition(":")[0]
