@@ -86,7 +86,8 @@ def candidates(sms: Iterable[int], ranks_per_gpu: int, kinds: Iterable[str] = KI
     if "shaping" in kinds:
         out += [make("shaping", n) for n in (2, 1)]
     for k in sms:
-        out += [make(kind, k, ranks_per_gpu) for kind in ("partition", "carveout", "windowed-carveout") if kind in kinds]
+        out += [make(kind, k, ranks_per_gpu) for kind in ("partition", "carveout", "windowed-carveout")
+                if kind in kinds]
     return out
 
 

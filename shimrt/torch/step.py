@@ -37,7 +37,8 @@ COMMS = ("shimrt", "torch")
 class Policy:
     """How a step overlaps its all-reduces (see the module's docstring). ``partition`` and
     ``carveout`` are SMs kept from torch's compute (NCCL's channels belong there: ``ctas`` per
-    rank); ``comm``: "shimrt" (a Communicator) or "torch" (torch.distributed, as plain DDP); ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
+    rank); ``comm``: "shimrt" (a Communicator) or "torch" (torch.distributed, as plain DDP);
+    ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
     carveout holds only while all-reduces run (from a step's first bucket until the step waits for
     them after backward), so forward and the optimizer keep every SM."""
 
