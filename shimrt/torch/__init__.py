@@ -10,7 +10,9 @@ SM partitions, and cuBLAS told how many SMs to leave free.
 - :func:`process_group_options`: torch.distributed's NCCL process group with its collectives on
   a stream of the greatest priority, for users who keep ProcessGroupNCCL (or DDP) rather than a
   shimrt Communicator;
-- :class:`shimrt.overlap.interpose.Interposer` shapes torch's kernels themselves.
+- :class:`shimrt.overlap.interpose.Interposer` shapes torch's kernels themselves;
+- :func:`overlap`: a DistributedDataParallel's all-reduces through shimrt, beside its compute,
+  under a policy or auto (:mod:`shimrt.torch.ddp`; the policies: :mod:`shimrt.torch.policies`).
 
 torch is imported when a function is called, never at shimrt's import.
 """
@@ -83,3 +85,10 @@ def process_group_options(high_priority: bool = True) -> Any:
     options = dist.ProcessGroupNCCL.Options()
     options.is_high_priority_stream = high_priority
     return options
+
+
+def overlap(ddp: Any, policy: Any = "auto", **options: Any) -> Any:
+    """``shimrt.torch.ddp.overlap``: see :mod:`shimrt.torch.ddp` (imported here on first use)."""
+    _torch()
+    from .ddp import overlap as make
+    return make(ddp, policy, **options)

@@ -1,0 +1,334 @@
+"""Overlap in a DDP training loop: shimrt as DistributedDataParallel's communication hook.
+
+::
+
+    model = DDP(model, device_ids=[local_rank])        # as before (torchrun, one process per GPU)
+    ov = shimrt.torch.overlap(model, policy="auto")    # + 1 line
+    for x, y in data:
+        with ov.step():                                # + 1 line: the policy's compute side
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    print(ov.report()["policy"])                       # what auto kept, and its trials
+    ov.close()
+
+:func:`overlap` registers a comm hook (``ddp.register_comm_hook``) that all-reduces each of
+DDP's buckets through a shimrt Communicator made from the DDP's process group (same ranks, the
+rendezvous torchrun already did), averaging as DDP does (ncclAvg: each rank's gradient times
+1/world size, then summed; DDP multiplies by 1/world size, then sums), on the policy's stream:
+the hook first makes that stream wait for the stream current when DDP calls it, and returns a
+CUDA-aware future completed on that stream, so DDP's end of backward waits for the all-reduce on
+the GPU, never on the host. ``ov.step()`` applies the policy's compute side around the user's
+forward, backward and optimizer step (shaping through the Interposer, an SM partition, cuBLAS's
+carveout; see :mod:`shimrt.torch.policies`), and times the step for auto.
+
+``policy="auto"`` tries every candidate for a few of the first steps (plain DDP's own all-reduce,
+``ddp``, among them), then keeps the fastest by the slowest rank's median, and plain DDP unless
+another is more than ``margin`` faster (:mod:`shimrt.torch.trials`). ``no_sync()`` steps, DDP's
+bucket rebuild after the first step, ``gradient_as_bucket_view`` either way and bf16 or fp32
+buckets need nothing more. A collective whose peer is gone is aborted by shimrt's watchdog after
+``timeout`` seconds; the next bucket, ``step()``'s end, or :meth:`Overlap.close` raises its
+:class:`CollectiveError`. For a loop without DDP, :class:`~shimrt.torch.step.GradientBuckets`
+and :class:`~shimrt.torch.step.NcclBuckets` take the same policies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any, Iterable, Iterator
+
+from .. import validate
+from ..device import Device
+from ..errors import ShimrtError, UsageError
+from . import policies as vocabulary
+from . import sm_carveout
+from . import stream as torch_stream
+from .step import Policy, compute_context
+from .trials import Trials
+
+
+def overlap(ddp: Any, policy: Any = "auto", *, sms: Iterable[int] = (32, 48, 64), trial_steps: int = 3,
+            margin: float = 0.01, timeout: float = 300.0, quiet: bool = False) -> "Overlap":
+    """Overlap ``ddp``'s all-reduces with its compute under ``policy`` (a name of
+    :mod:`shimrt.torch.policies`, a :class:`Policy`, or ``"auto"``); see the module's docstring.
+    ``sms``: the SMs auto's partition and carveout candidates keep for NCCL; ``trial_steps``: the
+    timed steps per candidate (after one warm-up); ``margin``: how much faster than plain DDP
+    auto's pick must be; ``timeout``: seconds a collective may take before it is aborted;
+    ``quiet``: rank 0 says nothing when auto decides. Collective over the DDP's ranks: every rank
+    calls it, with the same arguments."""
+    return Overlap(ddp, policy, sms=sms, trial_steps=trial_steps, margin=margin, timeout=timeout, quiet=quiet)
+
+
+def _hook(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses annotations other than its own classes
+    """DDP's comm hook (a plain function, as ``register_comm_hook`` takes it)."""
+    return state.all_reduce(bucket)
+
+
+class Overlap:
+    """What :func:`overlap` returns: the hook's state, ``step()``, ``report()``, ``close()``."""
+
+    def __init__(self, ddp: Any, policy: Any, *, sms: Iterable[int], trial_steps: int, margin: float,
+                 timeout: float, quiet: bool):
+        import torch
+        import torch.distributed as dist
+
+        from ..nccl import CommOptions
+        self._torch, self._dist = torch, dist
+        index = _check_ddp(torch, dist, ddp)
+        self.ddp, self.group = ddp, ddp.process_group
+        self.quiet = validate.boolean(quiet, "quiet")
+        timeout = CommOptions(timeout=timeout).timeout
+        sms = [validate.integer(k, "sms", least=1) for k in sms]
+        self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.torch_device = torch.device("cuda", index)
+        self.device = Device(index)
+        self.ranks_per_gpu = self._ranks_per_gpu()
+        self._comms: dict = {}        # ctas -> Communicator
+        self._streams: dict = {}      # (ctas, priority) -> (shimrt stream, torch stream)
+        self._partitions: dict = {}   # sms -> (kept, rest, rest's stream)
+        self._interposers: dict = {}  # cap -> Interposer
+        self.dropped: dict[str, str] = {}
+        self._active: Policy | None = None
+        self._window: Any = None
+        self._reduced = False
+        self._timed: list = []        # (trial index, start event, end event) not yet read
+        self.closed = False
+        try:
+            if policy == "auto":
+                kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto")]
+                candidates = self._usable(vocabulary.candidates(sms, self.ranks_per_gpu, kinds))
+                self.trials: Trials | None = Trials(candidates, steps=trial_steps, margin=margin, reference="ddp")
+                self.policy = None
+            else:
+                fixed = vocabulary.parse(policy, self.ranks_per_gpu)
+                if not fixed.overlap:
+                    raise UsageError(f"policy {fixed.name!r} all-reduces after backward, which DDP's hook cannot "
+                                     "defer; under DDP the no-overlap reference is 'ddp'")
+                if self._usable([fixed]) == []:
+                    raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
+                self.trials, self.policy = None, fixed
+            self._make_communicators(timeout)
+        except BaseException:
+            self._close_parts()
+            raise
+        ddp.register_comm_hook(self, _hook)
+
+    # --- set-up ---
+    def _ranks_per_gpu(self) -> int:
+        """How many of the group's ranks share this rank's GPU (one per GPU under torchrun, two
+        on one GPU under MPS): NCCL's channels are sized by it."""
+        props = self._torch.cuda.get_device_properties(self.torch_device)
+        me = (socket.gethostname(), str(getattr(props, "uuid", self.torch_device.index)))
+        everyone: list = [None] * self.size
+        with self._torch.cuda.device(self.torch_device):
+            self._dist.all_gather_object(everyone, me, group=self.group)
+        return sum(x == me for x in everyone)
+
+    def _usable(self, candidates: list[Policy]) -> list[Policy]:
+        """The candidates every rank can run (a partition needs green contexts), agreed over the
+        ranks; why the others were dropped goes to :attr:`dropped`."""
+        mine = []
+        for p in candidates:
+            try:
+                if p.partition is not None:
+                    self._partition_stream(p.partition)
+                if p.cap is not None and p.cap not in self._interposers:
+                    from ..overlap.interpose import Interposer
+                    self._interposers[p.cap] = Interposer(self.device, p.cap)
+                mine.append(p.name)
+            except ShimrtError as exc:
+                if getattr(exc, "sticky", False):
+                    raise
+                self.dropped[p.name] = f"{type(exc).__name__}: {exc}"
+        everyone: list = [None] * self.size
+        with self._torch.cuda.device(self.torch_device):
+            self._dist.all_gather_object(everyone, mine, group=self.group)
+        for names in everyone:
+            for p in candidates:
+                if p.name not in names and p.name not in self.dropped:
+                    self.dropped[p.name] = "another rank cannot run it"
+        return [p for p in candidates if p.name not in self.dropped]
+
+    def _partition_stream(self, sms: int) -> Any:
+        if sms not in self._partitions:
+            kept, rest = self.device.partition(sms)
+            self._partitions[sms] = (kept, rest, rest.stream())
+        return self._partitions[sms][2]
+
+    def _make_communicators(self, timeout: float) -> None:
+        """One Communicator per channel setting the policies need, over the DDP's ranks; rank 0's
+        unique ids reach the others through the process group."""
+        from ..nccl import CommOptions, Communicator, unique_id
+        policies = self.trials.candidates if self.trials is not None else [self.policy]
+        settings = sorted({p.ctas for p in policies if p.comm == "shimrt"}, key=lambda c: -1 if c is None else c)
+        ids = [[unique_id() for _ in settings] if self.rank == 0 else None]
+        with self._torch.cuda.device(self.torch_device):
+            self._dist.broadcast_object_list(ids, src=self._dist.get_global_rank(self.group, 0), group=self.group)
+        for ctas, uid in zip(settings, ids[0], strict=True):
+            options = CommOptions(timeout=timeout, min_ctas=ctas, max_ctas=ctas)
+            self._comms[ctas] = Communicator(self.device, uid, self.rank, self.size, options=options)
+
+    def _stream_of(self, policy: Policy) -> tuple[Any, Any, Any]:
+        """(communicator, shimrt stream, torch stream) of ``policy``'s all-reduces."""
+        comm = self._comms[policy.ctas]
+        key = (policy.ctas, policy.priority)
+        if key not in self._streams:
+            s = comm.stream if policy.priority == "high" else self.device.stream("low")
+            self._streams[key] = (s, torch_stream(s))
+        return (comm, *self._streams[key])
+
+    # --- the hook ---
+    def all_reduce(self, bucket: Any) -> Any:
+        """DDP's comm hook: the average of ``bucket`` over the ranks, as a future (see the
+        module's docstring)."""
+        torch = self._torch
+        policy = self._active if self._active is not None else self._outside_step()
+        self._reduced = True
+        if policy.comm == "torch" or self.closed:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            return allreduce_hook(self.group, bucket)
+        buf = bucket.buffer()
+        comm, stream, ts = self._stream_of(policy)
+        if policy.window and self._window is None:  # cuBLAS leaves NCCL its SMs from the first bucket on
+            self._window = sm_carveout(policy.carveout)
+            self._window.__enter__()
+        ts.wait_stream(torch.cuda.current_stream(self.torch_device))
+        comm.all_reduce(buf, op="avg", stream=stream)
+        future = torch.futures.Future(devices=[self.torch_device])
+        with torch.cuda.stream(ts):  # DDP's stream waits for this one, not the host for the GPU
+            future.set_result(buf)
+        return future
+
+    def _outside_step(self) -> Policy:
+        if self.trials is not None or self.policy.cap is not None or self.policy.partition is not None \
+                or self.policy.carveout is not None:
+            raise UsageError(f"the policy {'auto' if self.trials else repr(self.policy.name)} needs each training "
+                             "step inside 'with ov.step():' (forward, backward and the optimizer step)")
+        return self.policy
+
+    # --- the step ---
+    @contextlib.contextmanager
+    def step(self) -> Iterator[Policy]:
+        """One training step under the policy (auto's trial, or the one kept): its compute side
+        around the block, the step timed for auto; yields the policy. Raises the
+        :class:`CollectiveError` of a communicator the watchdog aborted."""
+        torch = self._torch
+        if self.closed:
+            raise UsageError("the Overlap is closed")
+        if self._active is not None:
+            raise UsageError("ov.step() blocks do not nest")
+        policy = self.trials.current() if self.trials is not None else self.policy
+        current = torch.cuda.current_stream(self.torch_device)
+        timed = self.trials is not None and self.trials.picked is None
+        if timed:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(current)
+        part = self._partitions[policy.partition][2] if policy.partition is not None else None
+        if part is not None:  # the partition's stream starts after what came before, and hands back
+            torch_stream(part).wait_stream(current)
+        self._active, self._reduced = policy, False
+        try:
+            with compute_context(policy, self._interposers.get(policy.cap), part):
+                yield policy
+        finally:
+            self._active = None
+            if self._window is not None:
+                window, self._window = self._window, None
+                window.__exit__(None, None, None)
+            if part is not None:
+                current.wait_stream(torch_stream(part))
+        self.check()
+        if timed:
+            end.record(current)
+            index = self.trials.done(self._reduced)
+            if index is not None:
+                self._timed.append((index, start, end))
+            if self.trials.exhausted:
+                self._decide()
+
+    def _decide(self) -> None:
+        torch = self._torch
+        for index, start, end in self._timed:
+            end.synchronize()
+            self.trials.record(index, start.elapsed_time(end))
+        self._timed = []
+
+        def agree(medians: list[float]) -> list[float]:  # the slowest rank's time, on every rank
+            t = torch.tensor(medians, dtype=torch.float64, device=self.torch_device)
+            self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
+            return t.tolist()
+        picked = self.trials.decide(agree)
+        if self.rank == 0 and not self.quiet:
+            times = ", ".join(f"{n} {t:.2f}" for n, t in self.trials.medians.items())
+            print(f"shimrt.torch.overlap: auto kept {picked.name} ({picked.describe()}) after "
+                  f"{len(self.trials.schedule)} trial steps; median step ms: {times}", flush=True)
+
+    def check(self) -> None:
+        """Raise the CollectiveError of a communicator shimrt's watchdog aborted (a peer gone)."""
+        for comm in self._comms.values():
+            if comm.state.error is not None:
+                raise comm.state.error
+
+    # --- results and the end ---
+    def report(self) -> dict:
+        """The policy in force (None while auto tries), auto's trials, candidates dropped and why."""
+        policy = self.trials.picked if self.trials is not None else self.policy
+        return {"policy": None if policy is None else policy.name,
+                "describe": None if policy is None else policy.describe(),
+                "trials": self.trials.report() if self.trials is not None else None,
+                "dropped": dict(self.dropped), "ranks": self.size, "ranks_per_gpu": self.ranks_per_gpu}
+
+    def close(self, timeout: float = 120.0) -> None:
+        """Wait for the all-reduces (at most ``timeout`` s) and close what the policies made; DDP
+        then all-reduces through torch.distributed again (its hook stays registered)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            for s, _ in self._streams.values():
+                s.synchronize(timeout)
+            self.check()
+        finally:
+            self._close_parts()
+
+    def _close_parts(self) -> None:
+        first = None
+        things = [s for s, _ in self._streams.values() if not any(s is c.stream for c in self._comms.values())]
+        things += [x for kept, rest, s in self._partitions.values() for x in (s, kept, rest)]
+        things += [*self._interposers.values(), *self._comms.values()]
+        for thing in things:
+            try:
+                thing.close()
+            except Exception as exc:  # noqa: BLE001 - the rest must still be closed
+                first = first or exc
+        self._streams, self._partitions, self._interposers, self._comms = {}, {}, {}, {}
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> "Overlap":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:
+    """The CUDA device index of ``ddp``'s parameters; UsageError for what the hook cannot take."""
+    if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+        raise UsageError(f"overlap() takes a torch.nn.parallel.DistributedDataParallel, not {validate.shown(ddp)}")
+    if not dist.is_initialized():
+        raise UsageError("torch.distributed is not initialised: call torch.distributed.init_process_group first")
+    backend = str(dist.get_backend(ddp.process_group)).lower()
+    if "nccl" not in backend:
+        raise UsageError(f"overlap() needs a DDP over NCCL (its process group's backend is {backend!r}): shimrt "
+                         "all-reduces GPU buffers with NCCL; init_process_group('nccl')")
+    devices = {p.device for p in ddp.module.parameters()}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        raise UsageError(f"overlap() needs every parameter on one CUDA device (one process per GPU), not on "
+                         f"{sorted(map(str, devices))}")
+    index = next(iter(devices)).index
+    if ddp.device_ids and list(ddp.device_ids) != [index]:
+        raise UsageError(f"the DDP's device_ids {ddp.device_ids} must be its parameters' device, [{index}]")
+    return index

@@ -1,0 +1,166 @@
+"""DDP overlap on the CPU: the policy vocabulary, auto's schedule and decision, and what
+shimrt.torch.overlap refuses before touching a GPU (a real DDP over gloo on CPU tensors)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shimrt import UsageError
+from shimrt.torch import policies
+from shimrt.torch.step import Policy
+from shimrt.torch.trials import Trials
+
+
+@pytest.mark.parametrize("text, name, fields", [
+    ("ddp", "ddp", dict(comm="torch", ctas=None)),
+    ("priority", "priority", dict(priority="high", ctas=None)),
+    ("low-priority", "low-priority", dict(priority="low")),
+    ("shaping:2", "shaping:2", dict(cap=2)),
+    ("partition:48", "partition:48", dict(partition=48, ctas=24)),
+    ("carveout:32", "carveout:32", dict(carveout=32, ctas=16, window=False)),
+    ("windowed-carveout:32", "windowed-carveout:32", dict(carveout=32, ctas=16, window=True)),
+    ("sequential", "sequential", dict(overlap=False)),
+])
+def test_a_policy_name_stands_for_one_policy(text, name, fields):
+    p = policies.parse(text, ranks_per_gpu=2)
+    assert p.name == name and all(getattr(p, k) == v for k, v in fields.items()), p
+    assert policies.kind(p) == text.partition(":")[0]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fastest", "policy must be a Policy, or one of"),
+    ("shaping", "needs a number: shaping:N"),
+    ("shaping:x", "takes a positive whole number"),
+    ("shaping:-1", "takes a positive whole number"),
+    ("shaping:0", "must be an int in 1..64"),
+    ("priority:2", "takes no number"),
+    ("partition:100000", "must be an int in 1.."),
+    (3, "policy must be a Policy"),
+    ("auto:2", "policy must be a Policy"),
+])
+def test_a_bad_policy_name_is_refused_with_what_is_allowed(text, message):
+    with pytest.raises(UsageError, match=message):
+        policies.parse(text)
+
+
+def test_a_torch_policy_takes_no_nccl_channels():
+    with pytest.raises(UsageError, match="ctas sets shimrt's communicators"):
+        Policy("x", comm="torch", ctas=4)
+    with pytest.raises(UsageError, match="Policy.comm must be one of"):
+        Policy("x", comm="gloo")
+
+
+def test_autos_candidates_start_with_plain_ddp_and_size_nccl_by_the_ranks_on_a_gpu():
+    kinds = [k for k in policies.KINDS if k not in ("sequential", "auto")]
+    got = policies.candidates([32, 64], ranks_per_gpu=2, kinds=kinds)
+    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "shaping:2", "shaping:1", "partition:32",
+                                     "carveout:32", "windowed-carveout:32", "partition:64", "carveout:64",
+                                     "windowed-carveout:64"]
+    assert [p.ctas for p in got if p.partition] == [16, 32]
+
+
+class P:
+    def __init__(self, name):
+        self.name = name
+
+
+def run(trials, times, all_reduced=None):
+    """Drive ``trials`` as Overlap.step does: one step per entry of ``times`` (the ms its policy
+    takes), returning the policies the steps ran under."""
+    ran = []
+    for i, _ in enumerate(iter(lambda: trials.exhausted, True)):
+        p = trials.current()
+        ran.append(p.name)
+        index = trials.done(True if all_reduced is None else all_reduced(i))
+        if index is not None:
+            trials.record(index, times[p.name])
+    return ran
+
+
+def test_auto_tries_each_candidate_after_a_warm_up_and_keeps_the_fastest():
+    t = Trials([P("ddp"), P("a"), P("b")], steps=2, warmup=1, reference="ddp")
+    ran = run(t, {"ddp": 10.0, "a": 8.0, "b": 9.0})
+    assert ran == ["ddp"] * 3 + ["a"] * 3 + ["b"] * 3
+    assert t.times == {"ddp": [10.0, 10.0], "a": [8.0, 8.0], "b": [9.0, 9.0]}  # warm-ups not counted
+    assert t.decide().name == "a" and t.current().name == "a" and t.done(True) is None
+    assert t.report()["picked"] == "a" and t.report()["medians_ms"]["ddp"] == 10.0
+
+
+def test_auto_keeps_plain_ddp_unless_another_beats_it_by_the_margin():
+    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, margin=0.01, reference="ddp")
+    run(t, {"ddp": 10.0, "a": 9.95})  # 0.5% faster: within the margin
+    assert t.decide().name == "ddp"
+    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, margin=0.01, reference="ddp")
+    run(t, {"ddp": 10.0, "a": 12.0})
+    assert t.decide().name == "ddp"
+
+
+def test_auto_decides_on_the_slowest_ranks_times():
+    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, reference="ddp")
+    run(t, {"ddp": 10.0, "a": 5.0})
+    seen = []
+
+    def agree(mine):  # another rank found "a" slow
+        seen.append(list(mine))
+        return [max(x, y) for x, y in zip(mine, [10.0, 11.0])]
+    assert t.decide(agree).name == "ddp" and seen == [[10.0, 5.0]]
+
+
+def test_a_step_without_an_all_reduce_is_run_again_under_the_same_candidate():
+    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, reference="ddp")
+    ran = run(t, {"ddp": 10.0, "a": 5.0}, all_reduced=lambda i: i % 2 == 1)  # every other step under no_sync()
+    assert ran == ["ddp", "ddp", "a", "a"]
+    assert t.decide().name == "a"
+
+
+def test_auto_refuses_to_decide_early_or_without_times():
+    t = Trials([P("ddp")], steps=2, warmup=0)
+    with pytest.raises(UsageError, match="after its 2 trial steps, not after 0"):
+        t.decide()
+    t = Trials([P("ddp")], steps=1, warmup=0)
+    t.done(True)  # its time never recorded
+    with pytest.raises(UsageError, match="timed no candidate"):
+        t.decide()
+    assert math.isinf(t.medians["ddp"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (([],), "non-empty list of policies"),
+    (([P("a"), P("a")],), "distinct names"),
+    (([P("a")],), None),
+])
+def test_trials_check_their_candidates(args, message):
+    if message is None:
+        with pytest.raises(UsageError, match="reference must be one of"):
+            Trials(*args, reference="ddp")
+        with pytest.raises(UsageError, match="trial steps must be an int"):
+            Trials(*args, steps=0)
+        return
+    with pytest.raises(UsageError, match=message):
+        Trials(*args)
+
+
+def test_overlap_refuses_what_is_not_a_ddp():
+    torch = pytest.importorskip("torch")
+    import shimrt.torch
+    with pytest.raises(UsageError, match="takes a torch.nn.parallel.DistributedDataParallel, not"):
+        shimrt.torch.overlap(torch.nn.Linear(2, 2))
+
+
+def test_overlap_refuses_a_ddp_without_nccl():
+    """A real DDP over gloo on CPU tensors (what DDP takes and the hook cannot) gets a clear error."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    import shimrt.torch
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed is unavailable or already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        with pytest.raises(UsageError, match="needs a DDP over NCCL .*'gloo'"):
+            shimrt.torch.overlap(ddp)
+    finally:
+        dist.destroy_process_group()
