@@ -104,7 +104,7 @@ def test_auto_decides_on_the_slowest_ranks_times():
 
     def agree(mine):  # another rank found "a" slow
         seen.append(list(mine))
-        return [max(x, y) for x, y in zip(mine, [10.0, 11.0])]
+        return [max(x, y) for x, y in zip(mine, [10.0, 11.0], strict=True)]
     assert t.decide(agree).name == "ddp" and seen == [[10.0, 5.0]]
 
 

@@ -1,0 +1,90 @@
+"""shimrt.torch.overlap in a real DDP job: examples/ddp_overlap.py under shimrt.launch, two
+processes (two GPUs, or both on this one where NCCL allows it; under MPS where it can be had),
+its parameters after the steps set against a plain DDP copy trained on the same data."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shimrt import CollectiveError, mps
+from shimrt.nccl import library
+from shimrt.nccl.config import check_shared_gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "ddp_overlap.py"
+
+
+def _launch(device, *args, timeout=280):
+    torch = pytest.importorskip("torch")
+    if device.backend != "cuda" or not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA on a CUDA device")
+    try:
+        lib = library.load(device.backend)
+    except CollectiveError as exc:
+        pytest.skip(f"NCCL is not available: {exc}")
+    flags = ["--devices", "0,1"]
+    if device.device_count() < 2:
+        try:
+            check_shared_gpu(lib, device.backend, "two ranks on this machine's one GPU")
+        except CollectiveError as exc:
+            pytest.skip(str(exc))
+        flags = ["--devices", "0,0"]
+        try:  # side by side under MPS where it can be had; else they time-slice (slower, as correct)
+            if not mps.running(mps.find_control()):
+                flags.append("--mps")
+        except mps.MpsError:
+            pass
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="localhost", MASTER_PORT=str(29600 + os.getpid() % 300))
+    for name in ("SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE",
+                 "SHIMRT_NCCL_UNIQUE_ID", "SHIMRT_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
+    if os.environ.get("SHIMRT_NCCL_LIBRARY"):  # torch's NCCL the same as shimrt's (two ranks on one GPU need 2.30+)
+        env["LD_PRELOAD"] = os.environ["SHIMRT_NCCL_LIBRARY"]
+    command = [sys.executable, "-m", "shimrt.launch", "--nproc", "2", *flags, "--timeout", str(timeout - 20),
+               str(EXAMPLE), *args]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout
+
+
+def _diff(out: str) -> tuple[float, str]:
+    m = re.search(r"max \|overlap - plain DDP\| = (\S+) \((bit for bit|not bit for bit)\)", out)
+    assert m, out[-3000:]
+    return float(m.group(1)), m.group(2)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_shimrts_all_reduce_gives_plain_ddps_parameters_bit_for_bit(device, dtype):
+    """Same kernels, same reduction order (two ranks: a/2 + b/2 either way): bit for bit."""
+    out = _launch(device, "--policy", "priority", "--compare", "--steps", "12", "--width", "512", "--layers", "2",
+                  "--tokens", "256", "--dtype", dtype)
+    assert _diff(out) == (0.0, "bit for bit"), out[-2000:]
+    assert "policy: priority" in out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("policy", ["shaping:2", "carveout:32", "windowed-carveout:32", "partition:32"])
+def test_every_compute_policy_trains_as_plain_ddp_within_a_different_kernels_rounding(device, policy):
+    """A policy that changes torch's kernels (a carveout changes cuBLAS's choice) may round
+    differently: within 1e-5 of plain DDP's fp32 parameters after 12 steps."""
+    out = _launch(device, "--policy", policy, "--compare", "--steps", "12", "--width", "512", "--layers", "2",
+                  "--tokens", "256", "--dtype", "fp32")
+    diff, _ = _diff(out)
+    assert diff <= 1e-5, out[-2000:]
+    assert f"policy: {policy}" in out
+
+
+@pytest.mark.timeout(300)
+def test_auto_tries_the_candidates_and_keeps_one_no_slower_than_plain_ddp(device):
+    out = _launch(device, "--policy", "auto", "--steps", "60", "--width", "1024", "--layers", "2", "--tokens", "512")
+    m = re.search(r"auto kept (\S+) .* median step ms: (.+)$", out, re.M)
+    assert m, out[-3000:]
+    medians = dict(re.findall(r"(\S+) ([0-9.]+|inf)(?:,|$)", m.group(2)))
+    assert "ddp" in medians and float(medians[m.group(1)]) <= float(medians["ddp"]), out[-2000:]
