@@ -110,10 +110,11 @@ class Overlap:
                     raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
                 self.trials, self.policy = None, fixed
             self._make_communicators(timeout)
+            ddp.register_comm_hook(self, _hook)  # torch refuses a second hook on one DDP
         except BaseException:
-            self._close_parts()
+            with contextlib.suppress(Exception):  # the error that matters is the one raised
+                self._close_parts()
             raise
-        ddp.register_comm_hook(self, _hook)
 
     # --- set-up ---
     def _ranks_per_gpu(self) -> int:
