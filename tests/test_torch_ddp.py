@@ -164,3 +164,29 @@ def test_overlap_refuses_a_ddp_without_nccl():
             shimrt.torch.overlap(ddp)
     finally:
         dist.destroy_process_group()
+
+
+def _ddp_result():
+    way = lambda ms, **more: dict(step_ms=ms, hidden=0.5, **more)  # noqa: E731
+    return {"model": {"parameters": 537e6}, "gradient_bytes": 2 << 30, "compute_ms": 18.0, "comm_ms": 6.6,
+            "ways": {"plain DDP": way(25.0), "DDP high priority": way(24.0, loss_max_diff=0.0),
+                     "priority": way(22.0, loss_max_diff=0.0),
+                     "carveout:32": way(float("nan"), failed="DriverError: x"),
+                     "auto": way(21.0, kept="priority", trial_steps=44)}}
+
+
+def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_stand():
+    from shimrt.bench.torch_ddp import report
+    text = report("comm-heavy", _ddp_result())
+    assert "compute alone 18.00 ms, all-reduces alone 6.60 ms (no overlap can beat 18.00 ms)" in text
+    assert "priority" in text and " 0.880x" in text and "kept priority after 44 trial steps" in text
+    assert "DriverError: x" in text
+    assert "auto +16.0% below plain DDP" in text and "at most 1% above it: met" in text
+    assert "within 3% of the best way (22.00 ms): met" in text
+
+
+def test_the_ddp_bars_are_drawn(tmp_path):
+    pytest.importorskip("matplotlib")
+    from shimrt.bench.torch_ddp import bars_png
+    path = bars_png("comm-heavy", _ddp_result(), tmp_path / "ddp.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,9 @@
 """Time a real PyTorch training step (a torch.nn transformer decoder in bf16 whose gradients are
 reduced bucket by bucket during backward) under every overlap policy, side by side.
 
+Under a launcher with 2+ ranks (torchrun, ``python -m shimrt.launch``), one process per rank:
+plain DDP against ``shimrt.torch.overlap`` (:mod:`.torch_ddp`). Otherwise, in one process:
+
 Communication is real NCCL over this process's ranks (two ranks on one GPU where NCCL 2.30+
 allows it, NCCL_MULTI_RANK_GPU_ENABLE=1; else one per GPU of SHIMRT_DEVICES); ranks after the
 first add zeros, so the gradients stay rank 0's own, bit for bit. Policies:
@@ -68,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all; the first is the "
                         "reference the others' losses and gradients are compared with)")
     cli.add_timeout(p, 1800)
+    p.add_argument("--comm-timeout", metavar="S", default=300.0,
+                   type=validate.argument(validate.number, "--comm-timeout", positive=True, most=86400),
+                   help="one process per rank: seconds a collective may take before it is aborted (default 300)")
     p.add_argument("--local-ranks", metavar="N", default=None,
                    type=validate.argument(validate.integer, "--local-ranks", least=2, most=64),
                    help="ranks in this process (default: 2 on one GPU where NCCL can, else one per GPU)")
@@ -328,7 +334,11 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise UsageError("bench torch needs PyTorch with CUDA: pip install 'shimrt[torch]'") from None
     from ..launch import launch_env, local_devices
-    dev = Device(launch_env().device)
+    launch = launch_env()
+    if launch.world_size > 1 and args.local_ranks is None:  # one process per rank: DDP and shimrt.torch.overlap
+        from . import torch_ddp
+        return torch_ddp.run(args, CONFIGS)
+    dev = Device(launch.device)
     if dev.backend != "cuda" or not torch.cuda.is_available():
         raise UsageError("bench torch needs torch with CUDA on a CUDA device")
     torch.cuda.set_device(dev.index)

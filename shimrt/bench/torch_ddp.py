@@ -1,0 +1,243 @@
+"""``bench torch`` with one process per rank: a real DDP training step under plain DDP and under
+every policy of :func:`shimrt.torch.overlap`, side by side in one run.
+
+Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GPU under
+``--mps``), every rank builds the same model and trains on its own batch. Per configuration:
+
+- compute alone: forward, backward and the optimizer step of the bare model (no DDP);
+- all-reduces alone: buckets of the gradients' size through torch.distributed, back to back;
+- plain DDP (ProcessGroupNCCL on its own streams) and DDP on a process group of high-priority
+  streams: the references a user already has;
+- DDP with ``shimrt.torch.overlap`` under each fixed policy of ``--policies`` and auto (its trial
+  steps counted apart, what it kept reported).
+
+A step's time is the median of per-step CUDA events after the warm-up; the table gives the
+slowest rank's. Hidden: (compute alone + all-reduces alone - step) / all-reduces alone. Losses
+are set against plain DDP's, step for step, from the same weights and batches. Rank 0 prints;
+``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import statistics
+from typing import Any, Callable
+
+from ..errors import ShimrtError, UsageError
+
+#: The goals of the DDP benchmark: auto this much below plain DDP on the comm-heavy
+#: configuration, never more than this above it anywhere, within this of the best fixed policy.
+GOAL_BELOW, GOAL_ABOVE, GOAL_BEST = 0.15, 0.01, 0.03
+
+
+def _median_ms(torch: Any, step: Callable[[], Any], warmup: int, steps: int) -> tuple[float, list[float]]:
+    """(median ms per step over ``steps`` after ``warmup``, every step's loss)."""
+    losses = []
+    for _ in range(warmup):
+        losses.append(step())
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    for i in range(steps):
+        marks[i].record()
+        losses.append(step())
+    marks[-1].record()
+    marks[-1].synchronize()
+    return statistics.median(a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)), \
+        [float(x) for x in torch.stack(losses).tolist()]
+
+
+class _Rank:
+    """This process's rank: its device, process groups and the model's shape."""
+
+    def __init__(self, torch: Any, dist: Any, args: argparse.Namespace):
+        from ..config import launch_env
+        self.torch, self.dist, self.args = torch, dist, args
+        index = launch_env().device
+        self.device = torch.device("cuda", index)
+        torch.cuda.set_device(self.device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", device_id=self.device,
+                                    timeout=datetime.timedelta(seconds=args.comm_timeout))
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        if self.size < 2:
+            raise ShimrtError("bench torch with one process per rank needs 2 or more ranks (torchrun, or python -m "
+                              "shimrt.launch --nproc 2)")
+        from ..torch import process_group_options
+        self.high = dist.new_group(list(range(self.size)), backend="nccl", pg_options=process_group_options(True))
+
+    def slowest(self, values: list[float]) -> list[float]:
+        """Each value's maximum over the ranks."""
+        t = self.torch.tensor(values, dtype=self.torch.float64, device=self.device)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def fresh(self, size: Any) -> tuple[Any, Any, Any]:
+        """(model, its batch, a fused SGD optimizer), the same weights on every rank and each call."""
+        from ..torch.model import batch, build
+        gc.collect()
+        self.torch.cuda.empty_cache()
+        model = build(size, self.device)
+        return model, batch(size, self.device, seed=1 + self.rank), \
+            self.torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, fused=True)
+
+
+def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any] = contextlib.nullcontext):
+    def step() -> Any:
+        with context():
+            loss = model(*data)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+        return loss.detach()
+    return step
+
+
+def run_config(r: _Rank, name: str, shape: dict, kinds: list[str]) -> dict:
+    """Every way of configuration ``name`` on this rank; times are the slowest rank's."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..torch import overlap
+    from ..torch import policies as vocabulary
+    from ..torch.model import ModelSize
+    torch, args = r.torch, r.args
+    size = ModelSize(heads=max(1, shape["width"] // 128), **shape)
+    out: dict = {"model": vars(size) | {"parameters": size.parameters, "tokens": size.tokens}, "ways": {}}
+    model, data, opt = r.fresh(size)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    out["compute_ms"], _ = _median_ms(torch, _stepper(model, data, opt), args.warmup, args.steps)
+    chunk = (args.bucket_mb << 20) // 2
+    buckets = [torch.zeros(min(chunk, (grad_bytes - i) // 2), dtype=torch.bfloat16, device=r.device)
+               for i in range(0, grad_bytes, chunk * 2)]
+    del model, opt
+
+    def comm() -> Any:
+        for b in buckets:
+            r.dist.all_reduce(b)
+        return buckets[0][:1].float()
+    out["comm_ms"], _ = _median_ms(torch, comm, args.warmup, args.steps)
+    buckets.clear()  # their memory back before the models
+    out["gradient_bytes"] = grad_bytes
+    ways: list[tuple[str, Any]] = [("plain DDP", None), ("DDP high priority", "high")]
+    fixed = [p for p in vocabulary.candidates(args.sms, 1, kinds) if p.overlap and p.comm == "shimrt"]
+    ways += [(p.name, p) for p in fixed] + ([("auto", "auto")] if "auto" in kinds else [])
+    reference = None
+    for way, policy in ways:
+        model, data, opt = r.fresh(size)
+        group = r.high if policy == "high" else None
+        ddp = DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb, process_group=group)
+        entry: dict = {}
+        ov = None
+        try:
+            if policy not in (None, "high"):
+                ov = overlap(ddp, policy, sms=args.sms, trial_steps=args.trial_steps, quiet=True,
+                             timeout=args.comm_timeout)
+                entry["ranks_per_gpu"] = ov.ranks_per_gpu
+            step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext)
+            if policy == "auto":
+                trials = 0
+                while ov.report()["policy"] is None:
+                    step()
+                    trials += 1
+                entry.update(trial_steps=trials, trials=ov.report()["trials"])
+            ms, losses = _median_ms(torch, step, args.warmup, args.steps)
+            if ov is not None:
+                report = ov.report()
+                entry.update(kept=report["policy"], choice=report["describe"], dropped=report["dropped"])
+                ov.close()
+        except (ShimrtError, RuntimeError) as exc:  # one way that cannot run here: said, the rest go on
+            entry["failed"] = f"{type(exc).__name__}: {exc}"
+            ms, losses = float("nan"), []
+        finally:
+            del ddp, model, opt, ov
+        entry["step_ms"] = ms
+        if reference is None:
+            reference = losses
+        if policy != "auto" and losses and reference:
+            entry["loss_max_diff"] = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
+        out["ways"][way] = entry
+    names = list(out["ways"])
+    slowest = r.slowest([out["compute_ms"], out["comm_ms"]] + [out["ways"][n]["step_ms"] for n in names])
+    out["compute_ms"], out["comm_ms"] = slowest[:2]
+    for n, ms in zip(names, slowest[2:], strict=True):
+        e = out["ways"][n]
+        e["step_ms"] = ms
+        e["hidden"] = max(0.0, min(1.0, (out["compute_ms"] + out["comm_ms"] - ms) / out["comm_ms"])) \
+            if ms == ms else float("nan")  # a way that failed hid nothing
+    return out
+
+
+def report(name: str, r: dict) -> str:
+    """Configuration ``name``'s table and how its goals stand."""
+    ways, base = r["ways"], r["ways"]["plain DDP"]["step_ms"]
+    lines = [f"{name}: {r['model']['parameters'] / 1e6:.0f} M parameters, {r['gradient_bytes'] / 2**30:.2f} GiB of "
+             f"gradients; compute alone {r['compute_ms']:.2f} ms, all-reduces alone {r['comm_ms']:.2f} ms "
+             f"(no overlap can beat {max(r['compute_ms'], r['comm_ms']):.2f} ms)",
+             f"{'way':24s} {'step ms':>8s} {'vs DDP':>7s} {'hidden':>7s}  notes"]
+    for way, e in ways.items():
+        notes = e.get("failed") or (f"kept {e['kept']} after {e['trial_steps']} trial steps" if way == "auto" else
+                                    f"loss max diff {e['loss_max_diff']:.3g}" if "loss_max_diff" in e else "")
+        lines.append(f"{way:24s} {e['step_ms']:8.2f} {e['step_ms'] / base:6.3f}x {e['hidden']:6.1%}  {notes}")
+    if "auto" in ways and ways["auto"]["step_ms"] == ways["auto"]["step_ms"]:
+        auto = ways["auto"]["step_ms"]
+        fixed = [e["step_ms"] for w, e in ways.items() if w != "auto" and e["step_ms"] == e["step_ms"]]
+        best = min(fixed)
+        lines.append(f"goals: auto {1 - auto / base:+.1%} below plain DDP (comm-heavy: at least "
+                     f"{GOAL_BELOW:.0%}); at most {GOAL_ABOVE:.0%} above it: "
+                     f"{'met' if auto <= base * (1 + GOAL_ABOVE) else 'NOT met'}; within {GOAL_BEST:.0%} of the "
+                     f"best way ({best:.2f} ms): {'met' if auto <= best * (1 + GOAL_BEST) else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def bars_png(name: str, r: dict, path: Any) -> Any:
+    """A bar per way (step ms), with compute alone, all-reduces alone and their sum drawn across."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]'") from None
+    ways = [w for w, e in r["ways"].items() if e["step_ms"] == e["step_ms"]]
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(ways) + 2), 4))
+    ax.bar(range(len(ways)), [r["ways"][w]["step_ms"] for w in ways], color="tab:blue")
+    for y, label, style in ((r["compute_ms"], "compute alone", "--"), (r["comm_ms"], "all-reduces alone", ":"),
+                            (r["compute_ms"] + r["comm_ms"], "compute + all-reduces", "-.")):
+        ax.axhline(y, color="black", linestyle=style, linewidth=1, label=label)
+    ax.set_xticks(range(len(ways)), ways, rotation=45, ha="right")
+    ax.set_ylabel("step time (ms), slowest rank")
+    ax.set_title(f"bench torch, DDP: {name}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run(args: argparse.Namespace, configs: dict) -> int:
+    """``bench torch`` under a launcher with 2+ ranks: every configuration, its table, --json and
+    --plots (rank 0)."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import cli
+    if not torch.cuda.is_available():
+        raise UsageError("bench torch needs torch with CUDA")
+    kinds = [k for k in args.policies if k != "sequential"]
+    with cli.deadline(args.timeout):
+        r = _Rank(torch, dist, args)
+        results: dict = {"ranks": r.size, "configs": {}}
+        for name in args.configs:
+            shape = configs[name] | {k: v for k in ("width", "layers") if (v := getattr(args, k)) is not None}
+            results["configs"][name] = result = run_config(r, name, shape, kinds)
+            if r.rank == 0:
+                print(report(name, result), flush=True)
+                if args.plots:
+                    print(f"wrote {bars_png(name, result, args.plots / f'ddp_{name}.png')}", flush=True)
+        if r.rank == 0 and args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f)
+            print(f"wrote {args.json}")
+        dist.destroy_process_group()
+    return 0
