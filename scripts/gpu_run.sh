@@ -4,13 +4,14 @@
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
-#   host-cost and latency runs alone; all: every part but latency (which nccl includes).
+#   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
+#   (comm-heavy); all: every part but latency and ddp (which nccl includes).
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl|latency) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency|ddp) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -43,7 +44,7 @@ if [ "$part" = all ] || [ "$part" = benches ]; then
             "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json" \
             "shimrt.bench host-cost --timeout 240 --json $OUT/host_cost.json")
 fi
-if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ]; then
+if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
     # Latency against torch.distributed, 8 B to 256 MiB, blocking and non-blocking communicators: two processes
     # on the GPU under MPS (the launcher's own daemon), and two ranks in one process.
@@ -62,8 +63,12 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
             "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
             "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
-            "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT")
+            "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT" \
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 300 examples/ddp_overlap.py --policy auto --compare" \
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --configs comm-heavy --timeout 540 --json $OUT/torch_ddp.json --plots $OUT")
+    export MASTER_ADDR=localhost MASTER_PORT=29512  # torch.distributed's rendezvous for one process per rank
     [ "$part" = latency ] && steps=("${steps[@]:0:5}")
+    [ "$part" = ddp ] && steps=("${steps[@]:8:2}")
   else
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
   fi
