@@ -88,3 +88,38 @@ def test_auto_tries_the_candidates_and_keeps_one_no_slower_than_plain_ddp(device
     assert m, out[-3000:]
     medians = dict(re.findall(r"(\S+) ([0-9.]+|inf)(?:,|$)", m.group(2)))
     assert "ddp" in medians and float(medians[m.group(1)]) <= float(medians["ddp"]), out[-2000:]
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_that_leaves_ends_the_other_with_a_collective_error_within_the_timeout(device):
+    torch = pytest.importorskip("torch")
+    if device.backend != "cuda" or not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA on a CUDA device")
+    try:
+        lib = library.load(device.backend)
+    except CollectiveError as exc:
+        pytest.skip(f"NCCL is not available: {exc}")
+    indices = ["0", "1"]
+    if device.device_count() < 2:
+        try:
+            check_shared_gpu(lib, device.backend, "two ranks on this machine's one GPU")
+        except CollectiveError as exc:
+            pytest.skip(str(exc))
+        indices = ["0", "0"]
+    timeout = 8
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="localhost", MASTER_PORT=str(29900 + os.getpid() % 90),
+               WORLD_SIZE="2")
+    if os.environ.get("SHIMRT_NCCL_LIBRARY"):
+        env["LD_PRELOAD"] = os.environ["SHIMRT_NCCL_LIBRARY"]
+    script = str(Path(__file__).with_name("ddp_peer_exits.py"))
+    procs = [subprocess.Popen([sys.executable, script, indices[r], "5", str(timeout)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in (0, 1)]
+    try:
+        out0, _ = procs[0].communicate(timeout=150)
+    finally:
+        for p in procs:
+            p.kill()
+    m = re.search(r"rank 0: CollectiveError ([0-9.]+) s after the peer left: (.*)", out0)
+    assert m and procs[0].returncode == 0, out0[-3000:]
+    assert float(m.group(1)) <= timeout + 5 and "watchdog aborted" in m.group(2), out0[-3000:]
