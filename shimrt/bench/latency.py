@@ -54,6 +54,11 @@ def torch_nccl_version() -> int | None:
     return out.value if fn(ctypes.byref(out)) == 0 else None
 
 
+def version_text(version: int | None) -> str:
+    """NCCL's X*10000 + Y*100 + Z as "X.Y.Z" ("unknown" for None)."""
+    return "unknown" if version is None else f"{version // 10000}.{version // 100 % 100}.{version % 100}"
+
+
 def _mapped_nccl() -> set[str]:
     """The NCCL (RCCL) library files mapped into this process, as real paths (/proc/self/maps)."""
     found = set()
@@ -71,7 +76,7 @@ def check_same_nccl(lib: Any, allow_mixed: bool) -> str:
     theirs = torch_nccl_version()
     if theirs is None and _mapped_nccl() <= {os.path.realpath(lib.path)}:
         theirs = lib.version  # no NCCL in the global scope, and no other NCCL file in the process
-    text = "unknown" if theirs is None else f"{theirs // 10000}.{theirs // 100 % 100}.{theirs % 100}"
+    text = version_text(theirs)
     if theirs != lib.version and not allow_mixed:
         raise UsageError(f"torch.distributed would call NCCL {text} beside shimrt's {lib.version_text} ({lib.path}): "
                          f"torch loads its own libnccl.so.2. Start with LD_PRELOAD={lib.path} so both call one "
