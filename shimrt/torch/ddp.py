@@ -23,9 +23,14 @@ the GPU, never on the host. ``ov.step()`` applies the policy's compute side arou
 forward, backward and optimizer step (shaping through the Interposer, an SM partition, cuBLAS's
 carveout; see :mod:`shimrt.torch.policies`), and times the step for auto.
 
-``policy="auto"`` tries every candidate for a few of the first steps (plain DDP's own all-reduce,
-``ddp``, among them), then keeps the fastest by the slowest rank's median, and plain DDP unless
-another is more than ``margin`` faster (:mod:`shimrt.torch.trials`). ``no_sync()`` steps, DDP's
+``policy="auto"`` tries every candidate for a few of the first steps (``ddp`` among them), then
+keeps the fastest by the slowest rank's median, and ``ddp`` unless another is more than ``margin``
+faster (:mod:`shimrt.torch.trials`). ``ddp`` is torch's default DDP hook (``allreduce_hook``: the
+same all-reduce on the process group, the division a pass of its own, a Python future per
+bucket), as close to hookless DDP as a registered hook can be, not hookless DDP itself; bench
+torch's plain-DDP reference is hookless. 16-bit gradients over a world size that is not a power
+of two are scaled by 1/size in float before a sum, as DDP does (ncclAvg would scale in 16 bits).
+Not supported: sparse gradients (refused when a bucket comes) and ``Join``. ``no_sync()`` steps, DDP's
 bucket rebuild after the first step, ``gradient_as_bucket_view`` either way and bf16 or fp32
 buckets need nothing more. A collective whose peer is gone is aborted by shimrt's watchdog after
 ``timeout`` seconds; the next bucket, ``step()``'s end, or :meth:`Overlap.close` raises its
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import weakref
 from typing import Any, Iterable, Iterator
 
 from .. import validate
@@ -77,7 +83,9 @@ class Overlap:
         from ..nccl import CommOptions
         self._torch, self._dist = torch, dist
         index = _check_ddp(torch, dist, ddp)
-        self.ddp, self.group = ddp, ddp.process_group
+        # Not the DDP itself: its reducer holds this object as the hook's state, a reference Python's
+        # collector cannot see, so holding the DDP here would keep both (and the model) alive for good.
+        self.group = ddp.process_group
         self.quiet = validate.boolean(quiet, "quiet")
         timeout = CommOptions(timeout=timeout).timeout
         sms = [validate.integer(k, "sms", least=1) for k in sms]
@@ -95,6 +103,12 @@ class Overlap:
         self._reduced = False
         self._timed: list = []        # (trial index, start event, end event) not yet read
         self.closed = False
+        # Partitions outlive close() until the DDP goes: the caching allocator may have recorded their
+        # streams on DDP's buckets (DDP's wait for a hook's future runs on the step's stream), and a
+        # bucket freed after its stream was destroyed would end the process.
+        self._leftover: list = []
+        self._until_ddp_goes = weakref.finalize(ddp, _close_each, self._leftover)
+        self._until_ddp_goes.atexit = False  # at exit the process's end frees them
         try:
             if policy == "auto":
                 kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto")]
@@ -130,22 +144,31 @@ class Overlap:
     def _usable(self, candidates: list[Policy]) -> list[Policy]:
         """The candidates every rank can run (a partition needs green contexts), agreed over the
         ranks; why the others were dropped goes to :attr:`dropped`."""
-        mine = []
+        mine, fatal = [], None
         for p in candidates:
             try:
+                if fatal is not None:
+                    continue
                 if p.partition is not None:
                     self._partition_stream(p.partition)
                 if p.cap is not None and p.cap not in self._interposers:
                     from ..overlap.interpose import Interposer
                     self._interposers[p.cap] = Interposer(self.device, p.cap)
+                if p.carveout is not None:
+                    with sm_carveout(None):  # UsageError where this torch has no carveout
+                        pass
                 mine.append(p.name)
             except ShimrtError as exc:
                 if getattr(exc, "sticky", False):
-                    raise
+                    fatal = exc  # raised after the others heard: they would wait for this rank for good
                 self.dropped[p.name] = f"{type(exc).__name__}: {exc}"
         everyone: list = [None] * self.size
         with self._torch.cuda.device(self.torch_device):
-            self._dist.all_gather_object(everyone, mine, group=self.group)
+            self._dist.all_gather_object(everyone, None if fatal else mine, group=self.group)
+        if fatal is not None:
+            raise fatal
+        if None in everyone:
+            raise ShimrtError(f"rank {everyone.index(None)} could not set the policies up (its own error says why)")
         for names in everyone:
             for p in candidates:
                 if p.name not in names and p.name not in self.dropped:
@@ -185,22 +208,41 @@ class Overlap:
         """DDP's comm hook: the average of ``bucket`` over the ranks, as a future (see the
         module's docstring)."""
         torch = self._torch
+        if self.closed:
+            return self._torch_all_reduce(bucket)
         policy = self._active if self._active is not None else self._outside_step()
         self._reduced = True
-        if policy.comm == "torch" or self.closed:
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-            return allreduce_hook(self.group, bucket)
+        if policy.comm == "torch":
+            return self._torch_all_reduce(bucket)
         buf = bucket.buffer()
+        if buf.is_sparse:
+            raise UsageError("shimrt.torch.overlap takes dense gradients only (a sparse embedding's bucket came)")
         comm, stream, ts = self._stream_of(policy)
         if policy.window and self._window is None:  # cuBLAS leaves NCCL its SMs from the first bucket on
             self._window = sm_carveout(policy.carveout)
             self._window.__enter__()
         ts.wait_stream(torch.cuda.current_stream(self.torch_device))
-        comm.all_reduce(buf, op="avg", stream=stream)
+        if self._exact_avg(buf):
+            comm.all_reduce(buf, op="avg", stream=stream)
+        else:  # as DDP: times 1/size in float, rounded once, then summed
+            with torch.cuda.stream(ts):
+                buf.mul_(1.0 / self.size)
+            comm.all_reduce(buf, op="sum", stream=stream)
         future = torch.futures.Future(devices=[self.torch_device])
         with torch.cuda.stream(ts):  # DDP's stream waits for this one, not the host for the GPU
             future.set_result(buf)
         return future
+
+    def _exact_avg(self, buf: Any) -> bool:
+        """Whether ncclAvg averages ``buf`` as DDP does: it scales by 1/size in the buffer's own
+        type (NCCL's hostToDevRedOp), which for 16-bit floats equals DDP's float scaling only
+        when 1/size is a power of two."""
+        return buf.element_size() >= 4 or self.size & (self.size - 1) == 0
+
+    def _torch_all_reduce(self, bucket: Any) -> Any:
+        """torch.distributed's all-reduce of the bucket (DDP's default hook, ``allreduce_hook``)."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        return allreduce_hook(self.group, bucket)
 
     def _outside_step(self) -> Policy:
         if self.trials is not None or self.policy.cap is not None or self.policy.partition is not None \
@@ -220,6 +262,7 @@ class Overlap:
             raise UsageError("the Overlap is closed")
         if self._active is not None:
             raise UsageError("ov.step() blocks do not nest")
+        self.check()  # a communicator aborted since: said before the step starts, not from inside DDP
         policy = self.trials.current() if self.trials is not None else self.policy
         current = torch.cuda.current_stream(self.torch_device)
         timed = self.trials is not None and self.trials.picked is None
@@ -282,37 +325,52 @@ class Overlap:
                 "dropped": dict(self.dropped), "ranks": self.size, "ranks_per_gpu": self.ranks_per_gpu}
 
     def close(self, timeout: float = 120.0) -> None:
-        """Wait for the all-reduces (at most ``timeout`` s) and close what the policies made; DDP
-        then all-reduces through torch.distributed again (its hook stays registered)."""
+        """Wait for the all-reduces and the partitions' work (at most ``timeout`` s each) and close
+        what the policies made (the partitions once the DDP is gone); DDP then all-reduces through
+        torch.distributed again (its hook stays registered)."""
         if self.closed:
             return
         self.closed = True
         try:
             for s, _ in self._streams.values():
                 s.synchronize(timeout)
+            for _, _, s in self._partitions.values():
+                s.synchronize(timeout)
             self.check()
         finally:
-            self._close_parts()
+            self._close_parts(keep_partitions=True)
 
-    def _close_parts(self) -> None:
-        first = None
+    def _close_parts(self, keep_partitions: bool = False) -> None:
+        """Close what the policies made, each whatever the others do; the partitions wait for the
+        DDP to go when ``keep_partitions`` (see ``_leftover``)."""
         things = [s for s, _ in self._streams.values() if not any(s is c.stream for c in self._comms.values())]
-        things += [x for kept, rest, s in self._partitions.values() for x in (s, kept, rest)]
         things += [*self._interposers.values(), *self._comms.values()]
-        for thing in things:
-            try:
-                thing.close()
-            except Exception as exc:  # noqa: BLE001 - the rest must still be closed
-                first = first or exc
+        parts = [x for kept, rest, s in self._partitions.values() for x in (s, kept, rest)]
         self._streams, self._partitions, self._interposers, self._comms = {}, {}, {}, {}
-        if first is not None:
-            raise first
+        if keep_partitions and self._until_ddp_goes.alive:
+            self._leftover.extend(parts)
+        else:
+            things += parts
+        _close_each(things)
 
     def __enter__(self) -> "Overlap":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _close_each(things: list) -> None:
+    """Close every one of ``things``, each whatever the others do; the first error after all."""
+    first = None
+    for thing in things:
+        try:
+            thing.close()
+        except Exception as exc:  # noqa: BLE001 - the rest must still be closed
+            first = first or exc
+    things.clear()
+    if first is not None:
+        raise first
 
 
 def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:

@@ -11,8 +11,9 @@ A policy is a :class:`~shimrt.torch.step.Policy`. Its name says what it does:
   for NCCL's blocks;
 - ``partition:K``: torch's compute on an SM partition of all but K SMs, NCCL's channels sized to
   the K kept;
-- ``carveout:K``: cuBLAS leaves K SMs free for the whole step; ``windowed-carveout:K`` only while
-  all-reduces run (from the first bucket to the end of backward);
+- ``carveout:K``: cuBLAS leaves K SMs free for the whole step; ``windowed-carveout:K`` only from
+  the first bucket's all-reduce on (to the end of backward in bench torch's one-process mode, to
+  the end of ``ov.step()`` under DDP: the optimizer's step runs no cuBLAS matmul, so the two agree);
 - ``sequential``: every all-reduce after backward (no overlap; a bench baseline).
 """
 

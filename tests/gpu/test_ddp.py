@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,17 +41,31 @@ def _launch(device, *args, timeout=280):
                 flags.append("--mps")
         except mps.MpsError:
             pass
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="localhost", MASTER_PORT=str(29600 + os.getpid() % 300))
-    for name in ("SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE",
-                 "SHIMRT_NCCL_UNIQUE_ID", "SHIMRT_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        env.pop(name, None)
-    if os.environ.get("SHIMRT_NCCL_LIBRARY"):  # torch's NCCL the same as shimrt's (two ranks on one GPU need 2.30+)
-        env["LD_PRELOAD"] = os.environ["SHIMRT_NCCL_LIBRARY"]
+    env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()))
     command = [sys.executable, "-m", "shimrt.launch", "--nproc", "2", *flags, "--timeout", str(timeout - 20),
                str(EXAMPLE), *args]
     run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    if run.returncode != 0 and "cannot run here" in run.stdout + run.stderr:  # no green contexts (under MPS, say)
+        pytest.skip("; ".join(set(re.findall(r"cannot run here: [^\n]*", run.stdout + run.stderr))))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _env(lib, **more) -> dict:
+    """The ranks' environment: this checkout, no launch of the test's own, and torch calling the
+    NCCL shimrt loads (preloaded: two ranks on one GPU need 2.30+, and one NCCL serves both)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **more)
+    for name in ("SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE",
+                 "SHIMRT_NCCL_UNIQUE_ID", "SHIMRT_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
+    env["LD_PRELOAD"] = " ".join(x for x in (lib.path, os.environ.get("LD_PRELOAD", "")) if x)
+    return env
 
 
 def _diff(out: str) -> tuple[float, str]:
@@ -83,7 +98,7 @@ def test_every_compute_policy_trains_as_plain_ddp_within_a_different_kernels_rou
 
 @pytest.mark.timeout(300)
 def test_auto_tries_the_candidates_and_keeps_one_no_slower_than_plain_ddp(device):
-    out = _launch(device, "--policy", "auto", "--steps", "60", "--width", "1024", "--layers", "2", "--tokens", "512")
+    out = _launch(device, "--policy", "auto", "--steps", "90", "--width", "1024", "--layers", "2", "--tokens", "512")
     m = re.search(r"auto kept (\S+) .* median step ms: (.+)$", out, re.M)
     assert m, out[-3000:]
     medians = dict(re.findall(r"(\S+) ([0-9.]+|inf)(?:,|$)", m.group(2)))
@@ -107,10 +122,7 @@ def test_a_rank_that_leaves_ends_the_other_with_a_collective_error_within_the_ti
             pytest.skip(str(exc))
         indices = ["0", "0"]
     timeout = 8
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MASTER_ADDR="localhost", MASTER_PORT=str(29900 + os.getpid() % 90),
-               WORLD_SIZE="2")
-    if os.environ.get("SHIMRT_NCCL_LIBRARY"):
-        env["LD_PRELOAD"] = os.environ["SHIMRT_NCCL_LIBRARY"]
+    env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
     script = str(Path(__file__).with_name("ddp_peer_exits.py"))
     procs = [subprocess.Popen([sys.executable, script, indices[r], "5", str(timeout)], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
