@@ -43,7 +43,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import weakref
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable
+from typing import Any, Iterator
 
 from .. import validate
 from ..device import Device
@@ -88,7 +89,11 @@ class Overlap:
         self.group = ddp.process_group
         self.quiet = validate.boolean(quiet, "quiet")
         timeout = CommOptions(timeout=timeout).timeout
+        if isinstance(sms, (str, bytes)) or not isinstance(sms, Iterable):
+            raise UsageError(f"sms must be a list of SM counts, not {validate.shown(sms)}")
         sms = [validate.integer(k, "sms", least=1) for k in sms]
+        trial_steps = validate.integer(trial_steps, "trial_steps", least=1, most=1000)
+        margin = validate.number(margin, "margin", least=0, most=0.5)
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.torch_device = torch.device("cuda", index)
         self.device = Device(index)
