@@ -25,6 +25,20 @@ def finalizer(owner: object, release: Callable[..., Any], *args: Any) -> weakref
     return weakref.finalize(owner, _quiet, release, *args)
 
 
+def close_each(things: list) -> None:
+    """Close every one of ``things`` in order, each whatever the others do (the list is emptied);
+    the first error after all."""
+    first = None
+    for thing in things:
+        try:
+            thing.close()
+        except Exception as exc:  # noqa: BLE001 - the rest must still be closed
+            first = first or exc
+    things.clear()
+    if first is not None:
+        raise first
+
+
 class Closing:
     """``with obj:`` closes ``obj`` on leaving the block."""
 

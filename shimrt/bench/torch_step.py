@@ -31,6 +31,7 @@ from typing import Any
 from .. import cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
+from ..lifetime import close_each
 from ..targets import MAX_SMS
 from ..torch import policies as policies_mod
 from . import torch_measure
@@ -125,7 +126,7 @@ class _Bench:
 
     def close(self) -> None:
         # Each partition's stream before the partitions; every one closed whatever the others do.
-        _close_each([x for kept, rest, stream in self._parts.values() for x in (stream, kept, rest)]
+        close_each([x for kept, rest, stream in self._parts.values() for x in (stream, kept, rest)]
                     + [c for comms in self._comms.values() for c in comms])
 
 
@@ -292,7 +293,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             result["policies"]["auto" if entry.get("tried") else p.name] = entry
     finally:
         # Newest first: each windowed set restores the carveout it found, so the first made restores the original.
-        _close_each([*reversed(comm_sets.values()), *interposers.values()])
+        close_each([*reversed(comm_sets.values()), *interposers.values()])
     return result
 
 
@@ -301,18 +302,6 @@ def _fatal(exc: BaseException) -> bool:
     DriverError, or torch's "CUDA error" (torch's own text does not say which; taken as such)."""
     from ..errors import DriverError
     return isinstance(exc, DriverError) and exc.sticky or "CUDA error" in str(exc)
-
-
-def _close_each(things: list) -> None:
-    """Close every one of ``things``, each whatever the others do; the first error after all."""
-    first = None
-    for thing in things:
-        try:
-            thing.close()
-        except Exception as exc:  # noqa: BLE001 - the rest must still be closed
-            first = first or exc
-    if first is not None:
-        raise first
 
 
 def _tune(torch: Any, trainer: Any, fixed: list, comm_of: Any, context: Any, settle: Any, args: argparse.Namespace):

@@ -49,6 +49,7 @@ from typing import Any, Iterator
 from .. import validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
+from ..lifetime import close_each
 from . import policies as vocabulary
 from . import sm_carveout
 from . import stream as torch_stream
@@ -112,7 +113,7 @@ class Overlap:
         # streams on DDP's buckets (DDP's wait for a hook's future runs on the step's stream), and a
         # bucket freed after its stream was destroyed would end the process.
         self._leftover: list = []
-        self._until_ddp_goes = weakref.finalize(ddp, _close_each, self._leftover)
+        self._until_ddp_goes = weakref.finalize(ddp, close_each, self._leftover)
         self._until_ddp_goes.atexit = False  # at exit the process's end frees them
         try:
             if policy == "auto":
@@ -356,26 +357,13 @@ class Overlap:
             self._leftover.extend(parts)
         else:
             things += parts
-        _close_each(things)
+        close_each(things)
 
     def __enter__(self) -> "Overlap":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _close_each(things: list) -> None:
-    """Close every one of ``things``, each whatever the others do; the first error after all."""
-    first = None
-    for thing in things:
-        try:
-            thing.close()
-        except Exception as exc:  # noqa: BLE001 - the rest must still be closed
-            first = first or exc
-    things.clear()
-    if first is not None:
-        raise first
 
 
 def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:

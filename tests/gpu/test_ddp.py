@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp_overlap.py"
 
 
-def _launch(device, *args, timeout=280):
+def _two_ranks(device) -> tuple:
+    """(the NCCL shimrt loads, the GPU index of each of two ranks): two GPUs where there are two,
+    else both on this one; skipped with the reason where torch, CUDA or such an NCCL is missing."""
     torch = pytest.importorskip("torch")
     if device.backend != "cuda" or not torch.cuda.is_available():
         pytest.skip("needs torch with CUDA on a CUDA device")
@@ -29,13 +31,19 @@ def _launch(device, *args, timeout=280):
         lib = library.load(device.backend)
     except CollectiveError as exc:
         pytest.skip(f"NCCL is not available: {exc}")
-    flags = ["--devices", "0,1"]
-    if device.device_count() < 2:
-        try:
-            check_shared_gpu(lib, device.backend, "two ranks on this machine's one GPU")
-        except CollectiveError as exc:
-            pytest.skip(str(exc))
-        flags = ["--devices", "0,0"]
+    if device.device_count() >= 2:
+        return lib, ["0", "1"]
+    try:
+        check_shared_gpu(lib, device.backend, "two ranks on this machine's one GPU")
+    except CollectiveError as exc:
+        pytest.skip(str(exc))
+    return lib, ["0", "0"]
+
+
+def _launch(device, *args, timeout=280):
+    lib, indices = _two_ranks(device)
+    flags = ["--devices", ",".join(indices)]
+    if indices == ["0", "0"]:
         try:  # side by side under MPS where it can be had; else they time-slice (slower, as correct)
             if not mps.running(mps.find_control()):
                 flags.append("--mps")
@@ -107,20 +115,7 @@ def test_auto_tries_the_candidates_and_keeps_one_no_slower_than_plain_ddp(device
 
 @pytest.mark.timeout(200)
 def test_a_rank_that_leaves_ends_the_other_with_a_collective_error_within_the_timeout(device):
-    torch = pytest.importorskip("torch")
-    if device.backend != "cuda" or not torch.cuda.is_available():
-        pytest.skip("needs torch with CUDA on a CUDA device")
-    try:
-        lib = library.load(device.backend)
-    except CollectiveError as exc:
-        pytest.skip(f"NCCL is not available: {exc}")
-    indices = ["0", "1"]
-    if device.device_count() < 2:
-        try:
-            check_shared_gpu(lib, device.backend, "two ranks on this machine's one GPU")
-        except CollectiveError as exc:
-            pytest.skip(str(exc))
-        indices = ["0", "0"]
+    lib, indices = _two_ranks(device)
     timeout = 8
     env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
     script = str(Path(__file__).with_name("ddp_peer_exits.py"))
