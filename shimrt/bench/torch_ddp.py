@@ -136,7 +136,7 @@ def run_config(r: _Rank, name: str, shape: dict, kinds: list[str]) -> dict:
                              timeout=args.comm_timeout)
                 entry["ranks_per_gpu"] = ov.ranks_per_gpu
             step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext)
-            if policy == "auto":
+            if ov is not None and policy == "auto":
                 trials = 0
                 while ov.report()["policy"] is None:
                     step()

@@ -119,8 +119,7 @@ class Overlap:
             if policy == "auto":
                 kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto")]
                 candidates = self._usable(vocabulary.candidates(sms, self.ranks_per_gpu, kinds))
-                self.trials: Trials | None = Trials(candidates, steps=trial_steps, margin=margin, reference="ddp")
-                self.policy = None
+                self.auto, self.trials = True, Trials(candidates, steps=trial_steps, margin=margin, reference="ddp")
             else:
                 fixed = vocabulary.parse(policy, self.ranks_per_gpu)
                 if not fixed.overlap:
@@ -128,7 +127,7 @@ class Overlap:
                                      "defer; under DDP the no-overlap reference is 'ddp'")
                 if self._usable([fixed]) == []:
                     raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
-                self.trials, self.policy = None, fixed
+                self.auto, self.trials = False, Trials.settled(fixed)
             self._make_communicators(timeout)
             ddp.register_comm_hook(self, _hook)  # torch refuses a second hook on one DDP
         except BaseException:
@@ -191,9 +190,9 @@ class Overlap:
         """One Communicator per channel setting the policies need, over the DDP's ranks; rank 0's
         unique ids reach the others through the process group."""
         from ..nccl import CommOptions, Communicator, unique_id
-        policies = self.trials.candidates if self.trials is not None else [self.policy]
+        policies = self.trials.candidates
         settings = sorted({p.ctas for p in policies if p.comm == "shimrt"}, key=lambda c: -1 if c is None else c)
-        ids = [[unique_id() for _ in settings] if self.rank == 0 else None]
+        ids: list[Any] = [[unique_id() for _ in settings] if self.rank == 0 else None]
         with self._torch.cuda.device(self.torch_device):
             self._dist.broadcast_object_list(ids, src=self._dist.get_global_rank(self.group, 0), group=self.group)
         for ctas, uid in zip(settings, ids[0], strict=True):
@@ -251,11 +250,11 @@ class Overlap:
         return allreduce_hook(self.group, bucket)
 
     def _outside_step(self) -> Policy:
-        if self.trials is not None or self.policy.cap is not None or self.policy.partition is not None \
-                or self.policy.carveout is not None:
-            raise UsageError(f"the policy {'auto' if self.trials else repr(self.policy.name)} needs each training "
+        policy = self.trials.current()
+        if self.auto or policy.cap is not None or policy.partition is not None or policy.carveout is not None:
+            raise UsageError(f"the policy {'auto' if self.auto else repr(policy.name)} needs each training "
                              "step inside 'with ov.step():' (forward, backward and the optimizer step)")
-        return self.policy
+        return policy
 
     # --- the step ---
     @contextlib.contextmanager
@@ -269,9 +268,9 @@ class Overlap:
         if self._active is not None:
             raise UsageError("ov.step() blocks do not nest")
         self.check()  # a communicator aborted since: said before the step starts, not from inside DDP
-        policy = self.trials.current() if self.trials is not None else self.policy
+        policy = self.trials.current()
         current = torch.cuda.current_stream(self.torch_device)
-        timed = self.trials is not None and self.trials.picked is None
+        timed = self.trials.picked is None
         if timed:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(current)
@@ -324,10 +323,10 @@ class Overlap:
     # --- results and the end ---
     def report(self) -> dict:
         """The policy in force (None while auto tries), auto's trials, candidates dropped and why."""
-        policy = self.trials.picked if self.trials is not None else self.policy
+        policy = self.trials.picked
         return {"policy": None if policy is None else policy.name,
                 "describe": None if policy is None else policy.describe(),
-                "trials": self.trials.report() if self.trials is not None else None,
+                "trials": self.trials.report() if self.auto else None,
                 "dropped": dict(self.dropped), "ranks": self.size, "ranks_per_gpu": self.ranks_per_gpu}
 
     def close(self, timeout: float = 120.0) -> None:

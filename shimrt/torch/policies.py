@@ -44,24 +44,23 @@ def make(kind: str, number: int | None = None, ranks_per_gpu: int = 1) -> Policy
     kept), NCCL's channels sized for ``ranks_per_gpu`` ranks sharing a GPU."""
     validate.one_of(kind, "policy kind", KINDS[:-1])
     ranks_per_gpu = validate.integer(ranks_per_gpu, "ranks_per_gpu", least=1, most=MAX_SMS)
-    if kind in NUMBERED:
-        if number is None:
-            raise UsageError(f"policy {kind!r} needs a number: {kind}:N (e.g. {kind}:{2 if kind == 'shaping' else 48})")
-        number = validate.integer(number, f"{kind}'s number", least=1, most=64 if kind == "shaping" else MAX_SMS)
-    elif number is not None:
-        raise UsageError(f"policy {kind!r} takes no number, not {number!r}")
-    if kind == "sequential":
-        return Policy("sequential", overlap=False, priority="low")
-    if kind == "ddp":
-        return Policy("ddp", comm="torch")
-    if kind in ("priority", "low-priority"):
+    if kind not in NUMBERED:
+        if number is not None:
+            raise UsageError(f"policy {kind!r} takes no number, not {number!r}")
+        if kind == "sequential":
+            return Policy("sequential", overlap=False, priority="low")
+        if kind == "ddp":
+            return Policy("ddp", comm="torch")
         return Policy(kind, priority="high" if kind == "priority" else "low")
+    if number is None:
+        raise UsageError(f"policy {kind!r} needs a number: {kind}:N (e.g. {kind}:{2 if kind == 'shaping' else 48})")
+    n = validate.integer(number, f"{kind}'s number", least=1, most=64 if kind == "shaping" else MAX_SMS)
     if kind == "shaping":
-        return Policy(f"shaping:{number}", cap=number)
-    ctas = channels(number, ranks_per_gpu)
+        return Policy(f"shaping:{n}", cap=n)
+    ctas = channels(n, ranks_per_gpu)
     if kind == "partition":
-        return Policy(f"partition:{number}", partition=number, ctas=ctas)
-    return Policy(f"{kind}:{number}", carveout=number, ctas=ctas, window=kind == "windowed-carveout")
+        return Policy(f"partition:{n}", partition=n, ctas=ctas)
+    return Policy(f"{kind}:{n}", carveout=n, ctas=ctas, window=kind == "windowed-carveout")
 
 
 def parse(text: Any, ranks_per_gpu: int = 1) -> Policy:

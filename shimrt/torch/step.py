@@ -336,7 +336,8 @@ class Trainer:
         import torch
         self._launched[i] = True
         self._events[i].record(torch.cuda.current_stream())
-        self._comm.launch(i, self._events[i])
+        if self._comm is not None:  # only launched during a step with communication
+            self._comm.launch(i, self._events[i])
 
     def step(self, comm: NcclBuckets | None, overlap: bool = True) -> Any:
         """One step on the current torch stream; returns the loss (a tensor: no host sync).

@@ -43,6 +43,13 @@ class Trials:
         self.medians: dict[str, float] = {}
         self.picked: Any = None
 
+    @classmethod
+    def settled(cls, policy: Any) -> "Trials":
+        """No trials: ``policy`` is kept from the first step."""
+        trials = cls([policy], steps=1, warmup=0)
+        trials.position, trials.picked = len(trials.schedule), policy
+        return trials
+
     @property
     def exhausted(self) -> bool:
         """Every trial step has run (the decision may still wait for their times)."""
