@@ -56,7 +56,7 @@ def pointer_getters() -> dict[type, Callable[[object], int | None]]:
 def _learn(obj) -> Callable[[object], int | None] | None:
     """A fast getter for ``obj``'s type when it is a torch tensor or CuPy array (registered)."""
     torch, cupy = sys.modules.get("torch"), sys.modules.get("cupy")
-    getter = None
+    getter: Callable[[object], int | None] | None = None
     if torch is not None and isinstance(obj, getattr(torch, "Tensor", ())):
         getter = _torch_pointer
     elif cupy is not None and isinstance(obj, getattr(cupy, "ndarray", ())):

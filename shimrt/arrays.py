@@ -20,7 +20,7 @@ class ArrayInfo(NamedTuple):
 
     pointer: int
     dtype: str      # numpy-style name: "float32", "int64", "bfloat16", ...
-    count: int      # elements
+    count: int  # type: ignore[assignment]  # elements (the field shadows tuple.count on purpose)
     itemsize: int
 
     @property

@@ -212,7 +212,8 @@ class Device(Closing):
         self.activate()
         parts = self._drv.sm_partition(self._dev, sms)
         self.activate()
-        return tuple(Partition(self, handle, ctx, count) for handle, ctx, count in parts)
+        split, rest = (Partition(self, handle, ctx, count) for handle, ctx, count in parts)
+        return split, rest
 
     # --- kernel tracing ---
     def record_kernels(self) -> Any:

@@ -247,7 +247,7 @@ class _State:
         try:
             data = read_regular(path, MAX_HEADER_BYTES)
         except OSError as exc:  # the compiler cannot read it either; a change of that is a change
-            self.inputs[path] = f"unreadable: {errno.errorcode.get(exc.errno, exc.errno)}"
+            self.inputs[path] = f"unreadable: {errno.errorcode.get(exc.errno or 0, exc.errno)}"
             return
         if data is None:  # replaced by something else since the stat
             return

@@ -99,7 +99,8 @@ class Kernel:
         self._local = threading.local()
         self._fast_block_limit = self._max_threads  # 0 once the module is closed
         if self.param_layout is not None:
-            self.launch = build_launch(self)
+            # The fast path specialised to this kernel's parameters replaces the generic method.
+            self.launch = build_launch(self)  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         return f"<shimrt.Kernel {self.name} on {self.device.name}>"
@@ -241,7 +242,7 @@ class Kernel:
             if err:
                 failed(err, (gx, gy, gz), (bx, by, bz), smem, handle, address)
 
-        run.keep = keep
+        run.__dict__["keep"] = keep
         run.__doc__ = f"Launch {self.name} as prepared: grid {(gx, gy, gz)}, block {(bx, by, bz)}, " \
                       f"dynamic smem {smem}."
         return run
@@ -251,7 +252,8 @@ class Kernel:
         the block as items of each of ``formats``)."""
         packer = Packer(self.name, self.param_layout)
         view, address = packer.block()
-        self._local.block = (address, *(view.cast(f) for f in formats))
+        memory: Any = view  # cast() takes the struct format of each parameter, known only at run time
+        self._local.block = (address, *(memory.cast(f) for f in formats))
         self._local.block_owner = packer  # keeps the ctypes memory alive
         return self._local.block
 

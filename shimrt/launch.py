@@ -101,7 +101,7 @@ def _torch_store_share(env: LaunchEnv, uid_maker) -> bytes:
 
 def _mpi_share(env: LaunchEnv, uid_maker) -> bytes:
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # type: ignore[import-not-found, unused-ignore]  # optional: MPI launches only
     except ImportError:
         raise ShimrtError("an MPI launch found but mpi4py is not installed (pip install mpi4py)") from None
     return MPI.COMM_WORLD.bcast(uid_maker() if env.rank == 0 else None, root=0)

@@ -49,8 +49,8 @@ def dim3(value: Any, what: str, most: tuple) -> tuple[int, int, int]:
     if not 1 <= len(parts) <= 3 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
                                             for v in parts):
         raise UsageError(f"{what} must be an int or a tuple of 1-3 ints, not {value!r}")
-    dims = tuple(int(v) for v in parts)
-    dims = dims + (1,) * (3 - len(dims))
+    given = [int(v) for v in parts] + [1, 1]
+    dims = (given[0], given[1], given[2])
     bounds = "(" + ", ".join("-" if m is None else str(m) for m in most) + ")"
     if any(d < 1 for d in dims):
         raise UsageError(f"{what} must be positive in every dimension (and at most {bounds}), not {value!r}")

@@ -69,7 +69,7 @@ class Buffer(Closing):
 
     def __init__(self, device: "Device", ptr: int, nbytes: int, shape: Any, dtype: Any, owner: "Buffer | None"):
         self.device, self.nbytes, self.shape, self.dtype = device, nbytes, tuple(shape), np.dtype(dtype)
-        self.device_pointer = ptr  # read by the launch fast path; None once freed
+        self.device_pointer: int | None = ptr  # read by the launch fast path; None once freed
         self._owner = owner        # the Buffer whose memory a view shares
         self._finalizer = finalizer(self, device._drv.mem_free, ptr) if owner is None and ptr else None
 

@@ -193,10 +193,10 @@ def running(control: str | None = None) -> list[Daemon]:
     for folder in dict.fromkeys([DEFAULT_PIPE_DIRECTORY, settings().mps_pipe_directory or DEFAULT_PIPE_DIRECTORY]):
         if any(d.pipe_directory == folder for d in found):
             continue
-        pid = _read_pid(folder)
-        if pid is not None and _alive(pid) and _mps_argv(pid, control):
-            if all(d.pid != pid for d in found):
-                found.append(Daemon(pid, _user(pid), folder))
+        owner = _read_pid(folder)
+        if owner is not None and _alive(owner) and _mps_argv(owner, control):
+            if all(d.pid != owner for d in found):
+                found.append(Daemon(owner, _user(owner), folder))
         elif (control is not None and os.path.exists(os.path.join(folder, "control"))
               and _answered(*_ask(control, _client_env(folder), "get_server_list", QUERY_TIMEOUT_S))):
             found.append(Daemon(None, "unknown", folder))  # its process is not visible here (another namespace)
@@ -268,8 +268,8 @@ class Mps:
         SHIMRT_MPS=1 (a rank whose GPU does not open then names MPS as the likely cause)."""
         if not self.running:
             raise UsageError("the MPS daemon is not running: start() it first")
-        return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_directory, "CUDA_MPS_LOG_DIRECTORY": self.log_directory,
-                "SHIMRT_MPS": "1"}
+        _, pipe, log = self._started()
+        return {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": log, "SHIMRT_MPS": "1"}
 
     def __enter__(self) -> "Mps":
         return self.start()
@@ -303,8 +303,15 @@ class Mps:
             raise
         return self
 
+    def _started(self) -> tuple[str, str, str]:
+        """(the control program, the pipe folder, the log folder) that start() set up."""
+        if self.control is None or self.pipe_directory is None or self.log_directory is None:
+            raise UsageError("the MPS daemon is not running: start() it first")
+        return self.control, self.pipe_directory, self.log_directory
+
     def _env(self) -> dict[str, str]:
-        return _client_env(self.pipe_directory, self.log_directory)
+        _, pipe, log = self._started()
+        return _client_env(pipe, log)
 
     def _launch(self) -> None:
         # Output to a file, not a pipe: a daemon holding the pipe open would keep the wait from
@@ -312,8 +319,8 @@ class Mps:
         # which is stopped after the ranks it serves.
         with tempfile.TemporaryFile() as out:
             try:
-                proc = subprocess.Popen([self.control, "-d"], env=self._env(), stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                proc = subprocess.Popen([self._started()[0], "-d"], env=self._env(), stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as exc:
                 raise MpsError(f"the MPS control daemon did not start: {self.control} -d: "
                                f"{exc.strerror or exc}") from None
@@ -331,11 +338,12 @@ class Mps:
                                f"{said}{self._log_text()}")
 
     def _wait_until_it_answers(self) -> None:
+        control, pipe, _ = self._started()
         deadline = time.monotonic() + self.start_timeout
         while True:
-            self.pid = self.pid or _read_pid(self.pipe_directory)
+            self.pid = self.pid or _read_pid(pipe)
             left = deadline - time.monotonic()
-            code, said = _ask(self.control, self._env(), "get_server_list", max(min(QUERY_TIMEOUT_S, left), 0.1))
+            code, said = _ask(control, self._env(), "get_server_list", max(min(QUERY_TIMEOUT_S, left), 0.1))
             if _answered(code, said):
                 break
             if self.pid is not None and not _alive(self.pid):
@@ -345,7 +353,7 @@ class Mps:
                 raise MpsError(f"the MPS control daemon started but did not answer get_server_list within "
                                f"{self.start_timeout:g} s ({said or 'nothing printed'}){self._log_text()}")
             time.sleep(0.1)
-        self.pid = self.pid or _read_pid(self.pipe_directory) or next(iter(self._processes()), None)
+        self.pid = self.pid or _read_pid(pipe) or next(iter(self._processes()), None)
         if self.pid is None or not _alive(self.pid):
             # A program that exits 0 to anything (/bin/true) "starts" and "answers" without a daemon:
             # the ranks would run outside MPS with no word.
@@ -359,7 +367,7 @@ class Mps:
         command = validate.text(command, "command")
         if not self.running:
             raise UsageError("the MPS daemon is not running: start() it first")
-        code, said = _ask(self.control, self._env(), command, validate.number(timeout, "timeout", positive=True))
+        code, said = _ask(self._started()[0], self._env(), command, validate.number(timeout, "timeout", positive=True))
         if code != 0 or _NOT_RUNNING in said.lower():
             raise MpsError(f"the MPS control daemon did not answer {command!r}: {said or f'exit code {code}'}")
         return said
@@ -377,7 +385,7 @@ class Mps:
         """The last ``lines`` lines of the daemon's control.log and server.log, each prefixed with
         its file's name (none before it has written them)."""
         lines = validate.integer(lines, "lines", least=1)
-        tail = []
+        tail: list[str] = []
         for name in ("control.log", "server.log"):
             try:
                 text = Path(self.log_directory or "", name).read_text(errors="replace").splitlines()
@@ -394,12 +402,13 @@ class Mps:
         """Stop the daemon (``quit``; SIGKILL to it and its servers if they are still there after
         ``stop_timeout`` seconds) and remove its folders. Does nothing when it is not running.
         Returns what had to be forced, for the caller to report (empty when ``quit`` did it)."""
-        if not self.running:
+        root = self._root
+        if root is None:
             return []
         notes = []
         try:
             left = self._processes()  # before quit: the servers it may leave behind are known
-            _, said = _ask(self.control, self._env(), "quit", QUERY_TIMEOUT_S)
+            _, said = _ask(self._started()[0], self._env(), "quit", QUERY_TIMEOUT_S)
             # Still this daemon's (its pipe folder), not a newer process that took a freed pid.
             stuck = [p for p in _wait_gone(left, self.stop_timeout) if _pipe_of(p) in (self.pipe_directory, None)]
             for pid in stuck:
@@ -412,6 +421,6 @@ class Mps:
                              f"killed its process(es) {', '.join(map(str, stuck))}")
                 _wait_gone(stuck, 2)
         finally:
-            shutil.rmtree(self._root, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
             self._root = None
         return notes

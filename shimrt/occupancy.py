@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from . import validate
 from .errors import ShimrtError, UsageError
@@ -316,10 +316,10 @@ def shape(target: "Target | str", resources: Any, block_size: int, *, resident_b
         if resident_blocks > natural.blocks:
             raise UsageError(f"resident_blocks must be an int in 1..{natural.blocks}, not {resident_blocks}: that is "
                              f"more than fit unshaped ({natural.blocks}, limited by {', '.join(natural.limited_by)})")
-        candidates = [resident_blocks]
+        candidates: Sequence[int] = [resident_blocks]
     else:
         candidates = range(natural.blocks, 0, -1)
-    failure = None
+    failure: tuple[str, str] | None = None
     for n in candidates:
         smem = 0 if natural.blocks <= n else _min_smem_for(t, n, static_smem)
         if static_smem + smem > t.smem_per_block_optin:
@@ -343,6 +343,8 @@ def shape(target: "Target | str", resources: Any, block_size: int, *, resident_b
                f"{free.threads} threads, {free.registers} registers, {free.smem} B smem and {free.blocks} "
                f"block slots per SM" + (f" for {reserve.name}" if reserve is not None else ""))
         return Shaping(t, block_size, smem, n, natural.blocks, free, reserve, why)
+    if failure is None:  # no candidate at all: not even one block fits unshaped
+        raise ShimrtError(f"cannot shape on {t.name}: not one {block_size}-thread block fits per SM unshaped")
     resource, message = failure
     raise ShimrtError(f"cannot leave room for {reserve.name if reserve else 'the request'} on {t.name} "
                       f"({resource}): {message}")

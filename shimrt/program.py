@@ -54,7 +54,7 @@ class KernelResources:
         missing = [n for n in names if n not in d]
         if missing:
             raise UsageError(f"KernelResources.from_dict needs {', '.join(names)}; missing {', '.join(missing)}")
-        return cls(*(d[n] for n in names), dict(d.get("extra", {})))
+        return cls(**{n: d[n] for n in names}, extra=dict(d.get("extra", {})))
 
 
 @dataclass(frozen=True)

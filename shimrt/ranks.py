@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Mapping, Sequence
+from typing import IO, Any, Mapping, Sequence
 
 from . import backends, validate
 from .config import device_map
@@ -66,7 +66,7 @@ class _Signals:
 
     def __init__(self):
         self.received: list[int] = []
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal.getsignal's answer: a handler, SIG_DFL/SIG_IGN or None
 
     def __call__(self, signum, frame) -> None:
         self.received.append(signum)
@@ -236,7 +236,7 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
     lock = threading.Lock()
     daemon = Mps() if mps else None
     with _Signals() as signals:  # a signal while the daemon starts is passed on once it runs
-        code, stop_with = 0, signal.SIGTERM
+        code, stop_with = 0, int(signal.SIGTERM)
         try:
             extra = _start_mps(daemon) if daemon is not None else None
             for rank in range(nproc):

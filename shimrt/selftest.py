@@ -349,8 +349,8 @@ def table(results: list[Check]) -> str:
     lines = []
     for section, rows in groupby(results, key=lambda r: r.section):
         lines.append(f"\n== {section}")
-        for (status, fix), run in groupby(rows, key=lambda r: (r.status, r.fix if r.status == "skip" else "")):
-            run = list(run)
+        for (status, fix), same in groupby(rows, key=lambda r: (r.status, r.fix if r.status == "skip" else "")):
+            run = list(same)
             reasons = {_first_line(r.detail) for r in run}
             shared = status == "skip" and len(run) > 1 and len(reasons) == 1 and reasons != {""}
             for r in run:

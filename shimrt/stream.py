@@ -42,7 +42,7 @@ class Stream(Closing):
 
     def __init__(self, device: "Device", handle: Any):
         self.device, self._handle = device, handle
-        self._launch_device = device  # what the launch fast path checks; None once closed
+        self._launch_device: Device | None = device  # what the launch fast path checks; None once closed
         self._finalizer = finalizer(self, device._drv.stream_destroy, handle)
 
     def __repr__(self) -> str:

@@ -116,17 +116,17 @@ def compile_source(source: str, arch: str, options: list[str], name: str) -> tup
 def _parse_resources(log: str, ptx: str) -> dict[str, KernelResources]:
     """Per-kernel resources from ptxas' -v report, with launch bounds from the PTX's .maxntid."""
     bounds = {}
-    for m in _PTX_ENTRY.finditer(ptx):
-        nt = _MAXNTID.search(m.group(3))
+    for kernel in _PTX_ENTRY.finditer(ptx):
+        nt = _MAXNTID.search(kernel.group(3))
         if nt:
-            bounds[m.group(1)] = int(nt.group(1)) * int(nt.group(2) or 1) * int(nt.group(3) or 1)
+            bounds[kernel.group(1)] = int(nt.group(1)) * int(nt.group(2) or 1) * int(nt.group(3) or 1)
     found: dict[str, dict] = {}
     current = None
     for line in log.splitlines():
-        m = _ENTRY.search(line)
-        if m:
-            current = found.setdefault(m.group(1), {"registers": 0, "static_smem": 0,
-                                                    "local_bytes": 0, "spill_bytes": 0})
+        entry = _ENTRY.search(line)
+        if entry:
+            current = found.setdefault(entry.group(1), {"registers": 0, "static_smem": 0,
+                                                        "local_bytes": 0, "spill_bytes": 0})
             continue
         if current is None:
             continue

@@ -242,9 +242,12 @@ class KernelRecorder:
     def _on_completed(self, context, stream_id, buffer, size, valid_size) -> None:
         record = ctypes.c_void_p()  # NULL: start at the first record
         while (result := self._lib.cuptiActivityGetNextRecord(buffer, valid_size, ctypes.byref(record))) == 0:
-            kind = ctypes.c_uint32.from_address(record.value).value
+            address = record.value
+            if not address:  # CUPTI answered success with no record: nothing more to read
+                break
+            kind = ctypes.c_uint32.from_address(address).value
             if kind in (KIND_KERNEL, KIND_CONCURRENT_KERNEL):
-                self.kernels.append(parse_kernel_record(record.value))
+                self.kernels.append(parse_kernel_record(address))
         if result != _MAX_LIMIT_REACHED and self._error is None:
             self._error = CuptiResult(result)
         with self._lock:

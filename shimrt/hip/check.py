@@ -73,7 +73,7 @@ def library_path(name: str) -> str | None:
         return None
     link_map = ctypes.c_void_p()
     dlinfo = ctypes.CDLL(None).dlinfo
-    if dlinfo(ctypes.c_void_p(lib._handle), 2, ctypes.byref(link_map)) != 0:  # RTLD_DI_LINKMAP
+    if dlinfo(ctypes.c_void_p(lib._handle), 2, ctypes.byref(link_map)) != 0 or not link_map.value:  # RTLD_DI_LINKMAP
         return name
     # struct link_map { ElfW(Addr) l_addr; char *l_name; ... }
     path = ctypes.cast(link_map.value + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0]

@@ -107,7 +107,7 @@ def device_properties(dev: Any) -> dict:
     """The attributes a Target needs, plus name, arch and total memory. An attribute this HIP
     does not report is None (the arch's profile then supplies it)."""
     hip = _hip()
-    props = {}
+    props: dict[str, Any] = {}
     for ours, theirs in _ATTRS.items():
         err, value = hip.hipDeviceGetAttribute(getattr(hip.hipDeviceAttribute_t, "hipDeviceAttribute" + theirs), dev)
         props[ours] = int(value) if int(err) == 0 else None

@@ -115,20 +115,20 @@ def _compile(source: str, arch: str, options: list[str], name: str, extra: list[
         opts = [o.encode() for o in list(options) + extra]
         (err,) = hiprtc.hiprtcCompileProgram(prog, len(opts), opts)
         size = check(hiprtc.hiprtcGetProgramLogSize(prog), "hiprtcGetProgramLogSize")
-        log = bytearray(size)
+        raw_log = bytearray(size)
         if size:
-            check(hiprtc.hiprtcGetProgramLog(prog, log), "hiprtcGetProgramLog")
-        log = bytes(log).rstrip(b"\0").decode(errors="replace")
+            check(hiprtc.hiprtcGetProgramLog(prog, raw_log), "hiprtcGetProgramLog")
+        log = bytes(raw_log).rstrip(b"\0").decode(errors="replace")
         if int(err) != 0:
             ename, _, _ = describe(err)
             raise CompileError(f"hipRTC could not compile {name} for {arch}: {ename}",
                                log=log, options=tuple(options), name=name)
         size = check(hiprtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
-        code = bytearray(size)
-        check(hiprtc.hiprtcGetCode(prog, code), "hiprtcGetCode")
+        raw_code = bytearray(size)
+        check(hiprtc.hiprtcGetCode(prog, raw_code), "hiprtcGetCode")
     finally:
         hiprtc.hiprtcDestroyProgram(prog.createRef())  # takes hiprtcProgram*
-    code = bytes(code)
+    code = bytes(raw_code)
     built = binary_arch(code)
     if built != arch:
         raise CompileError(f"hipRTC built for {built}, not {arch}", log=log, options=tuple(options), name=name)

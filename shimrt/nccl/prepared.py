@@ -42,7 +42,8 @@ class PreparedCall:
         # Stream, and the memory of each shimrt Buffer (its base's pointer is None once freed).
         held = [b for b in buffers if b is not None and hasattr(b, "array_info")]
         held = list({id(b): b for b in held + [b.base for b in held]}.values()) or [_ALWAYS]
-        self._first, self._last = (held[0], held[-1]) if len(held) <= 2 else (_AllOf(held), _ALWAYS)
+        self._first: Any = held[0] if len(held) <= 2 else _AllOf(held)
+        self._last: Any = held[-1] if len(held) <= 2 else _ALWAYS
         self._stream = stream if hasattr(stream, "closed") else _ALWAYS
         self.queued = queued
 

@@ -172,7 +172,8 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         #: Looks that raised past every guard (none expected; counted so a test can tell).
-        self.failures, self.last_failure = 0, None
+        self.failures = 0
+        self.last_failure: Exception | None = None
 
     def register(self, state: CommState) -> None:
         """Follow ``state`` until :meth:`unregister`; starts the thread if it is not running."""
