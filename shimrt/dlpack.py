@@ -38,7 +38,6 @@ class DLManagedTensor(ctypes.Structure):
 
 
 _CAPSULE_NAME = b"dltensor"
-_USED_NAME = b"used_dltensor"
 _api = ctypes.pythonapi
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]

@@ -29,7 +29,6 @@ from .targets import Target
 from .targets import get as _get_target
 
 _UNLIMITED = 1 << 30
-RESOURCES = ("warps", "blocks", "registers", "shared_memory", "sgprs")
 
 
 def _round_up(x: int, unit: int) -> int:

@@ -1,9 +1,10 @@
 """Kernel tracing on CUDA, through CUPTI bound with ctypes.
 
-Now: CUPTI's activity records of the kernels some code launches (name, grid, block, registers
-per thread, static and dynamic shared memory, start and end), used to measure the footprint of
-kernels shimrt does not compile itself, such as NCCL's. Later, for PyTorch interposition: the
-launch callbacks (CUPTI driver-API callbacks that rewrite launches) will live here too.
+Two parts. :class:`KernelRecorder`: CUPTI's activity records of the kernels some code launches
+(name, grid, block, registers per thread, static and dynamic shared memory, start and end), used
+to measure the footprint of kernels shimrt does not compile itself, such as NCCL's.
+:class:`LaunchInterposer`: CUPTI's driver-API launch callbacks, which read each launch and may
+rewrite its dynamic shared memory (how :mod:`shimrt.overlap.interpose` shapes torch's kernels).
 
 CUPTI's results go through this backend's one check helper (:mod:`shimrt.cuda.check`) as
 :class:`~shimrt.cuda.check.CuptiResult`. The HIP mirror is :mod:`shimrt.hip.trace`.
