@@ -4,16 +4,23 @@ process's rank(s), and (in one process) communicators of other channel counts, w
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from ..config import LaunchEnv, launch_env
-from ..errors import ShimrtError
+from ..device import Device
+from ..errors import ShimrtError, UsageError
 from ..launch import local_devices
-from ..overlap.engine import Engine, Schedule
+from ..overlap.engine import Engine, Result, Schedule
 from ..overlap.standin import CommStandIn, StandInSpec
 from ..overlap.workloads import ComputeWorkload
+
+if TYPE_CHECKING:
+    from ..nccl import Communicator
+    from ..overlap.collective import NcclCollective
 
 _PROBE_BYTES = 64 << 20
 
@@ -31,12 +38,14 @@ class Communication:
     in this process (see ``NcclCollective``). In one process auto may also retune NCCL's channel
     count (``--auto-ctas``): each count is a communicator of its own, made once."""
 
-    def __init__(self, dev, args):
+    def __init__(self, dev: Device, args: argparse.Namespace) -> None:
         self.dev, self.args = dev, args
         env = launch_env()
         self.kind = comm_kind(args.comm, env)
-        self.comm, self.comms, self.devices = None, [], []
-        self._by_ctas: dict[int, list] = {}
+        self.comm: Communicator | None = None  # None: the stand-in
+        self.comms: list[Communicator] = []
+        self.devices: list[Device] = []
+        self._by_ctas: dict[int | str | None, list[Communicator]] = {}
         if self.kind != "nccl":
             return
         from ..launch import init
@@ -47,7 +56,7 @@ class Communication:
             self.comms = self._local(None)
         self.comm = self.comms[0]
 
-    def _local(self, ctas: int | str | None) -> list:
+    def _local(self, ctas: int | str | None) -> list[Communicator]:
         """This process's ranks with ``ctas`` channels (None: NCCL's choice; "efficiency": NCCL's
         CTA policy that uses the fewest), made once."""
         from ..nccl import CommOptions, Communicator
@@ -57,10 +66,12 @@ class Communication:
             self._by_ctas[ctas] = Communicator.local(self.devices, options=options)
         return self._by_ctas[ctas]
 
-    def channel_settings(self) -> list:
+    def channel_settings(self) -> list[int | str]:
         """What auto may try besides NCCL's own channels: --auto-ctas, and NCCL's "efficiency" CTA
-        policy where this NCCL has it (2.27+)."""
+        policy where this NCCL has it (2.27+); none with the stand-in."""
         from ..nccl.config import has_field
+        if self.comm is None:
+            return []
         extra = ["efficiency"] if has_field(self.comm.lib.version, "CTAPolicy") else []
         return list(self.args.auto_ctas) + extra
 
@@ -73,7 +84,7 @@ class Communication:
         """Whether auto may make communicators of other channel counts (ranks of this process only)."""
         return bool(self.devices)
 
-    def make(self, nbytes: int, ctas: int | str | None = None):
+    def make(self, nbytes: int, ctas: int | str | None = None) -> CommStandIn | NcclCollective:
         nbytes = max(nbytes // (1 << 20), 1) << 20
         a = self.args
         if self.comm is None:
@@ -93,7 +104,7 @@ class Communication:
         self.comm.wait()
         return [float(v) for v in buf.numpy()]
 
-    def sized(self, compute: ComputeWorkload, ratio: float):
+    def sized(self, compute: ComputeWorkload, ratio: float) -> CommStandIn | NcclCollective:
         """A collective whose time alone is about ``ratio`` x the compute's (two measured steps)."""
         comm = self.make(_PROBE_BYTES)
         for _ in range(2):
@@ -105,7 +116,7 @@ class Communication:
             comm = self.make(nbytes)
         return comm
 
-    def stand_in_like(self, comm) -> CommStandIn:
+    def stand_in_like(self, comm: NcclCollective) -> CommStandIn:
         """The stand-in playing ``comm`` (an NCCL collective that has run): its bytes, ring size,
         blocks on this GPU (every local rank's channels) and threads, as CUPTI saw NCCL's kernel."""
         a = self.args
@@ -115,7 +126,7 @@ class Communication:
                                                  ranks=max(comm.comm.size, 2), blocks=comm.blocks(), threads=threads,
                                                  link_gbps=a.link_gbps or None))
 
-    def release(self, comm) -> None:
+    def release(self, comm: CommStandIn | NcclCollective) -> None:
         """Free what a collective made (the other ranks' streams)."""
         if hasattr(comm, "close"):
             comm.close()
@@ -143,20 +154,39 @@ class Communication:
                 c.close()
 
 
-def auto_nccl(engine: Engine, seq, args: Any, retune: Any) -> tuple[Any, dict]:
+@dataclass
+class Retune:
+    """``make(ctas)``: an Engine of the same schedule whose NCCL collective has ``ctas`` channels
+    (or that CTA policy); ``settings``: those auto tries besides NCCL's own."""
+
+    make: Callable[[int | str], Engine]
+    settings: list[int | str]
+
+    def __call__(self, ctas: int | str) -> Engine:
+        return self.make(ctas)
+
+
+def auto_nccl(engine: Engine, seq: Result, args: Any, retune: Retune | None) -> tuple[Result | None, dict]:
     """Auto with real NCCL: the engine's candidates (priority, shaping, ...) on NCCL's own
     channel count and, where ``retune(ctas)`` can make one, on communicators with each of
     ``--auto-ctas`` channels (fewer blocks leave compute more room, but take longer); the fastest
     run of all. Every rank of this process runs the same candidates in the same order, so no
     cache. Returns (the result, auto's details)."""
-    comm = engine.schedule.of("comm")[0].work
-    settings_ = [None] + ([c for c in retune.settings if c != comm.channels] if retune is not None else [])
-    best, measured, rejected = None, {}, []
+    from ..overlap.collective import NcclCollective
+    comm = engine.schedule.of("comm")[0].comm
+    if not isinstance(comm, NcclCollective):
+        raise UsageError(f"auto_nccl needs an engine whose collective is NCCL's, not {comm!r:.100}")
+    settings_: list[int | str | None] = [None]
+    if retune is not None:
+        settings_ += [c for c in retune.settings if c != comm.channels]
+    best: Result | None = None
+    measured: dict[str, float] = {}
+    rejected: list[str] = []
     for ctas in settings_:
         setting = _channels(ctas)
         eng = engine
         try:
-            if ctas is not None:
+            if ctas is not None and retune is not None:  # the settings besides None are retune's
                 eng = retune(ctas)
                 eng.alone()  # one run first: the planner then sees this communicator's channels, from CUPTI
             choice, times, rej = eng.auto(None)

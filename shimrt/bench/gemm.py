@@ -46,7 +46,7 @@ def sgemm_size(value: Any, what: str = "size") -> int:
         raise cli.renamed(exc, "size", what) from None
 
 
-def _library():
+def _library() -> tuple[str, Any]:
     """("torch", torch) or ("cupy", cupy), whichever imports first; ShimrtError if neither."""
     try:
         import torch
@@ -54,7 +54,7 @@ def _library():
     except ImportError:
         pass
     try:
-        import cupy
+        import cupy  # type: ignore[import-not-found, import-untyped, unused-ignore]  # optional; no stubs
         return "cupy", cupy
     except ImportError:
         raise ShimrtError("neither torch nor CuPy is installed: the vendor BLAS column needs one of them") from None
@@ -72,14 +72,14 @@ def _vendor(dev: Device, wl: ComputeWorkload, stream, library):
         tc = lib.empty_like(ta)
         tstream = lib.cuda.ExternalStream(stream.handle, device=ta.device)
 
-        def launch():
+        def torch_launch():
             with lib.cuda.stream(tstream):
                 lib.matmul(ta, tb, out=tc)
 
-        def result():
+        def torch_result():
             tstream.synchronize()
             return tc.cpu().numpy()
-        return f"{blas} FP32 (torch {lib.__version__}, TF32 off)", launch, result
+        return f"{blas} FP32 (torch {lib.__version__}, TF32 off)", torch_launch, torch_result
     if os.environ.get("CUPY_TF32", "0") != "0":
         raise ShimrtError("CUPY_TF32 is set: unset it so that CuPy multiplies in FP32")
     ca, cb = lib.asarray(a), lib.asarray(b)
@@ -120,7 +120,7 @@ def measure(size: int = 4096, repeats: int = 20, warmup: int = 3, device: Device
         raise ShimrtError(f"shimrt's sgemm differs from {vendor} by {difference:.3g} (normalised), more than "
                           f"twice the tolerance {workloads.tolerance(spec):.3g}")
 
-    times = {name: [] for name in methods}
+    times: dict[str, list[float]] = {name: [] for name in methods}
     events = [(dev.event(), dev.event()) for _ in methods]
     for i in range(warmup + repeats):
         for (name, launch), (start, end) in zip(methods.items(), events, strict=True):

@@ -158,8 +158,8 @@ def measure(dev: Device, calls: int = 200, batches: int = 50, torch_too: bool = 
     calls = validate.integer(calls, "calls", least=1)
     batches = validate.integer(batches, "batches", least=1)
     lib = library.load(dev.backend)
-    setups = []  # (label, communicators)
-    made = []
+    setups: list[tuple[str, list[Communicator] | str]] = []  # (label, communicators, or why not)
+    made: list[Communicator] = []
     torch_setup = None
     try:
         for blocking in (False, True):
@@ -186,12 +186,12 @@ def measure(dev: Device, calls: int = 200, batches: int = 50, torch_too: bool = 
                 skipped[label] = comms
                 continue
             bufs = [c.device.to_device(np.zeros(_COUNT, np.float32)) for c in comms]
-            def sync(cs=comms) -> None:
+            def wait_all(cs=comms) -> None:
                 for c in cs:
                     c.wait(timeout=60)
-            methods[f"{label}: shimrt"] = (_shimrt(comms, bufs), sync)
-            methods[f"{label}: shimrt prepared"] = (_shimrt(comms, bufs, prepared=True), sync)
-            methods[f"{label}: direct ctypes"] = (_direct(comms, bufs), sync)
+            methods[f"{label}: shimrt"] = (_shimrt(comms, bufs), wait_all)
+            methods[f"{label}: shimrt prepared"] = (_shimrt(comms, bufs, prepared=True), wait_all)
+            methods[f"{label}: direct ctypes"] = (_direct(comms, bufs), wait_all)
         torch_setup = _torch(dev) if torch_too else None
         torch_version = None
         if torch_setup is not None:
@@ -208,7 +208,8 @@ def measure(dev: Device, calls: int = 200, batches: int = 50, torch_too: bool = 
         for _ in range(batches):
             for name, (fn, sync) in methods.items():
                 times[name].append(_time(fn, calls, sync))
-        steps = _steps(setups[0][1][0], setups[0][1][0].device.to_device(np.zeros(_COUNT, np.float32)), calls)
+        first = made[0]  # setups[0]'s: one rank, non-blocking
+        steps = _steps(first, first.device.to_device(np.zeros(_COUNT, np.float32)), calls)
     finally:
         if torch_setup is not None:
             torch_setup[2]()

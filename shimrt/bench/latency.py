@@ -163,8 +163,8 @@ def local_latency(comms: list, sizes: list[int], calls: int = 200, rounds: int =
         def sync() -> None:
             for c in comms:
                 c.device.synchronize()
-        ways = {"one-off": one_off, "prepared": prepare_group(*(c.prepare("all_reduce", b)
-                                                                for c, b in zip(comms, bufs, strict=True)))}
+        prepared = prepare_group(*(c.prepare("all_reduce", b) for c, b in zip(comms, bufs, strict=True)))
+        ways: dict[str, Callable[[], None]] = {"one-off": one_off, "prepared": prepared}
         times: dict[str, list[float]] = {k: [] for k in ways}
         for _ in range(rounds + 1):
             for name, call in ways.items():
@@ -187,11 +187,13 @@ def torch_device_times(comm: Any, dist: Any, ops: list[str], sizes: list[int], i
             send_count, recv_count = buffer_counts(op, _count(nbytes, n), n, given="largest")
             a = torch.zeros(send_count, dtype=torch.float32, device="cuda")
             b = torch.zeros(recv_count, dtype=torch.float32, device="cuda")
-            call = {"all_reduce": lambda a=a: dist.all_reduce(a),
-                    "broadcast": lambda a=a: dist.broadcast(a, 0),
-                    "reduce": lambda a=a: dist.reduce(a, 0),
-                    "all_gather": lambda a=a, b=b: dist.all_gather_into_tensor(b, a),
-                    "reduce_scatter": lambda a=a, b=b: dist.reduce_scatter_tensor(b, a)}[op]
+            calls: dict[str, Callable[..., object]] = {
+                "all_reduce": lambda a=a: dist.all_reduce(a),
+                "broadcast": lambda a=a: dist.broadcast(a, 0),
+                "reduce": lambda a=a: dist.reduce(a, 0),
+                "all_gather": lambda a=a, b=b: dist.all_gather_into_tensor(b, a),
+                "reduce_scatter": lambda a=a, b=b: dist.reduce_scatter_tensor(b, a)}
+            call = calls[op]
             times = []
             for i in range(warmup + iters):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

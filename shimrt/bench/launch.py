@@ -54,7 +54,7 @@ def _cupy_kernel(program, name: str, stream):
     """CuPy's RawKernel for ``name`` of the same CUBIN, and CuPy's view of ``stream``; None
     without CuPy."""
     try:
-        import cupy
+        import cupy  # type: ignore[import-not-found, import-untyped, unused-ignore]  # optional; no stubs
     except ImportError:
         return None
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -75,13 +75,15 @@ def _methods(dev: Device, stream):
     kernel, add = module["empty"], module["add_i64"]
     arg = dev.alloc(4)
     methods, base = {}, {}
-    keep = [module, arg]
+    blocks: list[ctypes.Array[ctypes.c_void_p]] = []  # the pre-packed parameter blocks, in order
+    keep: list[object] = [module, arg, blocks]
 
     def prepacked(fn, values):
         """cuda.bindings' cuLaunchKernel with a parameter block packed once (the floor)."""
         cells = [ctypes.c_uint64(v) for v in values]
         params = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
-        keep.extend([cells, params])
+        keep.append(cells)
+        blocks.append(params)
         address, handle = ctypes.addressof(params), stream.handle
 
         def run(n):
@@ -103,7 +105,7 @@ def _methods(dev: Device, stream):
             prepared()
     methods["shimrt Kernel.prepare, then call"] = shimrt_prepared
     methods["cuda.bindings pre-packed"] = prepacked(kernel.handle, [arg.ptr])
-    fn, handle, address = kernel.handle, stream.handle, ctypes.addressof(keep[-1])
+    fn, handle, address = kernel.handle, stream.handle, ctypes.addressof(blocks[-1])
 
     def call_prepacked():
         return driver.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, handle, address, 0)
@@ -252,8 +254,8 @@ def measure(batch: int = 200, batches: int = 200, launches: int = 20000, rounds:
     stream = dev.stream()
     methods, base, keep, forms = _methods(dev, stream)
     names = list(methods)
-    enqueue = {name: [] for name in names}
-    throughput = {name: [] for name in names}
+    enqueue: dict[str, list[float]] = {name: [] for name in names}
+    throughput: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # warm up: module loads, first-launch costs, the per-thread blocks
         methods[name](batch)
     stream.synchronize()
@@ -301,8 +303,13 @@ def judge_forms(methods: dict, pairs: list[dict]) -> list[dict]:
     judged = []
     for pair in pairs:
         mine, theirs = methods[pair["shimrt"]], pair["cupy"]
-        ratios = {f"{f}_ratio": mine[f"{f}_ratio"] if theirs else None for f in ("enqueue", "throughput")}
-        met = None if not theirs else all(r <= FORMS_GOAL for r in ratios.values())
+        names = ("enqueue_ratio", "throughput_ratio")
+        ratios: dict[str, float | None] = dict.fromkeys(names)
+        met: bool | None = None
+        if theirs:
+            measured: list[float] = [mine[n] for n in names]
+            ratios = dict(zip(names, measured, strict=True))
+            met = all(r <= FORMS_GOAL for r in measured)
         judged.append({**pair, **ratios, "goal": FORMS_GOAL, "met": met})
     return judged
 

@@ -31,11 +31,11 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..overlap import planner
 from ..overlap.auto import ChoiceCache
-from ..overlap.collective import COLLECTIVES
-from ..overlap.engine import Engine, Schedule
-from ..overlap.standin import MAX_LINK_GBPS, MIN_LINK_GBPS, STEPS, StandInSpec
+from ..overlap.collective import COLLECTIVES, NcclCollective
+from ..overlap.engine import Engine, Result, Schedule
+from ..overlap.standin import MAX_LINK_GBPS, MIN_LINK_GBPS, STEPS, CommStandIn, StandInSpec
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
-from .communication import Communication, auto_nccl
+from .communication import Communication, Retune, auto_nccl
 from .communication import comm_kind as _comm_kind
 from .progress import Progress
 
@@ -189,11 +189,12 @@ def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
 
 
 def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any, progress: Progress,
-                     retune: Any = None) -> tuple[list, list, dict, object]:
+                     retune: Retune | None = None) -> tuple[list[Result], list[tuple[str, str]], dict,
+                                                            planner.Estimate]:
     """Every policy on one workload: (results, infeasible [(policy, why)], auto's details, the
     occupancy model's estimate for the collective as given). ``retune(ctas)``, where given, is
     an Engine of the same schedule whose NCCL collective has ``ctas`` channels (auto tries it)."""
-    compute = engine.schedule.of("compute")[0].work
+    compute = engine.schedule.of("compute")[0].compute
     nccl = engine.comm_kind == "nccl"
     progress.step(f"{engine.schedule.label}: alone")
     alone = engine.alone()
@@ -202,7 +203,9 @@ def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any, progres
     progress.step(f"{engine.schedule.label}: sequential")
     seq = engine.measure(planner.Choice("sequential"))
     reference = compute.result()
-    results, infeasible, auto = [seq] if "sequential" in policies else [], [], {}
+    results: list[Result] = [seq] if "sequential" in policies else []
+    infeasible: list[tuple[str, str]] = []
+    auto: dict = {}
     for policy in policies:
         if policy == "sequential":
             continue
@@ -312,11 +315,17 @@ def run(args: argparse.Namespace) -> int:
     workloads = [(c, r, s) for c in computes for r, s in ([(r, None) for r in ratios] + [(None, s) for s in sizes])]
     steps = len(workloads) * (len(policies) + 1) * (2 if args.stand_in_too and comm_kind == "nccl" else 1)
     progress = Progress(steps, enabled=root and not args.quiet)
-    out = {"schema": SCHEMA, "device": {"name": dev.name, "arch": dev.target.arch, "num_sms": dev.target.num_sms,
-                                        "backend": dev.backend},
-           "comm": comm_kind, "communication": communication.describe(),
-           "link_gbps": (args.link_gbps or None) if comm_kind == "stand-in" else None,
-           "runs": [], "infeasible": [], "summary": [], "auto": {}}
+    # The JSON's lists and auto's details, filled as the workloads run.
+    run_rows: list[dict] = []
+    infeasible_rows: list[dict] = []
+    summaries: list[dict] = []
+    autos: dict[str, dict] = {}
+    out: dict[str, object] = {
+        "schema": SCHEMA, "device": {"name": dev.name, "arch": dev.target.arch, "num_sms": dev.target.num_sms,
+                                     "backend": dev.backend},
+        "comm": comm_kind, "communication": communication.describe(),
+        "link_gbps": (args.link_gbps or None) if comm_kind == "stand-in" else None,
+        "runs": run_rows, "infeasible": infeasible_rows, "summary": summaries, "auto": autos}
     if root:
         print(f"shimrt overlap on {dev.name} ({dev.target.arch}, {dev.target.num_sms} SMs): communication = "
               f"{communication.describe()}; {args.repeats} repeats, medians; device timestamps")
@@ -327,13 +336,13 @@ def run(args: argparse.Namespace) -> int:
             comm = communication.sized(compute, ratio) if ratio is not None else communication.make(nbytes)
             engine = Engine(dev, Schedule.pair(compute, comm), repeats=args.repeats)
             label = engine.schedule.label
-            made = []
+            made: list[CommStandIn | NcclCollective] = []
 
-            def retune(ctas, compute=compute, nbytes=comm.nbytes, made=made):
+            def engine_with(ctas, compute=compute, nbytes=comm.nbytes, made=made):
                 other = communication.make(nbytes, ctas=ctas)
                 made.append(other)
                 return Engine(dev, Schedule.pair(compute, other), repeats=args.repeats)
-            retune.settings = communication.channel_settings() if communication.retunable else []
+            retune = Retune(engine_with, communication.channel_settings() if communication.retunable else [])
             try:
                 results, infeasible, auto, model = measure_workload(
                     dev, engine, policies, args, progress, retune if communication.retunable else None)
@@ -342,11 +351,11 @@ def run(args: argparse.Namespace) -> int:
                 for c in [comm, *made]:
                     communication.release(c)
             tables.append(table(label, comm_kind, comm.nbytes, results, infeasible, model))
-            out["runs"] += [_row(label, r, comm_kind, comm.nbytes) for r in results]
-            out["infeasible"] += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]
-            out["summary"].append(summary(label, results, model))
-            out["auto"][label] = auto
-            if args.stand_in_too and comm_kind == "nccl":
+            run_rows += [_row(label, r, comm_kind, comm.nbytes) for r in results]
+            infeasible_rows += [{"workload": label, "policy": p, "why": w} for p, w in infeasible]
+            summaries.append(summary(label, results, model))
+            autos[label] = auto
+            if args.stand_in_too and isinstance(comm, NcclCollective):  # comm_kind "nccl"
                 twin = communication.stand_in_like(comm)
                 engine = Engine(dev, Schedule.pair(compute, twin), repeats=args.repeats)
                 try:
@@ -355,9 +364,9 @@ def run(args: argparse.Namespace) -> int:
                     engine.close()
                 label = engine.schedule.label + " (stand-in beside NCCL)"
                 tables.append(table(label, "stand-in", twin.nbytes, results, infeasible, model))
-                out["runs"] += [_row(label, r, "stand-in", twin.nbytes) for r in results]
-                out["summary"].append(summary(label, results, model))
-                out["auto"][label] = auto
+                run_rows += [_row(label, r, "stand-in", twin.nbytes) for r in results]
+                summaries.append(summary(label, results, model))
+                autos[label] = auto
     finally:
         progress.close()
         communication.close()
@@ -365,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print("\n\n".join(tables))
     print("\nsummary (auto vs the best fixed policy; reduction = time saved against sequential):")
-    for s in out["summary"]:
+    for s in summaries:
         print(_summary_line(s))
     if args.json:
         with open(args.json, "w") as f:

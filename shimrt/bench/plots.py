@@ -68,9 +68,12 @@ def timeline_png(results: Any, workload: str, path: Any) -> Path:
     for ax, (run, compute, comm) in zip(axes, blocks, strict=True):
         s, e, sm = compute.T
         rects = np.stack([np.c_[s, sm - 0.5], np.c_[e, sm - 0.5], np.c_[e, sm + 0.5], np.c_[s, sm + 0.5]], axis=1)
-        ax.add_collection(PolyCollection(rects, facecolors=COMPUTE_COLOR, edgecolors="none", antialiased=False))
+        # matplotlib's stubs ask for a Sequence; an (n, 4, 2) array is set_verts' own fast path.
+        ax.add_collection(PolyCollection(rects, facecolors=COMPUTE_COLOR,  # type: ignore[arg-type, unused-ignore]
+                                         edgecolors="none", antialiased=False))
         segments = np.stack([comm[:, [0, 2]], comm[:, [1, 2]]], axis=1)  # (n, 2 ends, (t, sm))
-        ax.add_collection(LineCollection(segments, colors=COMM_COLOR, linewidths=comm_pt, capstyle="butt"))
+        ax.add_collection(LineCollection(segments, colors=COMM_COLOR,  # type: ignore[arg-type, unused-ignore]
+                                         linewidths=comm_pt, capstyle="butt"))  # an array, as above
         ax.set_xlim(0, end * 1.01 or 1)
         ax.set_ylim(-0.5, rows - 0.5)
         ax.set_ylabel("SM")

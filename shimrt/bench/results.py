@@ -37,11 +37,12 @@ def validate(results: Any) -> None:
     device = results.get("device")
     if device is not None and not isinstance(device, dict):
         raise ShimrtError("results 'device' is not an object")
-    sms = (device or {}).get("num_sms")
+    device = device or {}
+    sms = device.get("num_sms")
     if sms is not None and not _int(sms, 1, MAX_SMS):
         raise ShimrtError(f"results device.num_sms must be an int in 1..{MAX_SMS}, not {shown(sms)}")
     for key in ("name", "arch", "backend"):
-        if (device or {}).get(key) is not None and not _label(device[key]):
+        if device.get(key) is not None and not _label(device[key]):
             raise ShimrtError(f"results device.{key} must be a string of 1..{MAX_LABEL} characters, not "
                               f"{shown(device[key])}")
     if results.get("comm") is not None and not _label(results["comm"]):
@@ -75,10 +76,10 @@ def validate(results: Any) -> None:
                                   f"{shown(count)}")
         for kind, rows in (run.get("timeline") or {}).items():
             _check_rows(rows, f"{where}: timeline.{kind}", sms)
-        key = (run["workload"], run["policy"])
-        if key in seen:
-            raise ShimrtError(f"results have two runs of workload {key[0]!r} with policy {key[1]!r}")
-        seen.add(key)
+        pair = (run["workload"], run["policy"])
+        if pair in seen:
+            raise ShimrtError(f"results have two runs of workload {pair[0]!r} with policy {pair[1]!r}")
+        seen.add(pair)
     summary = results.get("summary")
     if summary is not None and not (isinstance(summary, list) and all(isinstance(s, dict) for s in summary)):
         raise ShimrtError("results 'summary' is not a list of objects")
@@ -135,8 +136,8 @@ def _time(value, positive: bool = False) -> bool:
 
 
 def _int(value, least: int, most: int | None) -> bool:
-    return (_number(value) and isinstance(value, (int, np.integer)) and value >= least
-            and (most is None or value <= most))
+    return bool(_number(value) and isinstance(value, (int, np.integer)) and value >= least
+                and (most is None or value <= most))
 
 
 def _label(value) -> bool:

@@ -93,14 +93,16 @@ def bound(phase_ms: dict, compute_ms: float, comm_ms: dict, blocks: dict | None 
     same if NCCL's blocks never share an SM with compute and compute fills every SM it has. From
     the first full bucket on, the rest of backward and the all-reduces then need the GPU for the
     rest of backward plus blocks x time / SMs, and at least the all-reduces' own time."""
-    fastest = min(comm_ms, key=comm_ms.get)
+    fastest = min(comm_ms, key=comm_ms.__getitem__)
     first, backward = phase_ms["first bucket"], phase_ms["backward"]
     optimizer = max(0.0, phase_ms["end"] - backward)
     out = {"ms": max(compute_ms, first + comm_ms[fastest] + optimizer), "first_bucket_ms": first,
            "comm_ms": comm_ms[fastest], "channels": fastest, "optimizer_ms": optimizer}
-    shared = {k: max(t, backward - first + blocks[k] * t / sms) for k, t in comm_ms.items() if k in (blocks or {})}
-    if shared and sms > 0:
-        best = min(shared, key=shared.get)
+    blocks = blocks or {}
+    shared = {k: max(t, backward - first + blocks[k] * t / sms) for k, t in comm_ms.items() if k in blocks} \
+        if sms > 0 else {}  # no SM count: no exclusive bound (and no division by 0)
+    if shared:
+        best = min(shared, key=shared.__getitem__)
         out.update(exclusive_ms=max(compute_ms, first + shared[best] + optimizer), exclusive_channels=best,
                    exclusive_blocks=blocks[best])
     return out

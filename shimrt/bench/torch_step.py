@@ -338,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
     bench = _Bench(dev, devices)
     fixed = len(policies(args.sms, 1, args.policies))
     progress = Progress(len(args.configs) * (fixed + 2), enabled=not args.quiet)
-    results = {"device": repr(dev), "ranks": [d.index for d in devices], "configs": {}}
+    configs: dict[str, dict] = {}  # name -> run_config()'s result
+    results: dict[str, object] = {"device": repr(dev), "ranks": [d.index for d in devices], "configs": configs}
     deadline = cli.deadline(args.timeout)
     deadline.__enter__()  # noqa: PLC2801 - the whole run, its clean-up below included
     try:
@@ -347,10 +348,10 @@ def run(args: argparse.Namespace) -> int:
             f"{k}: {v['plain_us']:.2f} without, {v['interposed_us']:.2f} with (+{v['added_us']:.2f})"
             for k, v in cost.items()), flush=True)
         for name in args.configs:
-            results["configs"][name] = run_config(bench, name, args, progress)
+            configs[name] = run_config(bench, name, args, progress)
             torch.cuda.empty_cache()  # the model of this configuration is gone
             progress.close()
-            print(report(name, results["configs"][name]), flush=True)
+            print(report(name, configs[name]), flush=True)
     finally:
         deadline.__exit__(None, None, None)
         progress.close()
@@ -361,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
             json.dump(results, f)
         print(f"wrote {args.json}")
     if args.plots:
-        for name, r in results["configs"].items():
+        for name, r in configs.items():
             print(f"wrote {timelines_png(name, r, args.plots / f'torch_{name}.png')}")
     return 0
 

@@ -65,19 +65,19 @@ def pick(choices: list[Choice], measure: Callable[[Choice], float]) -> tuple[Cho
     if not choices:
         raise ShimrtError("auto has no feasible choice to measure")
     times = {c: float(measure(c)) for c in choices}
-    return min(times, key=times.get), times
+    return min(times, key=times.__getitem__), times
 
 
 def key(engine: "Engine") -> str:
     """What auto's cached choice depends on: the workload and its communication."""
-    a = engine.schedule.of("comm")[0].work
+    a = engine.schedule.of("comm")[0].comm
     fp = a.footprint()
     return f"{engine.schedule.label}|{engine.comm_kind}|{a.blocks()}x{fp.threads}|{fp.registers}r|" \
            f"{fp.static_smem}+{fp.dynamic_smem}B"
 
 
 def search(engine: "Engine", cache: ChoiceCache | None = None, key_: str | None = None, threads: Any = (None,),
-           blocks: Any = (None,), progress: Any = None) -> tuple[Choice, dict, list]:
+           blocks: Any = (None,), progress: Any = None) -> tuple[Choice, dict[Choice, float], list[planner.Rejected]]:
     """Auto's choice for ``engine``'s schedule: a cached one, or the fastest of the planner's
     candidates. Returns (choice, {choice: makespan}, rejected). Every argument is checked first:
     a cached choice skips the planner, which checks ``threads`` and ``blocks`` too."""

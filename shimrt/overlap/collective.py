@@ -21,12 +21,13 @@ blocks on the engine's GPU are then every co-located rank's: the planner counts 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .. import validate
 from ..errors import ShimrtError, UsageError
+from ..kernel import Kernel
 from ..nccl import Communicator, buffer_counts, group
 from ..occupancy import NCCL_2_28_SM90, Footprint
 from ..validate import available_host_memory, require_memory
@@ -120,8 +121,8 @@ class NcclCollective:
         return self.channels * self.colocated if blocks is None else \
             validate.integer(blocks, "blocks (or None)", least=1, most=MAX_CHANNELS)
 
-    def launch(self, stream: Any = None, *, stamps: Any = None, kernel: Any = None, blocks: int | None = None,
-               threads: int | None = None) -> None:
+    def launch(self, stream: Any = None, *, stamps: Any = None, kernel: Kernel | None = None,
+               blocks: int | None = None, threads: int | None = None) -> None:
         """Enqueue the collective on ``stream``. NCCL's channels and threads are set when the
         communicator is made, so ``blocks``/``threads`` must be None here."""
         if blocks is not None or threads is not None:
@@ -174,8 +175,8 @@ class NcclCollective:
                 x.close()
         self._joins.clear()
 
-    def prepare(self, stream: Any = None, *, stamps: Any = None, kernel: Any = None, blocks: int | None = None,
-                threads: int | None = None) -> Any:
+    def prepare(self, stream: Any = None, *, stamps: Any = None, kernel: Kernel | None = None,
+                blocks: int | None = None, threads: int | None = None) -> Callable[[], None]:
         """A function that enqueues the collective (NCCL packs its arguments at the call)."""
         if blocks is not None or threads is not None:
             raise UsageError("NCCL's channels and threads are fixed per communicator (CommOptions, NCCL_NTHREADS)")

@@ -18,24 +18,25 @@ CUPTI's kernel records for kernels shimrt does not compile (NCCL's).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .. import kernel as kernel_module
 from .. import occupancy, validate
-from ..device import Device
+from ..device import Device, Partition
 from ..errors import ShimrtError, UsageError
-from ..stream import timeout_seconds
+from ..kernel import Kernel
+from ..stream import Event, timeout_seconds
 from . import metrics, planner
 from .planner import Choice
-from .schedule import KINDS, Op, Schedule
+from .schedule import KINDS, CommWork, ComputeWork, Op, Schedule
 
 #: The most repeats a run takes: more is a typo, not a measurement (each repeat runs the schedule).
 MAX_REPEATS = 10_000
 
 
-def _threads(work) -> int:
+def _threads(work: ComputeWork) -> int:
     """Threads per block of a compute workload."""
     return int(np.prod(work.block))
 
@@ -45,20 +46,20 @@ class Timing:
     """One run: per-block rows ``[start_ms, end_ms, sm]`` per kind, relative to the first start;
     ``ops``: each op's span by its index in the schedule."""
 
-    rows: dict
+    rows: dict[str, np.ndarray]
     makespan: float
     compute: metrics.Span | None
     comm: metrics.Span | None
-    ops: dict = field(default_factory=dict)
+    ops: dict[int, metrics.Span] = field(default_factory=dict)
 
 
-def _timing_of(per_op: dict, kinds: dict) -> Timing:
+def _timing_of(per_op: dict[int, np.ndarray], kinds: dict[int, str]) -> Timing:
     """A run's Timing from rows per op (``kinds``: op index -> kind): each op's and each side's
     span, and first start to last end."""
-    rows = {}
+    parts: dict[str, list[np.ndarray]] = {}
     for i, r in per_op.items():
-        rows.setdefault(kinds[i], []).append(r)
-    rows = {k: np.concatenate(v) for k, v in rows.items()}
+        parts.setdefault(kinds[i], []).append(r)
+    rows = {k: np.concatenate(v) for k, v in parts.items()}
     spans = {k: metrics.span(v) for k, v in rows.items()}
     makespan = max(sp.end for sp in spans.values()) - min(sp.start for sp in spans.values())
     return Timing(rows, makespan, spans.get("compute"), spans.get("comm"),
@@ -113,13 +114,16 @@ class _Setup:
 
     def __init__(self, engine: "Engine", choice: Choice):
         dev = engine.device
-        self.parts = ()
-        self.kernels: dict[int, object] = {}
+        self.parts: tuple[Partition, ...] = ()
+        self.kernels: dict[int, Kernel] = {}
+        self.places: dict[str, Device]
         if choice.policy == "partition":
+            if choice.partition_sms is None:
+                raise UsageError("a partition choice needs partition_sms (planner.plan('partition', ...))")
             comm_part, compute_part = self.parts = dev.partition(choice.partition_sms)
             self.places = {"compute": compute_part, "comm": comm_part}
             for i, op in enumerate(engine.schedule.ops):
-                k = op.work.kernel
+                k = op.compute.kernel if op.kind == "compute" else op.comm.kernel
                 if k is not None:  # NCCL brings its own kernels
                     self.kernels[i] = self.places[op.kind].load(k.module.program)[k.name]
         else:
@@ -132,29 +136,30 @@ class _Setup:
         # with the driver once (Kernel.confirm), then applied as computed.
         self.dynamic_smem: dict[int, int] = {}
         self.carveout: dict[int, int | None] = {}
-        first = engine.schedule.of("compute")[0].work
+        first = engine.schedule.of("compute")[0].compute
+        resident = choice.resident_blocks  # None: unshaped
         for i, op in enumerate(engine.schedule.ops):
             if op.kind != "compute":
                 continue
-            k = self.kernels.get(i, op.work.kernel)
-            if not choice.shaped:
+            work = op.compute
+            k = self.kernels.get(i, work.kernel)
+            if resident is None:
                 self.dynamic_smem[i] = 0
                 self.carveout[i] = None  # the driver's default split, as without shimrt
                 continue
-            threads = _threads(op.work)
-            if op.work.kernel is first.kernel and threads == _threads(first):
-                k.confirm(threads, choice.dynamic_smem, choice.resident_blocks)
+            threads = _threads(work)
+            if work.kernel is first.kernel and threads == _threads(first):
+                k.confirm(threads, choice.dynamic_smem, resident)
                 self.dynamic_smem[i] = choice.dynamic_smem
             else:  # another kernel: the same cap, or its own residency where that is lower
                 natural = occupancy.max_active_blocks(dev.target, block_size=threads, **k.occupancy_resources)
-                self.dynamic_smem[i] = k.shape(threads, resident_blocks=min(choice.resident_blocks,
-                                                                            natural)).dynamic_smem
+                self.dynamic_smem[i] = k.shape(threads, resident_blocks=min(resident, natural)).dynamic_smem
             self.carveout[i] = kernel_module.SHAPED_CARVEOUT  # all shared memory, so the room left is real
         # Recorded on the compute stream, so made where it lives; waiting on it works across contexts.
         self.events = {i: self.places["compute"].event(timing=False)
                        for i, op in enumerate(engine.schedule.ops) if op.kind == "compute"}
 
-    def close(self):
+    def close(self) -> None:
         for e in self.events.values():
             e.close()
         if self.comm_stream is not self.compute_stream:
@@ -184,12 +189,11 @@ class Engine:
         self._stamps = {i: device.empty(3 * self._max_blocks(op), np.uint64) for i, op in enumerate(schedule.ops)}
         self._setups: dict[Choice, _Setup] = {}
         self._alone: tuple[float, float] | None = None
-        self.comm_kind = schedule.of("comm")[0].work.kind
+        self.comm_kind = schedule.of("comm")[0].comm.kind
 
     @staticmethod
     def _max_blocks(op: Op) -> int:
-        work = op.work
-        return work.max_blocks if op.kind == "comm" else work.blocks
+        return op.comm.max_blocks if op.kind == "comm" else op.compute.blocks
 
     def close(self) -> None:
         for s in self._setups.values():
@@ -199,11 +203,11 @@ class Engine:
     # --- planning ---
     def problem(self) -> planner.Problem:
         """The planner's view: the first compute kernel and the first collective's footprint."""
-        c = self.schedule.of("compute")[0].work
-        a = self.schedule.of("comm")[0].work
+        c = self.schedule.of("compute")[0].compute
+        a = self.schedule.of("comm")[0].comm
         return self._problem_of(c.kernel, _threads(c), a)
 
-    def _problem_of(self, kernel, threads: int, comm) -> planner.Problem:
+    def _problem_of(self, kernel: Kernel, threads: int, comm: CommWork) -> planner.Problem:
         return planner.Problem(self.device.target, kernel.occupancy_resources, threads, comm.footprint(),
                                comm.blocks())
 
@@ -226,7 +230,7 @@ class Engine:
             self._stamps[i].memset(0)
         for i, op in ops:  # kernels are shared between choices: set the carveout of this one
             if op.kind == "compute":
-                s.kernels.get(i, op.work.kernel).set_carveout(s.carveout[i])
+                s.kernels.get(i, op.compute.kernel).set_carveout(s.carveout[i])
         if self.comm_kind == "nccl":  # NCCL's kernels carry no stamps: the device's tracer times them
             with self.device.record_kernels() as recorder:
                 self._launch(s, ops, choice, only)
@@ -235,22 +239,22 @@ class Engine:
                                                    if r.get("device_id", self.device.index) == self.device.index])
         self._launch(s, ops, choice, only)
         for op in self.schedule.of("comm"):
-            op.work.raise_if_stalled()
+            op.comm.raise_if_stalled()
         return self._timing(ops, choice)
 
-    def _launch(self, s: _Setup, ops, choice: Choice, only) -> None:
+    def _launch(self, s: _Setup, ops: list[tuple[int, Op]], choice: Choice, only: str | None) -> None:
         # Everything is checked and packed first, so the launches follow each other with no
         # host work between: a collective's start delay is then the device's doing.
-        steps = []
+        steps: list[tuple[Device, Callable[[], None], Event | None, Event | None]] = []
         for i, op in ops:
             place, k = s.places[op.kind], s.kernels.get(i)
             place.activate()
             if op.kind == "compute":
-                run = op.work.prepare(s.compute_stream, dynamic_smem=s.dynamic_smem[i], stamps=self._stamps[i],
-                                      kernel=k)
+                run = op.compute.prepare(s.compute_stream, dynamic_smem=s.dynamic_smem[i], stamps=self._stamps[i],
+                                         kernel=k)
                 steps.append((place, run, s.events[i], None))
             else:
-                run = op.work.prepare(s.comm_stream, stamps=self._stamps[i], kernel=k, blocks=choice.comm_blocks,
+                run = op.comm.prepare(s.comm_stream, stamps=self._stamps[i], kernel=k, blocks=choice.comm_blocks,
                                       threads=choice.comm_threads)
                 wait = s.events[op.after] if op.after is not None and only is None else None
                 steps.append((place, run, None, wait))
@@ -266,10 +270,10 @@ class Engine:
         s.comm_stream.synchronize(self.timeout_s)
 
     @staticmethod
-    def _timing_from_records(ops, records: list[dict]) -> Timing:
+    def _timing_from_records(ops: list[tuple[int, Op]], records: list[dict]) -> Timing:
         """Rows ``[start_ms, end_ms, -1]`` per kernel from CUPTI (no SM is known per kernel)."""
-        names = {op.work.kernel.name for _, op in ops if op.kind == "compute"}
-        kinds = {"compute": [], "comm": []}
+        names = {op.compute.kernel.name for _, op in ops if op.kind == "compute"}
+        kinds: dict[str, list[dict]] = {"compute": [], "comm": []}
         for r in records:
             if r["name"] in names:
                 kinds["compute"].append(r)
@@ -279,7 +283,7 @@ class Engine:
             last = kinds["comm"][-1]
             for _, op in ops:
                 if op.kind == "comm":
-                    op.work.observe(last)
+                    op.comm.observe(last)
         wanted = {op.kind for _, op in ops}
         missing = [k for k in wanted if not kinds[k]]
         if missing:
@@ -288,7 +292,8 @@ class Engine:
         origin = min(r["start"] for k in wanted for r in kinds[k])
         # Each side's ops run one after another on its stream: the kernels of a kind, by start,
         # follow its ops (NCCL launches one kernel per collective and rank here).
-        per_op, of = {}, {}
+        per_op: dict[int, np.ndarray] = {}
+        of: dict[int, str] = {}
         for kind in wanted:
             idx = [i for i, op in ops if op.kind == kind]
             recs = sorted(kinds[kind], key=lambda r: r["start"])
@@ -301,10 +306,10 @@ class Engine:
                 of[i] = kind
         return _timing_of(per_op, of)
 
-    def _timing(self, ops, choice: Choice) -> Timing:
+    def _timing(self, ops: list[tuple[int, Op]], choice: Choice) -> Timing:
         raw = {}
         for i, op in ops:
-            n = op.work.blocks(choice.comm_blocks) if op.kind == "comm" else op.work.blocks
+            n = op.comm.blocks(choice.comm_blocks) if op.kind == "comm" else op.compute.blocks
             raw[i] = self._stamps[i][: 3 * n].numpy()  # only the words this launch wrote
         origin = min(int(r.reshape(-1, 3)[:, 0].min()) for r in raw.values())
         per_op = {}
@@ -349,13 +354,20 @@ class Engine:
         result = Result(choice.policy, choice, timings)
         if t_seq is None:
             t_seq = result.makespan if choice.policy == "sequential" else self.measure(Choice("sequential")).makespan
-        comp_span = float(np.median([t.compute.length for t in timings]))
-        delay = float(np.median([t.comm.start - t.compute.start for t in timings]))
+        lengths, delays = [], []
+        for t in timings:
+            if t.compute is None or t.comm is None:  # a run of the whole schedule times both sides
+                raise ShimrtError(f"a run of {self.schedule.label} has no {'compute' if t.compute is None else 'comm'}"
+                                  " span")
+            lengths.append(t.compute.length)
+            delays.append(t.comm.start - t.compute.start)
+        comp_span = float(np.median(lengths))
+        delay = float(np.median(delays))
         result.metrics = metrics.compute(t_comp, t_comm, t_seq, result.makespan, comp_span, delay)
         return result
 
     def auto(self, cache: Any = None, key: str | None = None, threads: Any = (None,), blocks: Any = (None,),
-             progress: Any = None) -> tuple[Choice, dict, list]:
+             progress: Any = None) -> tuple[Choice, dict[Choice, float], list[planner.Rejected]]:
         """Auto's choice (see :func:`shimrt.overlap.auto.search`): a cached one, or the fastest of
         the planner's candidates. Returns (choice, {choice: makespan}, rejected)."""
         from . import auto

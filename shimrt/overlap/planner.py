@@ -242,16 +242,15 @@ def estimate(problem: Problem, t_comp: float, t_comm: float) -> Estimate:
     per_sm = problem.comm_per_sm()
     if per_sm == 0:
         raise ShimrtError(f"{problem.comm.name} does not fit on one SM of {t.name}")
-    best = None
-    for j in range(1, per_sm + 1):  # j collective blocks per SM it uses
+    options = []  # (lost, SMs, kept, j) for j collective blocks per SM it uses: per_sm >= 1 of them
+    for j in range(1, per_sm + 1):
         full, rest = divmod(problem.comm_blocks, j)
         kept = occupancy.coresident(t, res, block, dataclasses.replace(problem.comm, blocks=j))
         lost = full * (natural - kept)
         if rest:
             lost += natural - occupancy.coresident(t, res, block, dataclasses.replace(problem.comm, blocks=rest))
-        if best is None or lost < best[0]:
-            best = (lost, full + (rest > 0), kept, j)
-    lost, sms, kept, j = best
+        options.append((lost, full + (rest > 0), kept, j))
+    lost, sms, kept, j = min(options, key=lambda o: o[0])  # the first of the least lost
     slots = t.num_sms * natural
     makespan = max(t_comm, t_comp + t_comm * lost / slots)
     why = (f"{problem.comm_blocks} blocks of {problem.comm.name} take {sms} SMs ({j} each), where "

@@ -7,13 +7,65 @@ i-1's). :meth:`Schedule.pair` and :meth:`Schedule.backward` build the two common
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 
 from .. import validate
 from ..errors import UsageError
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..kernel import Kernel
+    from ..memory import Buffer
+    from ..occupancy import Footprint
+
 KINDS = ("compute", "comm")
+
+
+class ComputeWork(Protocol):
+    """What the engine and the benches use of a compute op's work (a
+    :class:`~shimrt.overlap.workloads.ComputeWorkload`)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def kernel(self) -> Kernel: ...
+    @property
+    def block(self) -> tuple[int, int, int]: ...
+    @property
+    def blocks(self) -> int: ...
+
+    def prepare(self, stream: Any = None, *, dynamic_smem: int = 0, stamps: Buffer | None = None,
+                kernel: Kernel | None = None) -> Callable[[], None]: ...
+
+    def result(self) -> np.ndarray: ...
+
+
+class CommWork(Protocol):
+    """What the engine uses of a comm op's work (a :class:`~shimrt.overlap.standin.CommStandIn` or
+    an :class:`~shimrt.overlap.collective.NcclCollective`)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def kernel(self) -> Kernel | None: ...  # None: NCCL brings its own kernels
+    @property
+    def max_blocks(self) -> int: ...
+
+    def footprint(self, threads: int | None = None) -> Footprint: ...
+
+    def blocks(self, blocks: int | None = None) -> int: ...
+
+    def prepare(self, stream: Any = None, *, stamps: Any = None, kernel: Kernel | None = None,
+                blocks: int | None = None, threads: int | None = None) -> Callable[[], None]: ...
+
+    def raise_if_stalled(self) -> None: ...
+
+    def observe(self, record: dict) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -22,7 +74,7 @@ class Op:
     ``after`` the index of an earlier compute op it must wait for (None: none)."""
 
     kind: str
-    work: object
+    work: ComputeWork | CommWork
     after: int | None = None
 
     def __post_init__(self) -> None:
@@ -31,6 +83,21 @@ class Op:
             raise UsageError(f"op work must be a compute workload or a collective, not {self.work!r}")
         if self.after is not None:
             object.__setattr__(self, "after", validate.integer(self.after, "after (an op index, or None)", least=0))
+
+    # The kind says which of the two ``work`` is (the Protocols cannot be told apart at run time).
+    @property
+    def compute(self) -> ComputeWork:
+        """``work`` of a compute op."""
+        if self.kind != "compute":
+            raise UsageError(f"a {self.kind} op has no compute workload")
+        return cast(ComputeWork, self.work)
+
+    @property
+    def comm(self) -> CommWork:
+        """``work`` of a comm op."""
+        if self.kind != "comm":
+            raise UsageError(f"a {self.kind} op has no collective")
+        return cast(CommWork, self.work)
 
 
 class Schedule:
@@ -50,13 +117,13 @@ class Schedule:
         self.ops = ops
 
     @classmethod
-    def pair(cls, compute: Any, comm: Any) -> "Schedule":
+    def pair(cls, compute: ComputeWork, comm: CommWork) -> "Schedule":
         """Layer i-1's compute beside layer i's collective, whose input is ready: the compute is
         launched first (it takes every SM it can), the collective right after, independent."""
         return cls([Op("compute", compute), Op("comm", comm)])
 
     @classmethod
-    def backward(cls, computes: Any, comms: Any) -> "Schedule":
+    def backward(cls, computes: Sequence[ComputeWork], comms: Sequence[CommWork]) -> "Schedule":
         """A backward pass: layer by layer, compute, then its collective waiting for it; the
         next layer's compute is launched at once, beside the collective."""
         if not isinstance(computes, (list, tuple)) or not isinstance(comms, (list, tuple)) \

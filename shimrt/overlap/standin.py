@@ -11,13 +11,14 @@ memory per block, one block per channel. Every report says the stand-in was used
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .. import kernels, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
+from ..kernel import Kernel
 from ..memory import Buffer
 from ..occupancy import NCCL_2_28_SM90, Footprint
 from ..stream import timeout_seconds
@@ -179,14 +180,14 @@ class CommStandIn:
                              f"{self.device.target.name} ({per_sm} per SM x {self.device.target.num_sms} SMs); "
                              "the ring would never finish")
 
-    def launch(self, stream: Any = None, *, stamps: Any = None, kernel: Any = None, blocks: int | None = None,
-               threads: int | None = None) -> None:
+    def launch(self, stream: Any = None, *, stamps: Any = None, kernel: Kernel | None = None,
+               blocks: int | None = None, threads: int | None = None) -> None:
         """Enqueue one collective. ``kernel``: the same kernel loaded elsewhere (an SM
         partition); ``blocks``/``threads``: other channel and thread counts than the spec's."""
         self.prepare(stream, stamps=stamps, kernel=kernel, blocks=blocks, threads=threads)()
 
-    def prepare(self, stream: Any = None, *, stamps: Any = None, kernel: Any = None, blocks: int | None = None,
-                threads: int | None = None) -> Any:
+    def prepare(self, stream: Any = None, *, stamps: Any = None, kernel: Kernel | None = None,
+                blocks: int | None = None, threads: int | None = None) -> Callable[[], None]:
         """:meth:`launch` with every check and the argument packing done now; returns the
         function that enqueues it (call it once: it takes this launch's ring counters)."""
         g = self.spec.blocks if blocks is None else validate.integer(blocks, "blocks (or None)", least=1,
@@ -212,6 +213,9 @@ class CommStandIn:
                                                np.uint32(base), np.int32(self.spec.steps),
                                                np.uint64(self.spec.step_ns(g)), timeout_ns, self.error, stamps,
                                                stream=stream, dynamic_smem=self.dynamic_smem)
+
+    def observe(self, record: dict) -> None:
+        """Nothing to learn from a CUPTI record: the stand-in's footprint is its own compiled kernel's."""
 
     def raise_if_stalled(self) -> None:
         """After the work finished: ShimrtError if the ring gave up waiting (and clear the flag)."""

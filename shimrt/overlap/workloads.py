@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .. import kernels
 from ..device import Device
 from ..errors import UsageError
-from ..kernel import Module
+from ..kernel import Kernel, Module
 from ..memory import Buffer
 from ..validate import available_host_memory, require_memory
 
@@ -103,6 +103,7 @@ class ComputeWorkload:
         self.buffers = {k: device.to_device(v) for k, v in self.host.items()}
         self.output = device.empty((n, n), np.float32)
         i, size = self.buffers, np.int32(n)
+        self._args: tuple[Buffer | np.int32 | np.float32, ...]
         if spec.kind == "sgemm":
             self._args = (self.output, i["A"], i["B"], size, size, size, np.float32(alpha), np.float32(beta))
         elif spec.kind == "bias_gelu":
@@ -111,7 +112,7 @@ class ComputeWorkload:
             self._args = (self.output, i["x"], size, size)
         else:
             self._args = (self.output, i["x"], i["gamma"], i["beta"], size, size, np.float32(LAYERNORM_EPS))
-        self._expected = None
+        self._expected: tuple[np.ndarray, np.ndarray] | None = None
         self.reset()
 
     @property
@@ -134,7 +135,7 @@ class ComputeWorkload:
         return self.device.empty(3 * self.blocks, np.uint64).memset(0)
 
     def launch(self, stream: Any = None, *, dynamic_smem: int = 0, stamps: Buffer | None = None,
-               kernel: Any = None) -> None:
+               kernel: Kernel | None = None) -> None:
         """One launch on ``stream`` (None: the legacy default stream) with ``dynamic_smem`` bytes of
         dynamic shared memory (padding only: the kernels use none). ``stamps``: a uint64 Buffer
         of at least 3 * blocks words that receives each block's start, end and SM id, or None.
@@ -143,7 +144,7 @@ class ComputeWorkload:
                                        dynamic_smem=dynamic_smem)
 
     def prepare(self, stream: Any = None, *, dynamic_smem: int = 0, stamps: Buffer | None = None,
-                kernel: Any = None) -> Any:
+                kernel: Kernel | None = None) -> Callable[[], None]:
         """:meth:`launch`'s checks and argument packing done now; returns a function that
         launches (for launches that must follow each other with no host work between)."""
         return (kernel or self.kernel).prepare(self.grid, self.block, *self._args, self._stamps_arg(stamps),
