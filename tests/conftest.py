@@ -16,6 +16,25 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
 
 
+#: What a test needs that a machine may lack, as shimrt says it is missing: (its name for
+#: SHIMRT_TEST_REQUIRE, the start of shimrt's message).
+OPTIONAL_TOOLS = (("nvrtc", "NVRTC is not installed"), ("matplotlib", "plots need matplotlib"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A test that reaches a tool this machine lacks (NVRTC, matplotlib) is skipped with shimrt's
+    message saying what to install, as the hipRTC ones are; CI lists them as required."""
+    from shimrt import ShimrtError
+    try:
+        return (yield)
+    except ShimrtError as exc:
+        for name, said in OPTIONAL_TOOLS:
+            if str(exc).startswith(said):
+                skip_or_fail(name, str(exc))
+        raise
+
+
 @pytest.fixture(scope="session")
 def device():
     import shimrt

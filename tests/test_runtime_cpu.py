@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import skip_or_fail
 
 import shimrt
 from shimrt.config import settings
@@ -63,7 +64,8 @@ def test_selftest_runs_environment_and_compile_sections(tmp_path, request):
     results = json.loads(run.stdout)["results"]
     by = {(r["section"], r["name"]): r for r in results}
     assert run.returncode == (1 if any(r["status"] == "fail" for r in results) else 0)
-    assert by[("environment", "NVRTC")]["status"] == "pass"
+    if by[("environment", "NVRTC")]["status"] != "pass":
+        skip_or_fail("nvrtc", by[("environment", "NVRTC")]["detail"])
     arches = ["sm_80", "sm_86", "sm_90"]
     if by[("environment", "hipRTC")]["status"] == "pass":
         arches.append("gfx90a")

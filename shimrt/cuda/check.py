@@ -24,6 +24,27 @@ def _bindings():
     return driver, nvrtc
 
 
+@functools.cache  # one look per process: loading is what costs
+def _nvrtc_problem() -> str | None:
+    """Why NVRTC's library does not load (cuda.bindings loads it at the first NVRTC call), or None."""
+    _, nvrtc = _bindings()
+    try:
+        nvrtc.nvrtcVersion()
+    except Exception as exc:  # noqa: BLE001 - cuda.pathfinder's DynamicLibNotFoundError, an OSError from dlopen
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def nvrtc_bindings() -> Any:
+    """cuda.bindings' nvrtc module, once its library is known to load; NoDeviceError saying what
+    to install otherwise (never the loader's own exception from inside a compile)."""
+    why = _nvrtc_problem()
+    if why is not None:
+        raise NoDeviceError(f"NVRTC is not installed (pip install 'shimrt[cuda]', which brings nvidia-cuda-nvrtc): "
+                            f"{why}")
+    return _bindings()[1]
+
+
 class CuptiResult(int):
     """A CUptiResult (cupti_result.h) from a ctypes call into CUPTI: the wrapper tells
     :func:`describe` to ask CUPTI, not the CUDA driver, what the code means."""
@@ -85,6 +106,8 @@ def describe(err: Any) -> tuple[str, int, str]:
     driver, nvrtc = _bindings()
     code = int(err)
     if isinstance(err, nvrtc.nvrtcResult):
+        if _nvrtc_problem() is not None:  # the enum still knows its own name
+            return getattr(err, "name", str(err)), code, "(no description: NVRTC does not load)"
         _, text = nvrtc.nvrtcGetErrorString(err)
         name = text.decode() if isinstance(text, bytes) else str(text)
         return name, code, name

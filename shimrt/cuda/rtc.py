@@ -8,7 +8,7 @@ import re
 from .. import elf, includes
 from ..errors import CompileError
 from ..program import KernelResources
-from .check import _bindings, check, describe
+from .check import check, describe, nvrtc_bindings
 from .check import library_path as _library_path
 
 # ptxas -v: "Compiling entry function 'k' for 'sm_90'", then stack/spill and register lines.
@@ -24,7 +24,7 @@ _MAXNTID = re.compile(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?")
 
 def version() -> str:
     """'nvrtc MAJOR.MINOR' of the NVRTC library that will compile."""
-    _, nvrtc = _bindings()
+    nvrtc = nvrtc_bindings()
     major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
     return f"nvrtc {major}.{minor}"
 
@@ -40,7 +40,7 @@ def default_options(arch: str) -> list[str]:
     # From 12.9 on, NVRTC reuses CUBINs from the driver's compute cache when a driver is present,
     # skipping ptxas and so its report (seen on an H200 with NVRTC 13.0: an empty log on every
     # repeat). shimrt keeps its own cache, so NVRTC's is turned off.
-    _, nvrtc = _bindings()
+    nvrtc = nvrtc_bindings()
     if tuple(check(nvrtc.nvrtcVersion(), "nvrtcVersion")) >= (12, 9):
         options.append("--no-cache")
     return options
@@ -80,7 +80,7 @@ def compile_source(source: str, arch: str, options: list[str], name: str) -> tup
 
     The last item, parameter layouts, stays empty: the CUDA driver reports them at load time.
     """
-    _, nvrtc = _bindings()
+    nvrtc = nvrtc_bindings()
     prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         opts = [o.encode() for o in options]
