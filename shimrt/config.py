@@ -130,10 +130,16 @@ class Settings:
     def check_cache_dir(self) -> Path:
         """``cache_dir``, refused with a UsageError when it exists and is not a folder (a file
         where the cache should be), for the cache's user to call before reading or writing."""
-        if self.cache_dir.exists() and not self.cache_dir.is_dir():
-            raise UsageError(f"the compile cache {str(self.cache_dir)!r} is a file, not a folder: point "
-                             f"SHIMRT_CACHE_DIR at a folder, or set SHIMRT_DISABLE_CACHE=1")
-        return self.cache_dir
+        return cache_folder(self.cache_dir, "the compile cache")
+
+
+def cache_folder(folder: Path, what: str) -> Path:
+    """``folder`` for a cache (``what``: the compile cache, auto's choices), refused with one
+    message wherever a file stands where the folder should be."""
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{what} {str(folder)!r} is a file, not a folder: point SHIMRT_CACHE_DIR at a folder, or "
+                         "set SHIMRT_DISABLE_CACHE=1")
+    return folder
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:

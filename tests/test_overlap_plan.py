@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import shimrt
-from shimrt import kernels, occupancy, targets
+from shimrt import UsageError, kernels, occupancy, targets
 from shimrt.occupancy import NCCL_2_28_SM90
 from shimrt.overlap import auto, metrics, planner
 from shimrt.overlap.engine import Op, Schedule
@@ -325,3 +325,20 @@ def test_an_nccl_kernel_record_gives_its_channels_and_footprint():
     assert channels == 64
     assert (fp.blocks, fp.threads, fp.registers, fp.static_smem, fp.dynamic_smem) == (1, 544, 96, 36800, 82240)
     assert fp.name == "ncclDevKernel_AllReduce_f32_RING (CUPTI)"
+
+
+@pytest.mark.parametrize("where", ["file", "under a file"])
+def test_autos_choice_cache_refuses_a_file_where_its_folder_should_be(tmp_path, where):
+    """One message for both caches: a file where the folder should be is named, never a bare OSError."""
+    from shimrt.overlap.auto import ChoiceCache
+    from shimrt.overlap.planner import Choice
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    if where == "file":
+        with pytest.raises(UsageError, match="the cache of auto's choices .*blocker' is a file, not a folder"):
+            ChoiceCache(blocker, "dev")
+        return
+    cache = ChoiceCache(blocker / "below", "dev")
+    assert cache.get("k") is None
+    with pytest.raises(UsageError, match="the cache of auto's choices cannot be written in .*below'"):
+        cache.put("k", Choice("sequential"))

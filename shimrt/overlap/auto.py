@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .. import validate
+from ..config import cache_folder
 from ..errors import ShimrtError, UsageError
 from . import planner
 from .planner import Choice
@@ -31,7 +32,8 @@ class ChoiceCache:
     """What auto chose per workload, in a JSON file (one per device model), written atomically."""
 
     def __init__(self, directory: Path, device_key: str):
-        self.path = Path(directory) / f"overlap-auto-{hashlib.sha256(device_key.encode()).hexdigest()[:16]}.json"
+        directory = cache_folder(Path(directory), "the cache of auto's choices")
+        self.path = directory / f"overlap-auto-{hashlib.sha256(device_key.encode()).hexdigest()[:16]}.json"
         self.device_key = device_key
 
     def _read(self) -> dict:
@@ -53,8 +55,12 @@ class ChoiceCache:
     def put(self, key: str, choice: Choice) -> None:
         data = self._read() or {"device": self.device_key, "choices": {}}
         data.setdefault("choices", {})[key] = choice.as_dict()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".overlap-auto-")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".overlap-auto-")
+        except OSError as exc:  # a file where a folder above it should be, no permission, a full disk
+            raise UsageError(f"the cache of auto's choices cannot be written in {str(self.path.parent)!r}: "
+                             f"{exc.strerror or exc}; point SHIMRT_CACHE_DIR at a folder, or pass --fresh") from None
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, self.path)
