@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import cli, validate
 from ..device import Device
-from ..errors import ShimrtError, UsageError
+from ..errors import UsageError
 from ..nccl import CommOptions, Communicator, unique_id
 from ..occupancy import Footprint
 
@@ -51,8 +51,7 @@ def measure(device: Device | None = None, nbytes: int = 64 << 20, *, timeout: fl
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4:
         raise UsageError(f"nbytes must be an int of at least 4 (one float32), not {nbytes!r}")
     dev = device or Device()
-    if dev.backend != "cuda":
-        raise ShimrtError("footprint measurement uses CUPTI and needs the CUDA backend")
+    dev.record_kernels()  # the backend says here, before any NCCL work, if it cannot record kernels (HIP: roctracer)
     count = nbytes // 4
     with Communicator(dev, unique_id(backend=dev.backend), 0, 1, options=CommOptions(timeout=timeout)) as comm:
         result = {"nccl": comm.lib.version_text, "nccl_path": comm.lib.path, "device": dev.name,
