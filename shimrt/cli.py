@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import json
 import os
 import re
 import sys
@@ -109,6 +110,19 @@ def _main(parser, argv, run) -> int:
     except MemoryError:
         print(f"{command}: out of host memory (are the sizes asked for too large?)", file=sys.stderr)
         return 2
+
+
+def finish(text: str, data: Any, path: Any, *, indent: int = 2, say: bool = False) -> int:
+    """A command's end: print ``text``, write ``data`` as JSON to ``path`` (--json; None: not
+    asked), saying so when ``say``; the exit code, 0."""
+    if text:
+        print(text, flush=True)
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=indent)
+        if say:
+            print(f"wrote {path}")
+    return 0
 
 
 def add_json(p: argparse.ArgumentParser, what: str = "also write the results as JSON") -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 from typing import Any
@@ -241,9 +240,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"torch.distributed used NCCL {torch_nccl}; shimrt {lead.lib.version_text}")
         if lat:
             print(latency.report(lat, where))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"ranks": lead.size, "local_ranks": len(comms), "blocking": not args.nonblocking,
-                           "nccl": lead.lib.version_text, "nccl_path": lead.lib.path, "rows": rows,
-                           "torch_nccl": torch_nccl, "latency": lat}, f, indent=2)
+        cli.finish("", {"ranks": lead.size, "local_ranks": len(comms), "blocking": not args.nonblocking,
+                        "nccl": lead.lib.version_text, "nccl_path": lead.lib.path, "rows": rows,
+                        "torch_nccl": torch_nccl, "latency": lat}, args.json)
     return 0

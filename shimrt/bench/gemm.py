@@ -11,7 +11,6 @@ vendor's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from typing import Any
@@ -155,8 +154,4 @@ def report(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """``bench gemm``: measure, print, write --json."""
     result = measure(args.size, args.repeats, args.warmup)
-    print(report(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    return cli.finish(report(result), result, args.json)

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import statistics
-import sys
 import time
 from typing import Any, Callable
 
@@ -30,7 +28,7 @@ import numpy as np
 
 from .. import cli, validate
 from ..device import Device
-from ..errors import CollectiveError, ShimrtError
+from ..errors import CollectiveError
 
 _COUNT = 2  # float32 elements: 8 bytes
 
@@ -239,14 +237,6 @@ def report(result: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``bench host-cost``: measure, print the table, write --json."""
-    try:
-        with cli.deadline(args.timeout):  # its direct calls into NCCL have no watchdog: never a hang
-            result = measure(Device(), args.calls, args.batches, not args.no_torch)
-    except ShimrtError as exc:
-        print(f"bench host-cost: {exc}", file=sys.stderr)
-        return 2
-    print(report(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    with cli.deadline(args.timeout):  # its direct calls into NCCL have no watchdog: never a hang
+        result = measure(Device(), args.calls, args.batches, not args.no_torch)
+    return cli.finish(report(result), result, args.json)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import random
 import statistics
@@ -344,8 +343,4 @@ def report(result: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """``bench launch``: measure, print, write --json."""
     result = measure(args.batch, args.batches, args.launches, args.rounds)
-    print(report(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    return cli.finish(report(result), result, args.json)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import re
 import sys
 from typing import Any
@@ -376,10 +375,7 @@ def run(args: argparse.Namespace) -> int:
     print("\nsummary (auto vs the best fixed policy; reduction = time saved against sequential):")
     for s in summaries:
         print(_summary_line(s))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-        print(f"wrote {args.json}")
+    cli.finish("", out, args.json, indent=1, say=True)
     if args.plots:
         from .plots import write_all
         try:

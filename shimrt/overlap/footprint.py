@@ -9,7 +9,6 @@ operations with copies and no kernel at all; what it printed is what it launched
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Sequence
 
@@ -95,11 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     result = measure(nbytes=args.bytes)
-    print(report(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    return cli.finish(report(result), result, args.json)
 
 
 if __name__ == "__main__":
