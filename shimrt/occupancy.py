@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -163,6 +164,19 @@ class Footprint:
         for f, least in (("blocks", 1), ("threads", 1), ("registers", 0), ("static_smem", 0), ("dynamic_smem", 0),
                          ("sgprs", 0)):
             object.__setattr__(self, f, _count(f"Footprint.{f}", getattr(self, f), least))
+
+    @classmethod
+    def of_record(cls, record: dict) -> tuple[int, "Footprint"]:
+        """(blocks launched, the footprint per block) of a CUPTI kernel record (``Device.
+        record_kernels``): the one reader of those records. An NCCL kernel has one block per
+        channel; the name is the mangled function's own, else the start of the record's."""
+        blocks = max(1, record["grid_x"] * record["grid_y"] * record["grid_z"])
+        threads = max(1, record["block_x"] * record["block_y"] * record["block_z"])
+        name = record["name"]
+        mangled = re.match(r"_Z([0-9]+)", name)  # "_Z<length><name>..."
+        short = name[mangled.end():mangled.end() + int(mangled.group(1))] if mangled else name[:48]
+        return blocks, cls(f"{short} (CUPTI)", 1, threads, record["registers"], max(record["static_smem"], 0),
+                           max(record["dynamic_smem"], 0))
 
     def with_threads(self, threads: int) -> "Footprint":
         """The same kernel launched with another thread count (NCCL_NTHREADS, for example)."""

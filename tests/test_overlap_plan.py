@@ -317,11 +317,10 @@ def test_cupti_records_become_spans_per_op_of_a_backward_schedule():
 
 
 def test_an_nccl_kernel_record_gives_its_channels_and_footprint():
-    from shimrt.overlap.collective import channels_and_footprint
     record = {"name": "_Z32ncclDevKernel_AllReduce_f32_RING24ncclDevKernelArgsStorageILm4096EE", "grid_x": 64,
               "grid_y": 1, "grid_z": 1, "block_x": 544, "block_y": 1, "block_z": 1, "registers": 96,
               "static_smem": 36800, "dynamic_smem": 82240}
-    channels, fp = channels_and_footprint(record)
+    channels, fp = occupancy.Footprint.of_record(record)
     assert channels == 64
     assert (fp.blocks, fp.threads, fp.registers, fp.static_smem, fp.dynamic_smem) == (1, 544, 96, 36800, 82240)
     assert fp.name == "ncclDevKernel_AllReduce_f32_RING (CUPTI)"

@@ -112,12 +112,12 @@ def sharing(target: Any, records: list, nccl: Footprint) -> dict:
     """Of the compute kernels in ``records`` (CUPTI, NCCL's left out by the caller): their time
     in all, the share of it in kernels no block of which fits beside one ``nccl`` block, and the
     longest-running such kernel with its footprint."""
-    from ..overlap.collective import channels_and_footprint
+    from ..occupancy import Footprint
     total, alone = 0.0, 0.0
     exclusive: dict = {}  # name -> (us in all, its footprint as (threads, registers, smem))
     fits: dict = {}
     for k in records:
-        _, fp = channels_and_footprint(k)  # a CUPTI record's footprint, whatever kernel it is
+        _, fp = Footprint.of_record(k)  # a CUPTI record's footprint, whatever kernel it is
         key = (fp.threads, fp.registers, fp.static_smem + fp.dynamic_smem)
         if key not in fits:
             try:

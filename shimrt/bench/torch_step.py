@@ -169,7 +169,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
     """Every policy and auto on configuration ``name``: the result as JSON-ready dict."""
     import torch
 
-    from ..overlap.collective import channels_and_footprint
+    from ..occupancy import Footprint
     from ..overlap.interpose import Interposer
     from ..torch import sm_carveout
     from ..torch.model import ModelSize, batch, build
@@ -217,7 +217,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             torch_measure.comm_alone(torch, comm_of(natural), buckets, repeats=0)
         nccl = [k for k in rec.kernels if is_nccl(k["name"])]
         if nccl:
-            nccl_channels, footprint = channels_and_footprint(nccl[0])
+            nccl_channels, footprint = Footprint.of_record(nccl[0])
             result["nccl"] = {"kernel": footprint.name, "channels_per_rank": nccl_channels,
                               "ranks_on_this_gpu": ranks_per_gpu,
                               "blocks_on_this_gpu": nccl_channels * ranks_per_gpu, "threads": footprint.threads,

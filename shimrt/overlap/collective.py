@@ -20,7 +20,6 @@ blocks on the engine's GPU are then every co-located rank's: the planner counts 
 
 from __future__ import annotations
 
-import re
 from typing import Any, Callable
 
 import numpy as np
@@ -37,19 +36,6 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
 # send_recv is a grouped send and recv of one buffer each: the Communicator's "send" sizes it.
 _SIZED_AS = {"send_recv": "send"}
-
-
-def channels_and_footprint(record: dict) -> tuple[int, Footprint]:
-    """(channels, the footprint per block) of an NCCL kernel from its CUPTI kernel record: one
-    block per channel, with the threads, registers and shared memory it was launched with."""
-    channels = max(1, record["grid_x"] * record["grid_y"] * record["grid_z"])
-    threads = max(1, record["block_x"] * record["block_y"] * record["block_z"])
-    name = record["name"]
-    # A mangled function name "_Z<length><name>...": its name, else the start of the record's.
-    mangled = re.match(r"_Z([0-9]+)", name)
-    short = name[mangled.end():mangled.end() + int(mangled.group(1))] if mangled else name[:48]
-    return channels, Footprint(f"{short} (CUPTI)", 1, threads, record["registers"], max(record["static_smem"], 0),
-                               max(record["dynamic_smem"], 0))
 
 
 def _ranks(communicator: Any) -> list:
@@ -186,7 +172,7 @@ class NcclCollective:
         """Take the channel count and footprint from a CUPTI record of this collective's kernel
         (NCCL picks its channels, threads and shared memory itself), so the planner counts what
         really runs."""
-        self.channels, self._footprint = channels_and_footprint(record)
+        self.channels, self._footprint = Footprint.of_record(record)
 
     def raise_if_stalled(self) -> None:
         """NCCL reports its own failures through the communicator's calls."""

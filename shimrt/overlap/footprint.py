@@ -18,14 +18,6 @@ from .. import cli, validate
 from ..device import Device
 from ..errors import UsageError
 from ..nccl import CommOptions, Communicator, unique_id
-from ..occupancy import Footprint
-
-
-def footprint_of(record: dict) -> Footprint:
-    """The Footprint of one launch record (one block of it per SM it occupies)."""
-    threads = record["block_x"] * record["block_y"] * record["block_z"]
-    return Footprint(record["name"], blocks=1, threads=threads, registers=record["registers"],
-                     static_smem=record["static_smem"], dynamic_smem=record["dynamic_smem"])
 
 
 def _operations(comm: Communicator, send, recv) -> dict:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from shimrt import CollectiveError, ShimrtError, kernels
+from shimrt.occupancy import Footprint
 from shimrt.overlap import footprint
 
 
@@ -44,5 +45,5 @@ def test_nccl_footprint_is_measured(device):
                                          "send/recv to self (grouped)"}
     for records in result["operations"].values():
         for r in records:
-            f = footprint.footprint_of(r)
+            _, f = Footprint.of_record(r)
             assert f.threads >= 32 and f.registers > 0, r
