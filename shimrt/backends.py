@@ -102,24 +102,14 @@ class Driver(Protocol):
 
 
 class Trace(Protocol):
-    """``<backend>/trace.py``: records of the kernels launched while recording (CUPTI on CUDA)."""
-
-    KIND_KERNEL: int
-    KIND_CONCURRENT_KERNEL: int
-    KERNEL_RECORD: dict
-    LAUNCH_CALLBACKS: dict
-    CALLBACK_DATA: dict
-    LAUNCH_PARAMS: dict
-    LAUNCH_EX_PARAMS: dict
-    LAUNCH_CONFIG: dict
-    LAUNCH_ATTRIBUTE: dict
+    """``<backend>/trace.py``: what the core calls (``Device.record_kernels`` and
+    ``Device.interpose_launches``): a recorder of the kernels launched while it records, and an
+    interposer of launches; ``library_path`` says where the tracing library loads from. The record
+    and callback layouts stay private to each backend (CUPTI's in ``cuda/trace.py``)."""
 
     def KernelRecorder(self) -> Any: ...  # noqa: N802 - a class in the modules
     def LaunchInterposer(self, rewrite: Any) -> Any: ...  # noqa: N802 - a class in the modules
-    def parse_kernel_record(self, address: int) -> dict: ...
     def library_path(self) -> str | None: ...
-    def read_launch(self, cbid: int, params: int) -> dict: ...
-    def write_dynamic_smem(self, launch: dict, value: int) -> None: ...
 
 
 #: part -> the Protocol its modules satisfy.

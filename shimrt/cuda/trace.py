@@ -21,10 +21,12 @@ from typing import Any
 from ..errors import ShimrtError
 from .check import CuptiResult, check
 
-# The trace part's public names; shimrt.hip.trace has the same ones with the same signatures.
-__all__ = ["KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "KernelRecorder",
-           "library_path", "LAUNCH_CALLBACKS", "CALLBACK_DATA", "LAUNCH_PARAMS", "LAUNCH_EX_PARAMS", "LAUNCH_CONFIG",
-           "LAUNCH_ATTRIBUTE", "read_launch", "write_dynamic_smem", "LaunchInterposer"]
+# The trace part's public names: backends.Trace's three (shimrt.hip.trace has the same, with the same
+# signatures), then CUPTI's layouts and readers, this backend's own.
+__all__ = ["KernelRecorder", "LaunchInterposer", "library_path",
+           "KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "LAUNCH_CALLBACKS",
+           "CALLBACK_DATA", "LAUNCH_PARAMS", "LAUNCH_EX_PARAMS", "LAUNCH_CONFIG", "LAUNCH_ATTRIBUTE", "read_launch",
+           "write_dynamic_smem"]
 
 KIND_KERNEL = 3              # CUPTI_ACTIVITY_KIND_KERNEL
 KIND_CONCURRENT_KERNEL = 10  # CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
