@@ -11,7 +11,7 @@ imports no backend, so there is no import loop between this module and the backe
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Literal, Protocol, overload
 
 from .errors import NoDeviceError, UsageError
 
@@ -122,8 +122,19 @@ def members(protocol: type) -> list[str]:
     return list(dict.fromkeys(list(getattr(protocol, "__annotations__", {})) + names))
 
 
+@overload
+def load(backend: str, part: Literal["check"]) -> Check: ...
+@overload
+def load(backend: str, part: Literal["rtc"]) -> Rtc: ...
+@overload
+def load(backend: str, part: Literal["driver"]) -> Driver: ...
+@overload
+def load(backend: str, part: Literal["trace"]) -> Trace: ...
+
+
 def load(backend: str, part: str) -> Any:
-    """The module ``shimrt.<backend>.<part>``; NoDeviceError if this version lacks it."""
+    """The module ``shimrt.<backend>.<part>``, typed as its part's Protocol (so every call into a
+    backend is checked against it); NoDeviceError if this version lacks it."""
     if backend not in NAMES:
         raise UsageError(f"backend must be one of {', '.join(NAMES)}, not {backend!r}")
     if part not in PARTS:

@@ -87,7 +87,7 @@ class Kernel:
         self.attributes: dict = drv.function_attributes(fn)
         layout = drv.function_param_layout(fn)
         if layout is None and name in module.program.params:
-            layout = [tuple(p) for p in module.program.params[name]]
+            layout = [(int(offset), int(size)) for offset, size in module.program.params[name]]
         self.param_layout = layout
         self._launch = drv.launcher()
         self._max_threads = self.attributes["max_threads_per_block"]
