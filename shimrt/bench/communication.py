@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .. import choose
 from ..config import LaunchEnv, launch_env
 from ..device import Device
 from ..errors import ShimrtError, UsageError
@@ -179,7 +180,7 @@ def auto_nccl(engine: Engine, seq: Result, args: Any, retune: Retune | None) -> 
     settings_: list[int | str | None] = [None]
     if retune is not None:
         settings_ += [c for c in retune.settings if c != comm.channels]
-    best: Result | None = None
+    results: dict[int | str | None, Result] = {}
     measured: dict[str, float] = {}
     rejected: list[str] = []
     for ctas in settings_:
@@ -200,10 +201,10 @@ def auto_nccl(engine: Engine, seq: Result, args: Any, retune: Retune | None) -> 
             if eng is not engine:  # a result keeps its timings, not the engine
                 eng.close()
         result.policy, result.detail = "auto", setting
-        if best is None or result.makespan < best.makespan:
-            best = result
-    if best is None:
+        results[ctas] = result
+    if not results:
         return None, {"rejected": rejected}
+    best = results[choose.fastest({ctas: r.makespan for ctas, r in results.items()})]
     auto = {"choice": f"{best.choice.describe()}, {best.detail}", "cached": False,
             "measured": dict(sorted(measured.items(), key=lambda x: x[1])), "rejected": rejected}
     return best, auto

@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from .. import cli, validate
+from .. import choose, cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
@@ -308,12 +308,13 @@ def _tune(torch: Any, trainer: Any, fixed: list, comm_of: Any, context: Any, set
     """auto: every fixed policy that ran here, for ``--trial-steps`` steps after one warm-up; the
     fastest."""
     t0 = time.perf_counter()
-    tried = {}
-    for p in fixed:
+
+    def step_ms(p: Any) -> float:
         with context(p):
-            tried[p.name] = timed_steps(torch, trainer, comm_of(p), p.overlap, 1, args.trial_steps, settle=settle(p))[0]
-    best = min(fixed, key=lambda p: tried[p.name])
-    return best, {"tried": tried, "picked": best.name, "tuning_s": time.perf_counter() - t0}
+            return timed_steps(torch, trainer, comm_of(p), p.overlap, 1, args.trial_steps, settle=settle(p))[0]
+    best, times = choose.pick(fixed, step_ms)
+    return best, {"tried": {p.name: t for p, t in times.items()}, "picked": best.name,
+                  "tuning_s": time.perf_counter() - t0}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from .. import validate
+from .. import choose, validate
 from ..config import cache_folder
 from ..errors import ShimrtError, UsageError
 from . import planner
@@ -67,11 +68,14 @@ class ChoiceCache:
 
 
 def pick(choices: list[Choice], measure: Callable[[Choice], float]) -> tuple[Choice, dict[Choice, float]]:
-    """The choice with the least ``measure(choice)`` (a makespan); also every measured value."""
+    """The choice with the least ``measure(choice)`` (a makespan); also every measured value
+    (:func:`shimrt.choose.pick`; inf for a choice the device refused, which is never kept unless
+    all were)."""
     if not choices:
         raise ShimrtError("auto has no feasible choice to measure")
     times = {c: float(measure(c)) for c in choices}
-    return min(times, key=times.__getitem__), times
+    finite = {c: t for c, t in times.items() if math.isfinite(t)}
+    return (choose.fastest(finite) if finite else choices[0]), times
 
 
 def key(engine: "Engine") -> str:

@@ -15,8 +15,8 @@ import math
 import statistics
 from typing import Any, Callable, Sequence
 
-from .. import validate
-from ..errors import UsageError
+from .. import choose, validate
+from ..errors import ShimrtError, UsageError
 
 
 class Trials:
@@ -87,15 +87,12 @@ class Trials:
         if len(agreed) != len(mine):
             raise UsageError(f"agree must give one time per candidate ({len(mine)}), not {len(agreed)}")
         self.medians = {c.name: float(t) for c, t in zip(self.candidates, agreed, strict=True)}
-        best = min(self.candidates, key=lambda c: self.medians[c.name])
-        if self.reference is not None and best.name != self.reference:
-            ref = self.medians[self.reference]
-            if not self.medians[best.name] < ref * (1 - self.margin):
-                best = next(c for c in self.candidates if c.name == self.reference)
-        if math.isinf(self.medians[best.name]):
-            raise UsageError("auto timed no candidate: no trial step all-reduced")
-        self.picked = best
-        return best
+        try:
+            name = choose.fastest(self.medians, self.reference, self.margin)
+        except ShimrtError:
+            raise UsageError("auto timed no candidate: no trial step all-reduced") from None
+        self.picked = next(c for c in self.candidates if c.name == name)
+        return self.picked
 
     def report(self) -> dict:
         """The trials: each candidate's step times (ms) and the agreed median, what was kept."""
