@@ -51,8 +51,8 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
 from . import policies as vocabulary
-from . import sm_carveout
-from . import stream as torch_stream
+from .interop import sm_carveout
+from .interop import stream as torch_stream
 from .step import Policy, compute_context
 from .trials import Trials
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, ContextManager, Iterator
 from .. import nccl, validate
 from ..errors import UsageError
 from ..targets import MAX_SMS
-from . import stream as torch_stream
+from .interop import stream as torch_stream
 
 #: Stream priorities a policy may give its communication.
 PRIORITIES = ("low", "high")
@@ -381,7 +381,7 @@ def compute_context(policy: Policy, interposer: Any = None, partition_stream: An
         raise UsageError(f"policy must be a Policy, not {validate.shown(policy)}")
     import torch
 
-    from . import sm_carveout
+    from .interop import sm_carveout
     with contextlib.ExitStack() as stack:
         if policy.partition is not None:
             if partition_stream is None:

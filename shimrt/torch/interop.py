@@ -1,0 +1,74 @@
+"""torch beside shimrt: a shimrt Stream as torch's, cuBLAS told how many SMs to leave free, and
+ProcessGroupNCCL's high-priority streams (re-exported by :mod:`shimrt.torch`; the modules of this
+package import them from here, never from the package, so no import loop runs through it).
+torch is imported when a function is called, never at import."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+from .. import validate
+from ..errors import UsageError
+from ..targets import MAX_SMS
+
+
+def require_torch() -> Any:
+    """torch, or a UsageError saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("shimrt.torch needs PyTorch: pip install 'shimrt[torch]'") from None
+    return torch
+
+
+def stream(s: Any) -> Any:
+    """The shimrt Stream ``s`` as a ``torch.cuda.ExternalStream`` on its device (torch does not
+    own it: keep ``s`` open while torch uses it)."""
+    torch = require_torch()
+    if not hasattr(s, "handle") or not hasattr(s, "device") or getattr(s, "closed", True):
+        raise UsageError(f"stream() takes an open shimrt Stream, not {s!r:.100}")
+    return torch.cuda.ExternalStream(s.handle, device=torch.device("cuda", s.device.index))
+
+
+@contextlib.contextmanager
+def sm_carveout(sms: int | None) -> Iterator[None]:
+    """Matmuls launched inside the block leave ``sms`` SMs free (None: torch's default), as
+    ``torch._C._set_sm_carveout_experimental`` sets it, with cuBLASLt as torch's preferred BLAS
+    (torch applies the carveout on its cuBLASLt paths only); both are restored at the end.
+    UsageError where this torch lacks the knob."""
+    torch = require_torch()
+    if sms is not None:
+        sms = validate.integer(sms, "sms", least=0, most=MAX_SMS)
+    setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
+    getter = getattr(torch._C, "_get_sm_carveout_experimental", None)
+    if setter is None or getter is None:
+        raise UsageError(f"torch {torch.__version__} has no SM carveout for cuBLAS "
+                         "(torch._C._set_sm_carveout_experimental)")
+    # torch applies the carveout on its cuBLASLt paths only; plain matmuls (bf16 Linear without a
+    # bias) go through cuBLAS unless cuBLASLt is preferred, so it is, inside the block.
+    prefer = getattr(torch.backends.cuda, "preferred_blas_library", None)
+    previous, previous_blas = getter(), prefer() if prefer is not None else None
+    setter(sms)
+    if prefer is not None and sms is not None:
+        prefer("cublaslt")
+    try:
+        yield
+    finally:
+        setter(previous)
+        if prefer is not None:
+            prefer(previous_blas)
+
+
+def process_group_options(high_priority: bool = True) -> Any:
+    """Options for ``torch.distributed.init_process_group("nccl", pg_options=...)`` (or
+    ``new_group``) that put ProcessGroupNCCL's collectives on streams of the greatest priority
+    (its ``is_high_priority_stream``), as shimrt's Communicator does by default."""
+    require_torch()
+    high_priority = validate.boolean(high_priority, "high_priority")
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_nccl_available():
+        raise UsageError("this torch has no NCCL process group (torch.distributed with NCCL)")
+    options = dist.ProcessGroupNCCL.Options()
+    options.is_high_priority_stream = high_priority
+    return options
