@@ -53,7 +53,9 @@ class Device(Closing):
             raise NoDeviceError(f"device {index} does not exist: the {name} driver reports {count} device(s)")
         self.index = index
         self.backend = name
-        self._drv = drv
+        #: The backend's driver part (backends.Driver): the seam through which this device's
+        #: kernels, buffers and streams make their driver calls.
+        self.driver: backends.Driver = drv
         self._dev = drv.get_device(index)
         self._ctx = drv.context_retain(self._dev)
         self._finalizer = finalizer(self, drv.context_release, self._dev)
@@ -82,11 +84,11 @@ class Device(Closing):
         """Make this device's context current on the calling thread."""
         if self.closed:
             raise UsageError(f"{self!r} is closed")
-        self._drv.make_current(self._ctx)
+        self.driver.make_current(self._ctx)
 
     def device_count(self) -> int:
         """How many devices this device's driver reports (the indices ``Device(i)`` accepts)."""
-        return self._drv.device_count()
+        return self.driver.device_count()
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Wait for all work on the device (at most ``timeout`` seconds when given: a positive number)."""
@@ -94,7 +96,7 @@ class Device(Closing):
             timeout = timeout_seconds(timeout)
         self.activate()
         if timeout is None:
-            self._drv.synchronize()
+            self.driver.synchronize()
             return
         # No query covers every stream of a context, so the blocking call runs on a helper
         # thread and the caller stops waiting after the timeout.
@@ -103,7 +105,7 @@ class Device(Closing):
         def wait():
             try:
                 self.activate()
-                self._drv.synchronize()
+                self.driver.synchronize()
                 outcome.append(None)
             except BaseException as exc:  # handed to the caller below
                 outcome.append(exc)
@@ -127,7 +129,7 @@ class Device(Closing):
             raise UsageError(f"load() takes a Program from shimrt.compile, not {program!r:.100}")
         _check_compatible(program.target, self.target)
         self.activate()
-        return Module(self, self._drv.module_load(program.binary), program)
+        return Module(self, self.driver.module_load(program.binary), program)
 
     # --- memory ---
     def alloc(self, nbytes: int) -> Buffer:
@@ -143,7 +145,7 @@ class Device(Closing):
             raise UsageError(f"an array must fit in the {self.total_memory} bytes of {self.name}, not shape {shape} "
                              f"of {dtype}: it needs {nbytes} bytes")
         self.activate()
-        ptr = self._drv.mem_alloc(nbytes) if nbytes else 0
+        ptr = self.driver.mem_alloc(nbytes) if nbytes else 0
         return Buffer(self, ptr, nbytes, shape, dtype, owner=None)
 
     def to_device(self, array: Any, stream: Stream | None = None) -> Buffer:
@@ -156,7 +158,7 @@ class Device(Closing):
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory."""
         self.activate()
-        return self._drv.mem_info()
+        return self.driver.mem_info()
 
     # --- streams and events ---
     def stream(self, priority: str | int = "low") -> Stream:
@@ -164,7 +166,7 @@ class Device(Closing):
         an int must lie in the device's range (see ``priority_range``)."""
         value = self._priority(priority)
         self.activate()
-        return Stream(self, self._drv.stream_create(value))
+        return Stream(self, self.driver.stream_create(value))
 
     def _priority(self, priority) -> int:
         return stream_priority(priority, self.priority_range)
@@ -173,29 +175,28 @@ class Device(Closing):
         """An event; ``timing=False`` makes it cheaper but unusable for elapsed time."""
         timing = validate.boolean(timing, "timing")
         self.activate()
-        return Event(self, self._drv.event_create(timing), timing)
+        return Event(self, self.driver.event_create(timing), timing)
 
     def stream_handle(self, stream: Any) -> int:
         """The integer handle of ``stream``: a shimrt Stream of this device, None (the legacy
         default stream, 0 on CUDA), or another library's stream (``__cuda_stream__`` or
         ``cuda_stream``), as other libraries (NCCL, torch, CuPy) take it."""
-        return self._drv.stream_handle(self._stream_ref(stream))
+        return self.driver.stream_handle(self.stream_ref(stream))
 
     def stream_query(self, stream: Any) -> bool:
         """True when everything queued on ``stream`` (any form :meth:`stream_handle` takes) has
         finished."""
-        return self._drv.stream_query(self._stream_ref(stream))
+        return self.driver.stream_query(self.stream_ref(stream))
 
-    def _stream_ref(self, stream):
-        """The backend's handle of ``stream`` (see :meth:`stream_handle`), for driver calls."""
+    def stream_ref(self, stream: Any) -> Any:
+        """The backend's handle of ``stream`` (any form :meth:`stream_handle` takes), for driver
+        calls: part of the seam the device's kernels, buffers and streams use, with :attr:`driver`."""
         if stream is None:
             return self._null
         if isinstance(stream, Stream):
-            if stream._handle is None:
-                raise UsageError("the stream is closed")
-            if stream.device is not self:
+            if stream.device is not self and not stream.closed:
                 raise UsageError("the stream belongs to another Device")
-            return stream._handle
+            return stream.ref()
         if hasattr(stream, "__cuda_stream__"):
             return int(stream.__cuda_stream__()[1])
         if hasattr(stream, "cuda_stream"):
@@ -210,7 +211,7 @@ class Device(Closing):
         contexts, HIP CU-masked streams. Memory from this device is usable in both."""
         sms = partition_sms(sms, self.target.num_sms)
         self.activate()
-        parts = self._drv.sm_partition(self._dev, sms)
+        parts = self.driver.sm_partition(self._dev, sms)
         self.activate()
         split, rest = (Partition(self, handle, ctx, count) for handle, ctx, count in parts)
         return split, rest
@@ -229,7 +230,7 @@ class Device(Closing):
         CUkernel PyTorch's kernels are. Call it outside the interposer's callbacks."""
         handle = validate.integer(handle, "handle", least=1)
         self.activate()
-        return self._drv.handle_attributes(handle, self._dev)
+        return self.driver.handle_attributes(handle, self._dev)
 
     def set_foreign_max_dynamic_smem(self, handle: int, nbytes: int) -> None:
         """Let the function behind ``handle`` (see :meth:`foreign_function_attributes`) launch
@@ -237,7 +238,7 @@ class Device(Closing):
         handle = validate.integer(handle, "handle", least=1)
         nbytes = validate.integer(nbytes, "nbytes", least=0, most=self.target.smem_per_block_optin)
         self.activate()
-        self._drv.handle_set_max_dynamic_smem(handle, self._dev, nbytes)
+        self.driver.handle_set_max_dynamic_smem(handle, self._dev, nbytes)
 
     def interpose_launches(self, rewrite: Any) -> Any:
         """A context manager that calls ``rewrite(launch)`` at the entry of every kernel launch
@@ -323,12 +324,18 @@ class Partition(Device):
 
     def __init__(self, parent: Device, handle: Any, ctx: Any, sms: int):  # a view: no Device.__init__
         self.parent, self._partition = parent, handle
-        for name in ("index", "backend", "_drv", "_dev", "name", "total_memory", "priority_range", "timestamp_hz",
-                     "_null"):
-            setattr(self, name, getattr(parent, name))
+        self.driver = parent.driver  # read on every driver call: kept here rather than looked up
         self._ctx = ctx if ctx is not None else parent._ctx
         self.target = parent.target.with_(num_sms=sms)
-        self._finalizer = finalizer(self, parent._drv.partition_destroy, handle)
+        self._finalizer = finalizer(self, parent.driver.partition_destroy, handle)
+
+    def __getattr__(self, name: str) -> Any:
+        """What a partition does not set itself (the index, backend, name, memory, priorities, the
+        device's handles) is its parent's: nothing is copied, so nothing added to Device goes
+        missing here."""
+        if name.startswith("__") or name == "parent":  # pickling and copying look for these; no recursion
+            raise AttributeError(name)
+        return getattr(self.parent, name)
 
     def __repr__(self) -> str:
         return f"<shimrt.Partition of device {self.index}: {self.target.num_sms} SMs>"
@@ -341,4 +348,4 @@ class Partition(Device):
         # handle, and a green context left current would give this thread's runtime users (torch)
         # another context's default stream, out of step with their other threads.
         self.parent.activate()
-        return Stream(self, self._drv.partition_stream_create(self._partition, value))
+        return Stream(self, self.driver.partition_stream_create(self._partition, value))

@@ -36,7 +36,7 @@ class Module(Closing):
     def __init__(self, device: "Device", handle: Any, program: Program):
         self.device, self.program, self._handle = device, program, handle
         self._kernels: dict[str, Kernel] = {}
-        self._finalizer = finalizer(self, device._drv.module_unload, handle)
+        self._finalizer = finalizer(self, device.driver.module_unload, handle)
 
     def __repr__(self) -> str:
         return f"<shimrt.Module {self.program.name} on device {self.device.index}>"
@@ -49,7 +49,7 @@ class Module(Closing):
             if not isinstance(name, str) or not name or "\0" in name:  # the driver would stop at a NUL
                 raise UsageError(f"kernel name must be one of {', '.join(self.program.kernels)}, not {name!r}")
             self.device.activate()
-            fn = self.device._drv.module_function(self._handle, name)
+            fn = self.device.driver.module_function(self._handle, name)
             if fn is None:
                 raise UsageError(f"no kernel {name!r} in {self.program.name}; it has: {', '.join(self.program.kernels)}"
                                  " (kernels need extern \"C\" or SHIMRT_KERNEL to keep their names)")
@@ -82,7 +82,7 @@ class Kernel:
     def __init__(self, module: Module, name: str, fn: Any):
         self.module, self.name, self._fn = module, name, fn
         self.device = module.device
-        drv = self.device._drv
+        drv = self.device.driver
         self.resources = module.program.resources.get(name)
         self.attributes: dict = drv.function_attributes(fn)
         layout = drv.function_param_layout(fn)
@@ -131,7 +131,7 @@ class Kernel:
             raise UsageError(f"dynamic_smem must be an int of at most {limit - static} bytes for kernel {self.name}, "
                              f"not {smem}: with {static} B static it exceeds the device's {limit} B per block")
         self.device.activate()
-        self.device._drv.function_set_max_dynamic_smem(self._fn, smem)
+        self.device.driver.function_set_max_dynamic_smem(self._fn, smem)
         self._smem_limit = smem
 
     def set_carveout(self, percent: int | None) -> None:
@@ -143,7 +143,7 @@ class Kernel:
         if percent == self._carveout:
             return
         self.device.activate()
-        self.device._drv.function_set_carveout(self._fn, -1 if percent is None else percent)
+        self.device.driver.function_set_carveout(self._fn, -1 if percent is None else percent)
         self._carveout = percent
 
     def max_active_blocks(self, block_size: int, dynamic_smem: int = 0) -> int:
@@ -151,7 +151,7 @@ class Kernel:
         self._block_size(block_size)
         self._opt_in(dynamic_smem)
         self.device.activate()
-        return self.device._drv.occupancy(self._fn, int(block_size), int(dynamic_smem))
+        return self.device.driver.occupancy(self._fn, int(block_size), int(dynamic_smem))
 
     def shape(self, block_size: int, *, resident_blocks: int | None = None, reserve: Any = None) -> occupancy.Shaping:
         """:func:`shimrt.occupancy.shape` for this kernel on this device, confirmed with the driver
@@ -220,7 +220,7 @@ class Kernel:
                              f"{block!r}: a block of {threads} threads exceeds its limit of {self._max_threads} "
                              "(from its registers and launch bounds)")
         self._opt_in(dynamic_smem)
-        return dims[0], dims[1], int(dynamic_smem), self.device._stream_ref(stream)
+        return dims[0], dims[1], int(dynamic_smem), self.device.stream_ref(stream)
 
     def prepare(self, grid: Any, block: Any, *args: Any, stream: Any = None, dynamic_smem: int = 0) -> Any:
         """Check and pack a launch once; return a function that repeats it with no further work.
@@ -258,7 +258,7 @@ class Kernel:
         return self._local.block
 
     def _launch_failed(self, err, grid, block, smem, handle, params):
-        drv = self.device._drv
+        drv = self.device.driver
         if drv.is_invalid_context(err):  # first launch from a new thread: make the context current
             self.device.activate()
             (err,) = self._launch(self._fn, *grid, *block, smem, handle, params, 0)

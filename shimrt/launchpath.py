@@ -147,7 +147,7 @@ def build_launch(kernel: Any) -> Any:
         "kernel": kernel, "device": kernel.device, "Stream": Stream, "Buffer": Buffer, "encode": encode,
         # Fixed for the kernel's life (a closed module fails the guard before they are used):
         "fn": kernel._fn, "raw_launch": kernel._launch, "local": kernel._local,
-        "null": kernel.device._stream_ref(None), "pointers": pointer_getters(), "ZERO": 0,
+        "null": kernel.device.stream_ref(None), "pointers": pointer_getters(), "ZERO": 0,
         "pack_f4": struct.Struct("<f").pack_into, "launch_dims": launch_dims, "MISSING": _MISSING,
     }
     formats: list[str] = []
@@ -221,7 +221,7 @@ def build_launch(kernel: Any) -> Any:
         "    elif type(stream) is Stream and stream._launch_device is device:",
         "        handle = stream._handle",
         "    else:",
-        "        handle = device._stream_ref(stream)",
+        "        handle = device.stream_ref(stream)",
         "    try:",
         f"        {block} = local.block",
         "    except AttributeError:",

@@ -71,7 +71,7 @@ class Buffer(Closing):
         self.device, self.nbytes, self.shape, self.dtype = device, nbytes, tuple(shape), np.dtype(dtype)
         self.device_pointer: int | None = ptr  # read by the launch fast path; None once freed
         self._owner = owner        # the Buffer whose memory a view shares
-        self._finalizer = finalizer(self, device._drv.mem_free, ptr) if owner is None and ptr else None
+        self._finalizer = finalizer(self, device.driver.mem_free, ptr) if owner is None and ptr else None
 
     def __repr__(self) -> str:
         return f"<shimrt.Buffer {self.shape} {self.dtype} on device {self.device.index}>"
@@ -147,13 +147,13 @@ class Buffer(Closing):
     def _copy(self, fn, a, b, stream) -> None:
         dev = self.device
         dev.activate()
-        drv = dev._drv
+        drv = dev.driver
         if stream is None:
             drv.synchronize()
-            fn(a, b, self.nbytes, dev._stream_ref(None))
+            fn(a, b, self.nbytes, dev.stream_ref(None))
             drv.synchronize()
         else:
-            ref = dev._stream_ref(stream)
+            ref = dev.stream_ref(stream)
             fn(a, b, self.nbytes, ref)
             drv.stream_synchronize(ref)
 
@@ -161,14 +161,14 @@ class Buffer(Closing):
         """Copy a host array of the same byte size into the buffer."""
         host = self._host(array, writable=False)
         if self.nbytes:
-            self._copy(self.device._drv.memcpy_htod, self.ptr, host.ctypes.data, stream)
+            self._copy(self.device.driver.memcpy_htod, self.ptr, host.ctypes.data, stream)
         return self
 
     def copy_to_host(self, out: np.ndarray | None = None, stream: Any = None) -> np.ndarray:
         """Copy the buffer into ``out`` (or a new array of its dtype and shape) and return it."""
         out = np.empty(self.shape, self.dtype) if out is None else self._host(out, writable=True)
         if self.nbytes:
-            self._copy(self.device._drv.memcpy_dtoh, out.ctypes.data, self.ptr, stream)
+            self._copy(self.device.driver.memcpy_dtoh, out.ctypes.data, self.ptr, stream)
         return out
 
     def numpy(self, stream: Any = None) -> np.ndarray:
@@ -182,14 +182,14 @@ class Buffer(Closing):
         if other.nbytes != self.nbytes:
             raise UsageError(f"source has {other.nbytes} bytes, the buffer {self.nbytes}")
         if self.nbytes:
-            self._copy(self.device._drv.memcpy_dtod, self.ptr, other.ptr, stream)
+            self._copy(self.device.driver.memcpy_dtod, self.ptr, other.ptr, stream)
         return self
 
     def memset(self, value: int, stream: Any = None) -> "Buffer":
         """Set every byte to ``value`` (0-255)."""
         value = validate.integer(value, "memset value", least=0, most=255)
         if self.nbytes:
-            self._copy(self.device._drv.memset_d8, self.ptr, int(value), stream)
+            self._copy(self.device.driver.memset_d8, self.ptr, int(value), stream)
         return self
 
     @property
@@ -198,7 +198,7 @@ class Buffer(Closing):
                 "version": 3, "strides": None, "stream": None}
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (self.device._drv.DLPACK_DEVICE_TYPE, self.device.index)
+        return (self.device.driver.DLPACK_DEVICE_TYPE, self.device.index)
 
     def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
         from . import dlpack

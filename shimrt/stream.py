@@ -43,19 +43,19 @@ class Stream(Closing):
     def __init__(self, device: "Device", handle: Any):
         self.device, self._handle = device, handle
         self._launch_device: Device | None = device  # what the launch fast path checks; None once closed
-        self._finalizer = finalizer(self, device._drv.stream_destroy, handle)
+        self._finalizer = finalizer(self, device.driver.stream_destroy, handle)
 
     def __repr__(self) -> str:
         return f"<shimrt.Stream on device {self.device.index}{', closed' if self._handle is None else ''}>"
 
     @property
     def priority(self) -> int:
-        return self.device._drv.stream_priority(self._live())
+        return self.device.driver.stream_priority(self.ref())
 
     @property
     def handle(self) -> int:
         """The stream as an integer, for other libraries."""
-        return self.device._drv.stream_handle(self._live())
+        return self.device.driver.stream_handle(self.ref())
 
     @property
     def closed(self) -> bool:
@@ -64,7 +64,8 @@ class Stream(Closing):
     def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)
 
-    def _live(self):
+    def ref(self) -> Any:
+        """The backend's handle, for driver calls (UsageError once closed)."""
         if self._handle is None:
             raise UsageError("the stream is closed")
         return self._handle
@@ -79,17 +80,17 @@ class Stream(Closing):
         (getattr(self.device, "parent", None) or self.device).activate()
         if timeout is not None:
             wait_until(self.query, timeout, "the stream's work")
-        self.device._drv.stream_synchronize(self._live())
+        self.device.driver.stream_synchronize(self.ref())
 
     def query(self) -> bool:
         """True when everything queued on the stream has finished."""
-        return self.device._drv.stream_query(self._live())
+        return self.device.driver.stream_query(self.ref())
 
     def wait(self, event: "Event") -> None:
         """Make later work on this stream wait for ``event``."""
         if not isinstance(event, Event):
             raise UsageError(f"wait() takes a shimrt Event, not {event!r:.100}")
-        self.device._drv.stream_wait_event(self._live(), event._live())
+        self.device.driver.stream_wait_event(self.ref(), event.ref())
 
     def record(self, event: "Event | None" = None) -> "Event":
         """Record ``event`` (or a new timing event) on this stream and return it."""
@@ -110,9 +111,10 @@ class Event(Closing):
 
     def __init__(self, device: "Device", handle: Any, timing: bool):
         self.device, self._handle, self.timing = device, handle, timing
-        self._finalizer = finalizer(self, device._drv.event_destroy, handle)
+        self._finalizer = finalizer(self, device.driver.event_destroy, handle)
 
-    def _live(self):
+    def ref(self) -> Any:
+        """The backend's handle, for driver calls (UsageError once closed)."""
         if self._handle is None:
             raise UsageError("the event is closed")
         return self._handle
@@ -120,19 +122,19 @@ class Event(Closing):
     def record(self, stream: Any = None) -> "Event":
         """Record on ``stream`` (a shimrt Stream, None for the legacy default stream, or another
         library's stream)."""
-        self.device._drv.event_record(self._live(), self.device._stream_ref(stream))
+        self.device.driver.event_record(self.ref(), self.device.stream_ref(stream))
         return self
 
     def query(self) -> bool:
         """True when the event has completed."""
-        return self.device._drv.event_query(self._live())
+        return self.device.driver.event_query(self.ref())
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Wait for the event (ShimrtError after ``timeout`` seconds, a positive number, when given)."""
         if timeout is not None:
             timeout = timeout_seconds(timeout)
             wait_until(self.query, timeout, "the event")
-        self.device._drv.event_synchronize(self._live())
+        self.device.driver.event_synchronize(self.ref())
 
     def elapsed_ms(self, end: "Event") -> float:
         """Milliseconds from this event to ``end`` (both recorded, both with timing)."""
@@ -140,7 +142,7 @@ class Event(Closing):
             raise UsageError(f"elapsed_ms() takes a shimrt Event, not {end!r:.100}")
         if not (self.timing and end.timing):
             raise UsageError("elapsed time needs events created with timing=True")
-        return self.device._drv.event_elapsed_ms(self._live(), end._live())
+        return self.device.driver.event_elapsed_ms(self.ref(), end.ref())
 
     def close(self) -> None:
         self._handle = None

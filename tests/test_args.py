@@ -83,7 +83,7 @@ def test_specialised_launch_packs_like_the_general_rule():
 
     class Dev:
         @staticmethod
-        def _stream_ref(stream):
+        def stream_ref(stream):
             return 0
 
     kernel = object.__new__(Kernel)
@@ -103,7 +103,7 @@ def test_specialised_launch_packs_like_the_general_rule():
             pass
 
     from shimrt.memory import Buffer
-    Dev._drv = Drv()
+    Dev.driver = Drv()
     buffer = Buffer(Dev(), 0x7000, 8, (2,), np.float32, owner=None)
     kernel._launch_checked = lambda *a: seen.append("checked")
     launch = build_launch(kernel)

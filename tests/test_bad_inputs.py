@@ -58,9 +58,9 @@ class _Driver:
 class _Device:
     """What Stream, Event, Buffer and Kernel read of a Device, with no GPU behind it."""
 
-    _drv, index, name, target, total_memory = _Driver(), 0, "stand-in", H200, 1 << 30
+    driver, index, name, target, total_memory = _Driver(), 0, "stand-in", H200, 1 << 30
 
-    def _stream_ref(self, stream):
+    def stream_ref(self, stream):
         return 0
 
     def activate(self):

@@ -50,9 +50,9 @@ class _Device:
     name, index, target = "stand-in", 0, get("H200")
 
     def __init__(self, drv):
-        self._drv = drv
+        self.driver = drv
 
-    def _stream_ref(self, stream):
+    def stream_ref(self, stream):
         return 0
 
     def activate(self):

@@ -15,7 +15,7 @@ from ..errors import NoDeviceError
 from ..vendor import checker
 
 
-def _bindings():
+def bindings():
     """Import cuda.bindings, or say plainly that it is missing."""
     try:
         from cuda.bindings import driver, nvrtc
@@ -27,7 +27,7 @@ def _bindings():
 @functools.cache  # one look per process: loading is what costs
 def _nvrtc_problem() -> str | None:
     """Why NVRTC's library does not load (cuda.bindings loads it at the first NVRTC call), or None."""
-    _, nvrtc = _bindings()
+    _, nvrtc = bindings()
     try:
         nvrtc.nvrtcVersion()
     except Exception as exc:  # noqa: BLE001 - cuda.pathfinder's DynamicLibNotFoundError, an OSError from dlopen
@@ -42,7 +42,7 @@ def nvrtc_bindings() -> Any:
     if why is not None:
         raise NoDeviceError(f"NVRTC is not installed (pip install 'shimrt[cuda]', which brings nvidia-cuda-nvrtc): "
                             f"{why}")
-    return _bindings()[1]
+    return bindings()[1]
 
 
 class CuptiResult(int):
@@ -103,7 +103,7 @@ def describe(err: Any) -> tuple[str, int, str]:
     """(name, code, description) of a CUresult, nvrtcResult or :class:`CuptiResult`."""
     if isinstance(err, CuptiResult):  # needs CUPTI, not cuda-python
         return _describe_cupti(int(err))
-    driver, nvrtc = _bindings()
+    driver, nvrtc = bindings()
     code = int(err)
     if isinstance(err, nvrtc.nvrtcResult):
         if _nvrtc_problem() is not None:  # the enum still knows its own name

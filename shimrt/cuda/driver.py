@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import NoDeviceError
 from ..vendor import read_attributes, ready
-from .check import _bindings, check, raise_for
+from .check import bindings, check, raise_for
 from .check import library_path as _library_path
 
 NAME = "cuda"
@@ -48,7 +48,7 @@ _current = threading.local()  # the context made current on this thread, to skip
 
 
 def _driver():
-    return _bindings()[0]
+    return bindings()[0]
 
 
 def init() -> None:

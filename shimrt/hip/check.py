@@ -17,7 +17,7 @@ INSTALL_HINT = ("install hip-python (pip install 'shimrt[hip]') and ROCm; on Deb
                 "hipRTC, and libhiprtc.so and libamdhip64.so must resolve to libamdhip64.so.5 (see README)")
 
 
-def _bindings():
+def bindings():
     """Import hip-python's HIP and hipRTC modules, or say plainly what is missing."""
     try:
         from hip import hip, hiprtc
@@ -37,7 +37,7 @@ def _text(value) -> str:
 
 def describe(err: Any) -> tuple[str, int, str]:
     """(name, code, description) of a hipError_t or hiprtcResult."""
-    hip, hiprtc = _bindings()
+    hip, hiprtc = bindings()
     code = int(err)
     try:
         if isinstance(err, hiprtc.hiprtcResult):

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import NoDeviceError, ShimrtError
 from ..vendor import read_attributes, ready
-from .check import _bindings, check, loaded, raise_for
+from .check import bindings, check, loaded, raise_for
 from .check import library_path as _library_path
 
 NAME = "hip"
@@ -48,7 +48,7 @@ _current = threading.local()  # the device made current on this thread
 
 
 def _hip():
-    return _bindings()[0]
+    return bindings()[0]
 
 
 def _address(obj) -> int:

@@ -15,7 +15,7 @@ import tempfile
 from .. import elf, includes
 from ..errors import CompileError, NoDeviceError
 from ..program import KernelResources
-from .check import _bindings, check, describe, loaded
+from .check import bindings, check, describe, loaded
 from .check import library_path as _library_path
 
 EM_AMDGPU = 224
@@ -45,7 +45,7 @@ _DEP_WORD = re.compile(r"(?:\\.|[^\s\\]|\\$)+")
 
 def version() -> str:
     """'hiprtc MAJOR.MINOR (HIP runtime N)' of the hipRTC that will compile."""
-    hip, hiprtc = _bindings()
+    hip, hiprtc = bindings()
     major, minor = loaded(lambda: check(hiprtc.hiprtcVersion(), "hiprtcVersion"))
     runtime = loaded(lambda: check(hip.hipRuntimeGetVersion(), "hipRuntimeGetVersion"))
     return f"hiprtc {major}.{minor} (HIP runtime {runtime})"
@@ -108,7 +108,7 @@ def _reads(depfile: str) -> tuple[str, ...] | None:
 
 def _compile(source: str, arch: str, options: list[str], name: str, extra: list[str]) -> tuple[bytes, str, dict, dict]:
     """compile_source() with ``extra`` options that errors do not show (they are shimrt's, not the caller's)."""
-    _, hiprtc = _bindings()
+    _, hiprtc = bindings()
     prog = loaded(lambda: check(hiprtc.hiprtcCreateProgram(source.encode(), name.encode(), 0, None, None),
                                 "hiprtcCreateProgram"))
     try:

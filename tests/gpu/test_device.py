@@ -83,7 +83,7 @@ def test_dynamic_smem_above_48k_is_opted_in(device, rng):
         out = device.empty(x.shape, np.float32).memset(0)
         k.launch(blocks, 1024, out, device.to_device(x), tile, dynamic_smem=smem)
         np.testing.assert_array_equal(out.numpy(), x.reshape(blocks, tile)[:, ::-1].ravel())
-    assert k.device._drv.function_attributes(k.handle)["max_dynamic_smem"] >= device.target.smem_per_block_optin
+    assert k.device.driver.function_attributes(k.handle)["max_dynamic_smem"] >= device.target.smem_per_block_optin
 
 
 def test_dynamic_smem_above_device_limit_is_refused_before_launch(device):
