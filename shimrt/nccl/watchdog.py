@@ -165,8 +165,10 @@ class Watchdog:
     """Looks at every registered :class:`CommState` in a daemon thread of its own (started with
     the first registration) and aborts those :meth:`check` finds overdue."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, abort_in_thread: bool = True):
-        self.clock, self.abort_in_thread = clock, abort_in_thread
+    def __init__(self, clock: Callable[[], float] = time.monotonic, abort_in_thread: bool = True,
+                 looks_itself: bool = True):
+        # looks_itself=False: no thread, the owner calls check() (the CPU tests, on a clock of their own).
+        self.clock, self.abort_in_thread, self.looks_itself = clock, abort_in_thread, looks_itself
         self._states: dict[int, CommState] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -179,11 +181,16 @@ class Watchdog:
         """Follow ``state`` until :meth:`unregister`; starts the thread if it is not running."""
         with self._lock:
             self._states[id(state)] = state
-            if self._thread is None or not self._thread.is_alive():
+            if self.looks_itself and not self.alive:
                 self._thread = threading.Thread(target=self._run, args=(weakref.ref(self),),
                                                 name="shimrt NCCL watchdog", daemon=True)
                 self._thread.start()
         self._wake.set()  # a shorter timeout may need an earlier look
+
+    @property
+    def alive(self) -> bool:
+        """Whether the looking thread runs (started by the first registration)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def unregister(self, state: CommState) -> None:
         with self._lock:

@@ -155,7 +155,7 @@ def test_the_watchdog_aborts_a_collective_that_outlives_the_timeout(device, bloc
         dog = watchdog.watchdog()
         # What the watchdog was doing, should it not have aborted in time.
         seen = (f"took {took:.2f} s, the call returned after {returned:.2f} s; watched: {c.state in dog.watched()}, "
-                f"thread alive: {dog._thread is not None and dog._thread.is_alive()}, failures: {dog.failures} "
+                f"thread alive: {dog.alive}, failures: {dog.failures} "
                 f"({dog.last_failure!r}), pending: {len(c.state.pending)}, tail: {c.state.tail is not None}")
         assert c.state.error is not None and 0.9 <= took <= 2.5, seen
         assert "all_reduce enqueued" in str(c.state.error)
