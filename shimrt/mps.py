@@ -101,7 +101,7 @@ def _proc(pid: int, name: str) -> bytes | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """``pid`` runs (a zombie nobody reaped yet does not)."""
     stat = _proc(pid, "stat")
     return stat is not None and stat.rpartition(b")")[2].split()[0] not in (b"Z", b"X")
@@ -146,9 +146,9 @@ def _pids() -> list[int]:
 def _wait_gone(pids: list[int], seconds: float) -> list[int]:
     """Wait up to ``seconds`` for ``pids`` to end; those still running."""
     end = time.monotonic() + seconds
-    while any(_alive(p) for p in pids) and time.monotonic() < end:
+    while any(alive(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.02)
-    return [p for p in pids if _alive(p)]
+    return [p for p in pids if alive(p)]
 
 
 def _read_pid(folder: str) -> int | None:
@@ -188,13 +188,13 @@ def running(control: str | None = None) -> list[Daemon]:
     found = []
     for pid in _pids():
         argv = _mps_argv(pid, control)
-        if argv and ("-d" in argv[1:] or "-f" in argv[1:]) and pid != os.getpid() and _alive(pid):
+        if argv and ("-d" in argv[1:] or "-f" in argv[1:]) and pid != os.getpid() and alive(pid):
             found.append(Daemon(pid, _user(pid), _pipe_of(pid)))
     for folder in dict.fromkeys([DEFAULT_PIPE_DIRECTORY, settings().mps_pipe_directory or DEFAULT_PIPE_DIRECTORY]):
         if any(d.pipe_directory == folder for d in found):
             continue
         owner = _read_pid(folder)
-        if owner is not None and _alive(owner) and _mps_argv(owner, control):
+        if owner is not None and alive(owner) and _mps_argv(owner, control):
             if all(d.pid != owner for d in found):
                 found.append(Daemon(owner, _user(owner), folder))
         elif (control is not None and os.path.exists(os.path.join(folder, "control"))
@@ -346,7 +346,7 @@ class Mps:
             code, said = _ask(control, self._env(), "get_server_list", max(min(QUERY_TIMEOUT_S, left), 0.1))
             if _answered(code, said):
                 break
-            if self.pid is not None and not _alive(self.pid):
+            if self.pid is not None and not alive(self.pid):
                 raise MpsError(f"the MPS control daemon (pid {self.pid}) exited right after it started"
                                f"{self._log_text()}")
             if time.monotonic() > deadline:
@@ -354,7 +354,7 @@ class Mps:
                                f"{self.start_timeout:g} s ({said or 'nothing printed'}){self._log_text()}")
             time.sleep(0.1)
         self.pid = self.pid or _read_pid(pipe) or next(iter(self._processes()), None)
-        if self.pid is None or not _alive(self.pid):
+        if self.pid is None or not alive(self.pid):
             # A program that exits 0 to anything (/bin/true) "starts" and "answers" without a daemon:
             # the ranks would run outside MPS with no word.
             raise MpsError(f"the MPS control daemon did not start: {self.control} -d returned and answered, but no "
@@ -375,8 +375,8 @@ class Mps:
     def _processes(self) -> list[int]:
         """This daemon and its servers: MPS programs of this user running with this pipe folder."""
         mine = [pid for pid in _pids() if _mps_argv(pid, self.control) and _pipe_of(pid) == self.pipe_directory
-                and _alive(pid)]
-        if self.pid is not None and self.pid not in mine and _alive(self.pid) and _pipe_of(self.pid) in (
+                and alive(pid)]
+        if self.pid is not None and self.pid not in mine and alive(self.pid) and _pipe_of(self.pid) in (
                 self.pipe_directory, None):
             mine.insert(0, self.pid)
         return mine

@@ -262,9 +262,10 @@ def _min_smem_for(t: Target, n: int, static_smem: int) -> int:
     return max(0, t.smem_per_sm // (n + 1) + 1 - static_smem)
 
 
-def _fits(t: Target, occ: Occupancy, n: int, block_size: int, registers: int, r: Footprint):
-    """None if n compute blocks (as ``occ`` allocates them) and the footprint fit on one SM,
-    else (resource, message with the numbers)."""
+def fits(t: Target, occ: Occupancy, n: int, block_size: int, registers: int,
+         r: Footprint) -> tuple[str, str] | None:
+    """None if n compute blocks (as ``occ`` allocates them) and the footprint ``r`` fit on one SM
+    of ``t``, else (the resource short, a message with the numbers)."""
     w = t.warp_size
     c_warps, r_warps = -(-block_size // w), -(-r.threads // w)
     max_warps = t.max_threads_per_sm // w
@@ -344,7 +345,7 @@ def shape(target: "Target | str", resources: Any, block_size: int, *, resident_b
         if occ.blocks != n:  # the arithmetic above and the calculator must agree
             raise ShimrtError(f"internal: shaping to {n} blocks gave {occ.blocks} (smem {smem} B)")
         if reserve is not None:
-            failure = _fits(t, occ, n, block_size, registers, reserve)
+            failure = fits(t, occ, n, block_size, registers, reserve)
             if failure is not None:
                 continue
         free = Free(threads=t.max_threads_per_sm - n * _round_up(block_size, t.warp_size),
@@ -372,6 +373,6 @@ def coresident(target: "Target | str", resources: Any, block_size: int, reserve:
     _reserve(reserve)
     natural = occupancy(t, block_size=block_size, registers=registers, static_smem=static_smem, sgprs=sgprs)
     for n in range(natural.blocks, -1, -1):
-        if _fits(t, natural, n, block_size, registers, reserve) is None:
+        if fits(t, natural, n, block_size, registers, reserve) is None:
             return n
     raise ShimrtError(f"{reserve.name} does not fit on one SM of {t.name} by itself")

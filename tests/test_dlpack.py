@@ -34,18 +34,18 @@ def test_numpy_consumes_an_exported_tensor_without_copying():
 
 def test_consumed_and_unconsumed_capsules_release_their_owner():
     gc.collect()
-    before = len(dlpack._exported)
+    before = dlpack.live_exports()
     owner = Exported(np.ones(5))
     view = np.from_dlpack(owner)
-    assert len(dlpack._exported) == before + 1
+    assert dlpack.live_exports() == before + 1
     del view
     gc.collect()
-    assert len(dlpack._exported) == before
+    assert dlpack.live_exports() == before
     capsule = owner.__dlpack__()
-    assert len(dlpack._exported) == before + 1
+    assert dlpack.live_exports() == before + 1
     del capsule
     gc.collect()
-    assert len(dlpack._exported) == before
+    assert dlpack.live_exports() == before
 
 
 def test_data_pointer_reads_a_producers_capsule():

@@ -94,9 +94,9 @@ def assert_gone(stderr: str, standin: str) -> None:
     """The launcher's daemon is gone and its folders removed, and no stand-in process is left."""
     pid, pipe, log = started(stderr)
     deadline = time.monotonic() + 5  # a daemon killed last is reaped by init, which may take a moment
-    while mps._alive(pid) and time.monotonic() < deadline:
+    while mps.alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not mps._alive(pid), f"the MPS daemon {pid} still runs"
+    assert not mps.alive(pid), f"the MPS daemon {pid} still runs"
     assert not os.path.exists(pipe) and not os.path.exists(log)
     assert not os.path.exists(os.path.dirname(pipe))  # the private folder holding both
     assert _standins(standin) == []
@@ -166,12 +166,12 @@ def test_a_daemon_already_running_is_refused_saying_which_and_how_to_stop_it(sta
         assert f"echo quit | CUDA_MPS_PIPE_DIRECTORY={pipe} {standin}" in run.stderr
         assert "or launch without --mps" in run.stderr
         assert run.stdout == "" and "Traceback" not in run.stderr
-        assert mps._alive(pid)  # theirs: left alone
+        assert mps.alive(pid)  # theirs: left alone
         assert [d.pid for d in mps.running(standin)] == [pid]
     finally:
         subprocess.run([standin], input="quit\n", text=True, env=theirs, timeout=20)
     deadline = time.monotonic() + 5
-    while mps._alive(pid) and time.monotonic() < deadline:
+    while mps.alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert mps.running(standin) == []
 
@@ -292,13 +292,13 @@ def test_a_signal_to_the_launcher_stops_the_ranks_and_then_the_daemon(standin, t
             time.sleep(0.05)
         ranks = [json.loads(f.read_text()) for f in tmp_path.glob("rank-*.json")]
         daemon = ranks[0]["daemon"]
-        assert {r["daemon"] for r in ranks} == {daemon} and mps._alive(daemon)
+        assert {r["daemon"] for r in ranks} == {daemon} and mps.alive(daemon)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 128 + sig, err
         assert f"got {sig.name}; passing it to 2 running rank(s)" in err
         assert "Traceback" not in err
-        assert not any(mps._alive(r["rank"]) for r in ranks)
+        assert not any(mps.alive(r["rank"]) for r in ranks)
         assert_gone(err, standin)
     finally:
         if proc.poll() is None:
@@ -322,7 +322,7 @@ def test_a_daemon_that_ignores_quit_is_killed(standin, monkeypatch):
         notes = daemon.stop()
     assert time.monotonic() - t0 < 10
     assert notes == [f"the MPS daemon did not quit within 1 s (quit sent); killed its process(es) {pid}"]
-    assert not mps._alive(pid) and not os.path.exists(root) and _standins(standin) == []
+    assert not mps.alive(pid) and not os.path.exists(root) and _standins(standin) == []
     assert daemon.stop() == [] and not daemon.running  # twice (the with block's exit) is harmless
 
 

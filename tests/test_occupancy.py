@@ -159,9 +159,9 @@ def test_shape_promises_hold_against_nvidias_calculator(target, reference):
             expect.append(lambda got, n=s.resident_blocks: got > n)
         occ = occupancy.occupancy(t, block_size=bs, registers=res.registers, static_smem=res.static_smem,
                                   dynamic_smem=s.dynamic_smem)
-        assert occupancy._fits(t, occ, s.resident_blocks, bs, res.registers, reserve) is None
+        assert occupancy.fits(t, occ, s.resident_blocks, bs, res.registers, reserve) is None
         if s.resident_blocks < s.natural_blocks:
-            assert occupancy._fits(t, occ, s.resident_blocks + 1, bs, res.registers, reserve) is not None
+            assert occupancy.fits(t, occ, s.resident_blocks + 1, bs, res.registers, reserve) is not None
     answers = reference(cases)
     for case, ok, answer in zip(cases, expect, answers, strict=True):
         assert ok(answer[0]), (case[1:], answer)
@@ -231,4 +231,4 @@ def test_gfx90a_shaping_leaves_lds_for_a_comm_workgroup():
     s = occupancy.shape("MI250X", {"registers": 32, "static_smem": 0}, 256, reserve=rccl_like)
     occ = occupancy.occupancy("MI250X", block_size=256, registers=32, dynamic_smem=s.dynamic_smem)
     assert occ.blocks == s.resident_blocks and s.free.smem >= 16384
-    assert occupancy._fits(s.target, occ, s.resident_blocks, 256, 32, rccl_like) is None
+    assert occupancy.fits(s.target, occ, s.resident_blocks, 256, 32, rccl_like) is None

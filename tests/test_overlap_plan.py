@@ -62,7 +62,7 @@ def test_candidates_are_feasible_by_the_model_and_rejections_give_reasons():
             fp = p.footprint(c.comm_threads)
             occ = occupancy.occupancy(H200, block_size=256, registers=18, dynamic_smem=c.dynamic_smem)
             assert occ.blocks == c.resident_blocks
-            assert planner.occupancy._fits(H200, occ, c.resident_blocks, 256, 18, fp) is None
+            assert planner.occupancy.fits(H200, occ, c.resident_blocks, 256, 18, fp) is None
         if c.partition_sms:
             per_sm = p.comm_per_sm(c.comm_threads)
             assert c.partition_sms * per_sm >= (c.comm_blocks or 16) and c.partition_sms <= H200.num_sms // 2

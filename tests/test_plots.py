@@ -190,18 +190,18 @@ def test_without_matplotlib_the_error_says_what_to_install(tmp_path, monkeypatch
 def test_a_sampled_timeline_says_so():
     run = {"timeline": {"compute": [[0.0, 1.0, 0]] * 3, "comm": [[0.0, 1.0, 1]] * 2},
            "timeline_blocks": {"compute": 65536, "comm": 2}}
-    assert plots._sampled(run) == "   [shown: 3 of 65536 compute blocks]"
+    assert plots.sampled_note(run) == "   [shown: 3 of 65536 compute blocks]"
     run["timeline_blocks"]["compute"] = 3
-    assert plots._sampled(run) == ""
-    assert plots._sampled({"timeline": {}}) == ""  # results from before the count was written
+    assert plots.sampled_note(run) == ""
+    assert plots.sampled_note({"timeline": {}}) == ""  # results from before the count was written
 
 
 def test_makespan_plot_draws_the_occupancy_model_when_reported(tmp_path):
     plain = synthetic()
     modelled = copy.deepcopy(plain)
     modelled["summary"] = [{"workload": WORKLOADS[0], "model_ms": 1.1}, {"workload": WORKLOADS[1], "model_ms": None}]
-    assert plots._model_ms(modelled, WORKLOADS[0]) == 1.1
-    assert plots._model_ms(modelled, WORKLOADS[1]) is None and plots._model_ms(plain, WORKLOADS[0]) is None
+    assert plots.model_ms(modelled, WORKLOADS[0]) == 1.1
+    assert plots.model_ms(modelled, WORKLOADS[1]) is None and plots.model_ms(plain, WORKLOADS[0]) is None
     a = plots.makespan_png(plain, tmp_path / "plain.png").read_bytes()
     b = plots.makespan_png(modelled, tmp_path / "modelled.png").read_bytes()
     assert a != b  # the line (and its legend entry) were drawn

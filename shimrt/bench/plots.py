@@ -78,7 +78,7 @@ def timeline_png(results: Any, workload: str, path: Any) -> Path:
         ax.set_ylim(-0.5, rows - 0.5)
         ax.set_ylabel("SM")
         ax.set_title(f"{run['policy']}: makespan {run['metrics']['makespan_ms']:.3f} ms   ({_choice(run)})"
-                     f"{_sampled(run)}", loc="left", fontsize=10)
+                     f"{sampled_note(run)}", loc="left", fontsize=10)
     axes[-1].set_xlabel("time since the first block started (ms)")
     handles = [Line2D([], [], color=COMPUTE_COLOR, lw=6, label="compute block"),
                Line2D([], [], color=COMM_COLOR, lw=6, label="communication block")]
@@ -111,7 +111,7 @@ def makespan_png(results: Any, path: Any) -> Path:
         limit = [max(run["metrics"]["t_comp_ms"], run["metrics"]["t_comm_ms"]) for run in runs]
         ax.hlines(summed, [i - 0.42 for i in x], [i + 0.42 for i in x], colors="black", linestyles="--", lw=1.3)
         ax.hlines(limit, [i - 0.42 for i in x], [i + 0.42 for i in x], colors="black", linestyles=":", lw=1.6)
-        model = _model_ms(results, name)
+        model = model_ms(results, name)
         if model is not None:  # the occupancy model's estimate: a line across the panel
             ax.axhline(model, color="tab:red", ls="-.", lw=1.1)
         top = max(makespans + summed)
@@ -130,7 +130,7 @@ def makespan_png(results: Any, path: Any) -> Path:
     handles = [Line2D([], [], color="black", ls="--", lw=1.3, label="T_comp + T_comm (sequential sum)"),
                Line2D([], [], color="black", ls=":", lw=1.6, label="max(T_comp, T_comm) (limit)"),
                Line2D([], [], ls="none", label="over bars: makespan change vs sequential")]
-    if any(_model_ms(results, name) is not None for name in names):
+    if any(model_ms(results, name) is not None for name in names):
         handles.insert(2, Line2D([], [], color="tab:red", ls="-.", lw=1.1, label="occupancy model's estimate"))
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles) if figure.get_figwidth() >= 9 else 1,
                   frameon=False, fontsize=9)
@@ -201,7 +201,7 @@ def save_png(figure, path) -> Path:
     return path
 
 
-def _model_ms(results, workload: str) -> float | None:
+def model_ms(results, workload: str) -> float | None:
     """The occupancy model's makespan for a workload (results from before it was reported: None)."""
     for s in results.get("summary", []):
         if s.get("workload") == workload and isinstance(s.get("model_ms"), (int, float)):
@@ -252,7 +252,7 @@ def _blocks(run: dict, kind: str):
     return rows
 
 
-def _sampled(run: dict) -> str:
+def sampled_note(run: dict) -> str:
     """A note when the timeline holds an even sample of the blocks rather than all of them."""
     total, kept = run.get("timeline_blocks") or {}, run.get("timeline") or {}
     parts = [f"{len(kept.get(k, []))} of {n} {k} blocks" for k, n in total.items() if n > len(kept.get(k, []))]

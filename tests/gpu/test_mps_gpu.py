@@ -42,16 +42,16 @@ def control(device):
 
 def _gone(pid: int) -> bool:
     deadline = time.monotonic() + 5
-    while mps._alive(pid) and time.monotonic() < deadline:
+    while mps.alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not mps._alive(pid)
+    return not mps.alive(pid)
 
 
 @pytest.mark.timeout(120)
 def test_the_real_daemon_starts_answers_and_leaves_nothing_behind(control):
     with mps.Mps() as daemon:
         pid, pipe, root = daemon.pid, daemon.pipe_directory, os.path.dirname(daemon.pipe_directory)
-        assert pid is not None and mps._alive(pid)
+        assert pid is not None and mps.alive(pid)
         assert [d.pid for d in mps.running(control)] == [pid]
         servers = daemon.ask("get_server_list")
         assert re.fullmatch(r"[0-9 ]*", servers), servers  # pids of servers, none before a client came
