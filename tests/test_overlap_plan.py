@@ -242,15 +242,18 @@ def test_schedule_validation_and_labels():
 
 
 def test_bench_overlap_arguments():
+    """--bytes and --compute as bench overlap's own parser reads them."""
+    import argparse
+
     from shimrt.bench import overlap
-    assert overlap._ints("16MiB,256MiB,1G,4096") == [16 << 20, 256 << 20, 1 << 30, 4096]
-    specs = overlap._computes("sgemm:4096,softmax:8192:1024")
-    assert [(s.kind, s.size, s.block) for s in specs] == [("sgemm", 4096, 256), ("softmax", 8192, 1024)]
-    for bad in ("sgemm", "sgemm:x", "softmax:1:2:3"):
-        with pytest.raises(shimrt.UsageError):
-            overlap._computes(bad)
-    with pytest.raises(shimrt.UsageError):
-        overlap._computes("sgemm:100")  # not a multiple of 128
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    overlap.add_arguments(parser)
+    args = parser.parse_args(["--bytes", "16MiB,256MiB,1G", "--compute", "sgemm:4096,softmax:8192:1024"])
+    assert args.bytes == [16 << 20, 256 << 20, 1 << 30]
+    assert [(s.kind, s.size, s.block) for s in args.compute] == [("sgemm", 4096, 256), ("softmax", 8192, 1024)]
+    for bad in ("sgemm", "sgemm:x", "softmax:1:2:3", "sgemm:100"):  # sgemm:100: not a multiple of 128
+        with pytest.raises((argparse.ArgumentError, SystemExit)):
+            parser.parse_args(["--compute", bad])
     from shimrt.bench.__main__ import main
     assert main(["overlap", "--policies", "sequential,fastest"]) == 2  # refused before any GPU work
 
@@ -299,7 +302,7 @@ def test_cupti_records_become_spans_per_op_of_a_backward_schedule():
     # compute (ends 2 ms) and runs beside layer 1's.
     records = [rec("_Z22ncclDevKernel_AllReduce", 6_000_000, 9_000_000), rec("sgemm", 1_000_000, 3_000_000),
                rec("_Z22ncclDevKernel_AllReduce", 3_000_000, 5_500_000), rec("sgemm", 3_000_000, 5_000_000)]
-    t = Engine._timing_from_records(ops, records)
+    t = Engine.timing_from_records(ops, records)
     spans = {i: (s.start, s.end) for i, s in t.ops.items()}
     assert spans == {0: (0.0, 2.0), 1: (2.0, 4.5), 2: (2.0, 4.0), 3: (5.0, 8.0)}
     assert t.makespan == 8.0 and (t.compute.start, t.compute.end, t.comm.end) == (0.0, 4.0, 8.0)
@@ -307,12 +310,12 @@ def test_cupti_records_become_spans_per_op_of_a_backward_schedule():
     # Two ranks of this process: two kernels per collective, by start, to each op in turn.
     two = records + [rec("_Z22ncclDevKernel_AllReduce", 6_100_000, 9_200_000),
                      rec("_Z22ncclDevKernel_AllReduce", 3_100_000, 5_400_000)]
-    t = Engine._timing_from_records(ops, two)
+    t = Engine.timing_from_records(ops, two)
     spans = {i: (s.start, s.end) for i, s in t.ops.items()}
     assert spans == {0: (0.0, 2.0), 1: (2.0, 4.5), 2: (2.0, 4.0), 3: (5.0, 8.2)} and len(t.rows["comm"]) == 4
     # Kernels that are no whole number per collective: the side's kernels all go to its first op.
     records.append(rec("_Z22ncclDevKernel_AllReduce", 9_000_000, 9_500_000))
-    t = Engine._timing_from_records(ops, records)
+    t = Engine.timing_from_records(ops, records)
     assert set(t.ops) == {0, 1, 2} and t.ops[1].end == 8.5 and len(t.rows["comm"]) == 3
 
 

@@ -88,15 +88,6 @@ def link_gbps(value: Any, what: str = "link_gbps") -> float:
     return gbps
 
 
-# The list forms of the checks above, for callers outside argparse (tests/test_overlap_plan.py).
-def _computes(text: str) -> list[ComputeSpec]:
-    return [compute_spec(item, "--compute") for item in text.split(",")]
-
-
-def _ints(text: str) -> list[int]:
-    return [validate.nbytes(v, "size") for v in text.split(",") if v.strip()]
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``bench overlap``, each checked as it is parsed."""
     p.add_argument("--compute", metavar="KIND:SIZE[:BLOCK],...", default="sgemm:4096,bias_gelu:8192,softmax:8192",

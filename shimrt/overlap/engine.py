@@ -235,7 +235,7 @@ class Engine:
             with self.device.record_kernels() as recorder:
                 self._launch(s, ops, choice, only)
             # CUPTI records every GPU of the process: only this one's kernels share its SMs.
-            return self._timing_from_records(ops, [r for r in recorder.kernels
+            return self.timing_from_records(ops, [r for r in recorder.kernels
                                                    if r.get("device_id", self.device.index) == self.device.index])
         self._launch(s, ops, choice, only)
         for op in self.schedule.of("comm"):
@@ -270,7 +270,7 @@ class Engine:
         s.comm_stream.synchronize(self.timeout_s)
 
     @staticmethod
-    def _timing_from_records(ops: list[tuple[int, Op]], records: list[dict]) -> Timing:
+    def timing_from_records(ops: list[tuple[int, Op]], records: list[dict]) -> Timing:
         """Rows ``[start_ms, end_ms, -1]`` per kernel from CUPTI (no SM is known per kernel)."""
         names = {op.compute.kernel.name for _, op in ops if op.kind == "compute"}
         kinds: dict[str, list[dict]] = {"compute": [], "comm": []}
