@@ -64,7 +64,7 @@ def test_decisions_are_cached_and_counted():
     decisions.record(NVJET.name, d.action == "pad", d.reason)
     assert decisions.padded == {"layernorm": 3}
     assert list(decisions.skipped) == [(NVJET.name, d.reason)] and "persistent" in d.reason
-    assert list(decisions.skipped.values()) == [1] and len(decisions._cache) == 2
+    assert list(decisions.skipped.values()) == [1] and len(decisions) == 2
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -217,11 +217,11 @@ def test_the_report_gives_the_contention_measured_or_why_not():
 
 def test_contention_runs_where_nccls_channels_were_fastest_alone():
     comm_ms = {None: 6.06, 16: 7.40, 24: 5.97, 32: 5.24}
-    assert torch_step._fastest_kept([32, 48, 64], 2, comm_ms) == 64
-    assert torch_step._fastest_kept([32, 48], 2, comm_ms) == 48
-    assert torch_step._fastest_kept([32, 48], 2, {None: 6.06}) == 32  # none ran alone: the first
+    assert torch_step.fastest_kept([32, 48, 64], 2, comm_ms) == 64
+    assert torch_step.fastest_kept([32, 48], 2, comm_ms) == 48
+    assert torch_step.fastest_kept([32, 48], 2, {None: 6.06}) == 32  # none ran alone: the first
     # Above 64 SMs per rank NCCL still has 64 channels: 96 SMs with one rank per GPU is 64's setting.
-    assert torch_step._fastest_kept([96], 1, {64: 5.0}) == 96
+    assert torch_step.fastest_kept([96], 1, {64: 5.0}) == 96
     assert [torch_step.channels(k, r) for k, r in ((96, 1), (112, 2), (1, 2), (48, 2))] == [64, 56, 1, 24]
 
 
@@ -238,13 +238,13 @@ class _NoGreenContexts:
 
 def test_contention_without_green_contexts_is_reported_and_a_sticky_error_ends_the_run():
     from shimrt import DriverError
-    bench = torch_step._Bench(_NoGreenContexts("CUDA_ERROR_NOT_SUPPORTED"), [])
-    out = torch_step._contention(bench, None, None, None, {}, 2, [48])
+    bench = torch_step.Bench(_NoGreenContexts("CUDA_ERROR_NOT_SUPPORTED"), [])
+    out = torch_step.contention_at(bench, None, None, None, {}, 2, [48])
     assert out == {"error": "DriverError: cuGreenCtxCreate failed: CUDA_ERROR_NOT_SUPPORTED (801): operation not "
                             "supported"}
-    bench = torch_step._Bench(_NoGreenContexts("CUDA_ERROR_ILLEGAL_ADDRESS"), [])
+    bench = torch_step.Bench(_NoGreenContexts("CUDA_ERROR_ILLEGAL_ADDRESS"), [])
     with pytest.raises(DriverError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
-        torch_step._contention(bench, None, None, None, {}, 2, [48])
+        torch_step.contention_at(bench, None, None, None, {}, 2, [48])
 
 
 def test_sticky_driver_errors_are_the_ones_that_poison_the_context():
@@ -253,18 +253,18 @@ def test_sticky_driver_errors_are_the_ones_that_poison_the_context():
     assert DriverError("hipStreamSynchronize", "hipErrorLaunchFailure", 719, "").sticky
     assert not DriverError("cuGreenCtxCreate", "CUDA_ERROR_NOT_SUPPORTED", 801, "").sticky
     assert not DriverError("cuMemAlloc", "CUDA_ERROR_OUT_OF_MEMORY", 2, "").sticky
-    assert torch_step._fatal(DriverError("cuLaunchKernel", "CUDA_ERROR_LAUNCH_FAILED", 719, ""))
-    assert not torch_step._fatal(DriverError("cuGreenCtxCreate", "CUDA_ERROR_NOT_SUPPORTED", 801, ""))
-    assert torch_step._fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert torch_step.is_fatal(DriverError("cuLaunchKernel", "CUDA_ERROR_LAUNCH_FAILED", 719, ""))
+    assert not torch_step.is_fatal(DriverError("cuGreenCtxCreate", "CUDA_ERROR_NOT_SUPPORTED", 801, ""))
+    assert torch_step.is_fatal(RuntimeError("CUDA error: an illegal memory access was encountered"))
 
 
 def test_rounds_leave_out_the_warm_up_and_check_their_count():
-    from shimrt.bench.torch_measure import _rounds
+    from shimrt.bench.torch_measure import rounds
     times = iter([9.0, 1.0, 2.0, 3.0])
-    assert _rounds(lambda: next(times), 3) == [1.0, 2.0, 3.0]
-    assert _rounds(lambda: 4.0, 0) == [4.0]  # one round only: it is the result
+    assert rounds(lambda: next(times), 3) == [1.0, 2.0, 3.0]
+    assert rounds(lambda: 4.0, 0) == [4.0]  # one round only: it is the result
     with pytest.raises(UsageError, match="repeats"):
-        _rounds(lambda: 4.0, -1)
+        rounds(lambda: 4.0, -1)
 
 
 # --- issue 24: the torch extra's pure parts refuse what they cannot use --------------------------

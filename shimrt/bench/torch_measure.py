@@ -78,7 +78,7 @@ def phases(torch: Any, trainer: Any, steps: int = 5) -> dict:
         return trainer.marks
     try:
         # The first step starts on an idle GPU with its host behind: left out where there are more.
-        seen = [trainer.phases(marks) for marks in _rounds(one_step, steps - 1)]
+        seen = [trainer.phases(marks) for marks in rounds(one_step, steps - 1)]
     finally:
         trainer.marks = None
     return {k: min(p[k] for p in seen) for k in seen[0]}
@@ -171,7 +171,7 @@ def _round_ms(torch: Any, comm: Any, buckets: Any, work: Any = None, stream: Any
                       "the round would time the host, not the GPU (is another process using this CPU?)")
 
 
-def _rounds(measure: Any, repeats: int) -> list:
+def rounds(measure: Any, repeats: int) -> list:
     """What ``repeats`` calls of ``measure()`` gave after one that warms up (what that one gave,
     alone, when ``repeats`` is 0)."""
     repeats = validate.integer(repeats, "repeats", least=0)
@@ -182,7 +182,7 @@ def _rounds(measure: Any, repeats: int) -> list:
 def comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
     """ms for every bucket's all-reduce back to back, with no compute: the median of ``repeats``
     rounds after one that warms up."""
-    timed = sorted(_rounds(lambda: _round_ms(torch, comm, buckets), repeats))
+    timed = sorted(rounds(lambda: _round_ms(torch, comm, buckets), repeats))
     return timed[len(timed) // 2]
 
 
@@ -212,9 +212,9 @@ def contention(torch: Any, comm: Any, buckets: Any, stream: Any, repeats: int = 
         def repeated() -> None:
             for _ in range(count):
                 work()
-        return min(_rounds(lambda: _round_ms(torch, comm if with_comm else None, buckets, repeated, stream), repeats))
+        return min(rounds(lambda: _round_ms(torch, comm if with_comm else None, buckets, repeated, stream), repeats))
 
-    comm_ms = min(_rounds(lambda: _round_ms(torch, comm, buckets), repeats))
+    comm_ms = min(rounds(lambda: _round_ms(torch, comm, buckets), repeats))
     out = {}
     for name, work in works.items():
         count = max(1, round(comm_ms / shortest(work, 1, False)))

@@ -97,7 +97,7 @@ def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
     return policies_mod.candidates(sms, ranks_per_gpu, [k for k in kinds if k != "ddp"])
 
 
-class _Bench:
+class Bench:
     """What one run holds: communicators per channel setting, partitions per size, the
     interposers per cap; closed at the end."""
 
@@ -130,25 +130,25 @@ class _Bench:
                     + [c for comms in self._comms.values() for c in comms])
 
 
-def _fastest_kept(sms: list, ranks_per_gpu: int, comm_ms: dict) -> int:
+def fastest_kept(sms: list, ranks_per_gpu: int, comm_ms: dict) -> int:
     """Of the SMs kept for NCCL in ``sms``, the setting whose channels' all-reduces ran fastest alone
     (``comm_ms``: channels per rank -> ms); the first where none of them ran."""
     return min(sms, key=lambda k: comm_ms.get(channels(k, ranks_per_gpu), float("inf")))
 
 
-def _contention(bench: _Bench, torch: Any, buckets: Any, comm_of: Any, comm_ms: dict, ranks_per_gpu: int,
+def contention_at(bench: Bench, torch: Any, buckets: Any, comm_of: Any, comm_ms: dict, ranks_per_gpu: int,
                 sms: list) -> dict:
     """:func:`torch_measure.contention` at the --sms setting whose all-reduces ran fastest alone
     (the first, where none ran alone here), torch kept off those SMs by a partition; {"error":
     why} where no partition can be made (no green contexts) or memory is short."""
     from ..torch import stream as torch_stream
     from ..torch.step import Policy
-    kept = _fastest_kept(sms, ranks_per_gpu, comm_ms)
+    kept = fastest_kept(sms, ranks_per_gpu, comm_ms)
     ctas = channels(kept, ranks_per_gpu)
     try:
         stream = torch_stream(bench.partition_stream(kept))
     except ShimrtError as exc:  # no green contexts here: the rest of the run goes on
-        if _fatal(exc):
+        if is_fatal(exc):
             raise
         return {"error": f"{type(exc).__name__}: {exc}"}
     try:
@@ -165,7 +165,7 @@ def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
     return False, max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
 
 
-def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Progress) -> dict:
+def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Progress) -> dict:
     """Every policy and auto on configuration ``name``: the result as JSON-ready dict."""
     import torch
 
@@ -234,7 +234,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
             blocks["None"] = result["nccl"]["blocks_on_this_gpu"]
         result["bound"] = torch_measure.bound(torch_measure.phases(torch, trainer), compute_ms, result["comm_ms"],
                                               blocks, dev.target.num_sms)
-        result["contention"] = _contention(bench, torch, buckets, comm_of, comm_ms, ranks_per_gpu, args.sms)
+        result["contention"] = contention_at(bench, torch, buckets, comm_of, comm_ms, ranks_per_gpu, args.sms)
         reference = None
         for p in fixed + (["auto"] if "auto" in args.policies else []):
             key = p if isinstance(p, str) else p.name
@@ -262,7 +262,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
                     repeat = timed_steps(torch, trainer, comm, p.overlap, args.warmup, 1, keep=True, settle=settle(p)) \
                         if reference is None and p.cap is None else None
             except (ShimrtError, RuntimeError) as exc:  # one policy that cannot run here: said, the rest go on
-                if _fatal(exc):
+                if is_fatal(exc):
                     raise  # the device's context is broken: nothing after this could be trusted
                 print(f"bench torch: {name}: {key} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                 result.setdefault("failed", {})[key] = f"{type(exc).__name__}: {exc}"
@@ -297,7 +297,7 @@ def run_config(bench: _Bench, name: str, args: argparse.Namespace, progress: Pro
     return result
 
 
-def _fatal(exc: BaseException) -> bool:
+def is_fatal(exc: BaseException) -> bool:
     """An error that poisons the context (an illegal address, a launch failure): shimrt's sticky
     DriverError, or torch's "CUDA error" (torch's own text does not say which; taken as such)."""
     from ..errors import DriverError
@@ -336,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     if len(devices) < 2:
         raise ShimrtError("bench torch needs at least 2 ranks to all-reduce between: two GPUs (SHIMRT_DEVICES), or "
                           "two ranks on one GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1)")
-    bench = _Bench(dev, devices)
+    bench = Bench(dev, devices)
     fixed = len(policies(args.sms, 1, args.policies))
     progress = Progress(len(args.configs) * (fixed + 2), enabled=not args.quiet)
     configs: dict[str, dict] = {}  # name -> run_config()'s result

@@ -140,6 +140,10 @@ class Decisions:
             d = self._cache[key] = decide(self.target, launch, self.cap, self.footprint)
         return d
 
+    def __len__(self) -> int:
+        """How many distinct launches (function, block, smem, wave, cluster, cooperative) were decided."""
+        return len(self._cache)
+
     def record(self, name: str, padded: bool, reason: str = "") -> None:
         """Count one launch of kernel ``name``: padded, or left alone for ``reason``."""
         if padded:
