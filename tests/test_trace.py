@@ -175,7 +175,7 @@ def test_launch_callback_layouts_match_the_headers(tmp_path):
     assert cuda_trace.LAUNCH_CALLBACKS == {consts[n]: n for n in ("cuLaunchKernel", "cuLaunchKernel_ptsz",
                                                                   "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz")}
     assert (consts["DRIVER_DOMAIN"], consts["API_ENTER"]) == (1, 0)
-    assert cuda_trace._GRAPH_LAUNCHES == {consts[n]: n for n in ("cuGraphLaunch", "cuGraphLaunch_ptsz")}
+    assert cuda_trace.GRAPH_LAUNCHES == {consts[n]: n for n in ("cuGraphLaunch", "cuGraphLaunch_ptsz")}
 
     # A plain launch as the C compiler laid it out: read, then its dynamic smem rewritten in place.
     launch = ctypes.create_string_buffer(blobs["launch"], len(blobs["launch"]))
@@ -233,21 +233,21 @@ def test_the_interposer_rewrites_a_launch_as_cupti_hands_it_over(tmp_path):
 
     seen = []
     li = cuda_trace.LaunchInterposer(lambda launch: seen.append(launch["block_x"]) or launch["dynamic_smem"] + 1024)
-    li._on_callback(None, 1, 307, ctypes.addressof(data))  # driver domain, cuLaunchKernel, API enter
+    li.on_callback(None, 1, 307, ctypes.addressof(data))  # driver domain, cuLaunchKernel, API enter
     assert smem() == 4096 + 1024 and seen == [128] and li.failure_count == 0
     struct.pack_into("<I", data, tables["CALLBACK_DATA"]["site"][0], 1)  # CUPTI_API_EXIT: too late, left alone
-    li._on_callback(None, 1, 307, ctypes.addressof(data))
+    li.on_callback(None, 1, 307, ctypes.addressof(data))
     struct.pack_into("<I", data, tables["CALLBACK_DATA"]["site"][0], 0)
-    li._on_callback(None, 1, 17, ctypes.addressof(data))  # not a launch
-    li._on_callback(None, 1, 514, ctypes.addressof(data))  # a graph replayed: counted, not rewritable
+    li.on_callback(None, 1, 17, ctypes.addressof(data))  # not a launch
+    li.on_callback(None, 1, 514, ctypes.addressof(data))  # a graph replayed: counted, not rewritable
     assert li.graph_launches == 1
-    li._on_callback(None, 2, 307, ctypes.addressof(data))  # the runtime domain
+    li.on_callback(None, 2, 307, ctypes.addressof(data))  # the runtime domain
     assert smem() == 5120 and seen == [128]
 
     def broken(launch):
         raise ValueError("no attributes for this function")
     failing = cuda_trace.LaunchInterposer(broken)
-    failing._on_callback(None, 1, 307, ctypes.addressof(data))  # must not raise into the launch
+    failing.on_callback(None, 1, 307, ctypes.addressof(data))  # must not raise into the launch
     assert smem() == 5120 and failing.failure_count == 1
     assert failing.failures == ["ValueError: no attributes for this function"]
     with pytest.raises(ShimrtError, match="rewrite must be a function of a launch"):

@@ -26,7 +26,7 @@ from .check import CuptiResult, check
 __all__ = ["KernelRecorder", "LaunchInterposer", "library_path",
            "KIND_KERNEL", "KIND_CONCURRENT_KERNEL", "KERNEL_RECORD", "parse_kernel_record", "LAUNCH_CALLBACKS",
            "CALLBACK_DATA", "LAUNCH_PARAMS", "LAUNCH_EX_PARAMS", "LAUNCH_CONFIG", "LAUNCH_ATTRIBUTE", "read_launch",
-           "write_dynamic_smem"]
+           "write_dynamic_smem", "GRAPH_LAUNCHES"]
 
 KIND_KERNEL = 3              # CUPTI_ACTIVITY_KIND_KERNEL
 KIND_CONCURRENT_KERNEL = 10  # CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL
@@ -64,7 +64,7 @@ LAUNCH_CALLBACKS = {307: "cuLaunchKernel", 442: "cuLaunchKernel_ptsz", 652: "cuL
 # A graph launched inside the block replays kernels whose launches were captured before it: the
 # interposer cannot rewrite them, so it counts them (kernels captured inside the block are
 # rewritten at capture, like any launch).
-_GRAPH_LAUNCHES = {514: "cuGraphLaunch", 515: "cuGraphLaunch_ptsz"}
+GRAPH_LAUNCHES = {514: "cuGraphLaunch", 515: "cuGraphLaunch_ptsz"}
 # Our name -> (offsetof, struct code), each compared with the C compiler on the headers by
 # tests/test_trace.py, as KERNEL_RECORD is.
 CALLBACK_DATA = {  # CUpti_CallbackData (cupti_callbacks.h)
@@ -308,17 +308,20 @@ class LaunchInterposer:
         self._rewrite = rewrite
         self.failures, self.failure_count, self.graph_launches = [], 0, 0
         self._lib, self.path = _library()
-        self._callback = _CallbackFunc(self._on_callback)  # kept alive here while CUPTI holds it
+        self._callback = _CallbackFunc(self.on_callback)  # kept alive here while CUPTI holds it
         self._subscriber = _CUpti_SubscriberHandle()
 
-    def _on_callback(self, userdata, domain, cbid, cbdata) -> None:
+    def on_callback(self, userdata, domain, cbid, cbdata) -> None:
+        """CUPTI's callback (userdata, domain, callback id, the callback data's address): a launch
+        at API entry is read and handed to ``rewrite``; a graph launch is counted. Never raises: a
+        failure is counted in ``failure_count`` and its text kept in ``failures``."""
         try:
             if domain != _DRIVER_DOMAIN:
                 return
             data = _read(CALLBACK_DATA, cbdata)
             if data["site"] != _API_ENTER:
                 return
-            if cbid in _GRAPH_LAUNCHES:
+            if cbid in GRAPH_LAUNCHES:
                 self.graph_launches += 1
                 return
             if cbid not in LAUNCH_CALLBACKS:
@@ -339,7 +342,7 @@ class LaunchInterposer:
         check((CuptiResult(lib.cuptiSubscribe(ctypes.byref(self._subscriber), self._callback, None)),),
               "cuptiSubscribe")
         try:
-            for cbid in (*LAUNCH_CALLBACKS, *_GRAPH_LAUNCHES):
+            for cbid in (*LAUNCH_CALLBACKS, *GRAPH_LAUNCHES):
                 check((CuptiResult(lib.cuptiEnableCallback(1, self._subscriber, _DRIVER_DOMAIN, cbid)),),
                       "cuptiEnableCallback")
         except BaseException:
