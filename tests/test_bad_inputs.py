@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -35,7 +34,7 @@ from shimrt.overlap.engine import Engine, Op, Result, Schedule, Timing
 from shimrt.overlap.planner import Choice, Problem
 from shimrt.overlap.standin import StandInSpec
 from shimrt.overlap.workloads import ComputeSpec, ComputeWorkload
-from shimrt.program import KernelResources
+from shimrt.program import KernelResources, Program
 from shimrt.stream import Event, Stream, timeout_seconds
 
 H200 = targets.get("H200")
@@ -48,11 +47,26 @@ HUGE = 2**80
 # --- real objects on a stand-in device (no driver: every check runs before a driver call) ------
 
 class _Driver:
+    """A driver (backends.Driver) with no GPU: what a kernel of one pointer parameter, at most 256
+    threads a block, would report; launches succeed without running."""
+
     def __getattr__(self, name):  # releases at collection (mem_free, stream_destroy, ...) do nothing
         return lambda *args: None
 
     def occupancy(self, fn, block_size, dynamic_smem):
         return 1
+
+    def module_function(self, handle, name):
+        return "fn"
+
+    def function_attributes(self, fn):
+        return {"static_smem": 0, "registers": 32, "max_threads_per_block": 256, "max_dynamic_smem": 48 * 1024}
+
+    def function_param_layout(self, fn):
+        return [(0, 8)]
+
+    def launcher(self):
+        return lambda *args: (0,)
 
 
 class _Device:
@@ -67,14 +81,14 @@ class _Device:
         pass
 
 
+#: A program of one kernel k(int*), as a compile for sm_90 would describe it (no compiler needed here).
+PROGRAM = Program(b"\x7fELF stand-in", "", H200, {"k": KernelResources(32, 0, 0, 0, 256)}, name="k.cu")
+
+
 def _kernel() -> Kernel:
-    """A Kernel of one pointer parameter, at most 256 threads a block, as the driver would report it."""
-    k = object.__new__(Kernel)
-    k.name, k.device, k.param_layout, k.resources = "k", _Device(), [(0, 8)], None
-    k._fn, k._max_threads, k._fast_block_limit, k._smem_limit = "fn", 256, 256, 48 * 1024
-    k._local, k._launch, k._carveout, k._confirmed = threading.local(), lambda *a: (0,), None, {}
-    k.attributes = {"static_smem": 0, "registers": 32, "max_threads_per_block": 256, "max_dynamic_smem": 48 * 1024}
-    return k
+    """A Kernel of one pointer parameter, made as Device.load and Module make one, on the stand-in."""
+    from shimrt.kernel import Module
+    return Module(_Device(), "handle", PROGRAM)["k"]
 
 
 KERNEL = _kernel()
@@ -707,9 +721,7 @@ def test_kernels_refuse_bad_launches_before_the_driver():
 
 def test_modules_refuse_bad_kernel_names():
     from shimrt.kernel import Module
-    program = shimrt.compile(EMPTY_KERNEL, "sm_90")
-    module = object.__new__(Module)
-    module.device, module.program, module._handle, module._kernels = _Device(), program, "handle", {}
+    module = Module(_Device(), "handle", PROGRAM)
     for bad in (None, 5, ["k"], "", "k\0", b"k"):
         refused(lambda v: module[v], bad, "kernel name must be one of k")
     assert ["k"] not in module and "k" in module and None not in module
