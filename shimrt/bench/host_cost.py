@@ -113,7 +113,8 @@ def _torch(dev: Device) -> tuple[Callable[[], None], str, Callable[[], None]] | 
     t = torch.zeros(_COUNT, dtype=torch.float32, device="cuda")
     dist.all_reduce(t)  # NCCL's communicator is made at the first call
     torch.cuda.synchronize()
-    from .latency import torch_nccl_version, version_text
+    from ..nccl.library import version_text
+    from .latency import torch_nccl_version
     # The NCCL torch's calls reach (a preloaded one first), not torch.cuda.nccl.version(): the one it was built with.
     version = version_text(torch_nccl_version())
     return (lambda: dist.all_reduce(t)), version, dist.destroy_process_group

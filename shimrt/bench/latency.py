@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from ..errors import UsageError
 from ..nccl import buffer_counts, group, prepare_group
+from ..nccl.library import version_text
 
 #: Latency goals of shimrt against torch.distributed (issue 22): one-off and prepared calls.
 GOALS = {"one-off": 1.10, "prepared": 1.00}
@@ -52,11 +53,6 @@ def torch_nccl_version() -> int | None:
     fn.restype, fn.argtypes = ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]
     out = ctypes.c_int()
     return out.value if fn(ctypes.byref(out)) == 0 else None
-
-
-def version_text(version: int | None) -> str:
-    """NCCL's X*10000 + Y*100 + Z as "X.Y.Z" ("unknown" for None)."""
-    return "unknown" if version is None else f"{version // 10000}.{version // 100 % 100}.{version % 100}"
 
 
 def _mapped_nccl() -> set[str]:

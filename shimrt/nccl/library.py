@@ -149,6 +149,15 @@ def candidates(backend: str = "cuda") -> list[str]:
     return found
 
 
+def version_text(version: int | None) -> str:
+    """An ncclGetVersion result as NCCL prints it, e.g. "2.28.9" (2.8 and older encoded
+    X*1000+Y*100+Z); "unknown" for None."""
+    if version is None:
+        return "unknown"
+    v = version
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+
+
 @dataclass
 class Library:
     """A loaded NCCL/RCCL: ``path``, ``version`` (X*10000+Y*100+Z), and the table's functions
@@ -166,9 +175,8 @@ class Library:
 
     @property
     def version_text(self) -> str:
-        """The version as NCCL prints it, e.g. "2.28.9" (2.8 and older encoded X*1000+Y*100+Z)."""
-        v = self.version
-        return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+        """The version as NCCL prints it, e.g. "2.28.9"."""
+        return version_text(self.version)
 
     def has(self, name: str) -> bool:
         """Whether the library exports ``name`` (a TABLE entry)."""
