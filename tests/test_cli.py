@@ -168,10 +168,16 @@ def test_bad_numbers_are_refused_naming_the_option(capsys, ran, option, value):
     refused(capsys, ran, bench.main, ["overlap", *opt(option, value)], option, "must")
 
 
+@pytest.mark.parametrize("command", ["torch", "host-cost"])
 @pytest.mark.parametrize("value", ["1e308", "1e30", "inf", "0"])
-def test_a_timeout_beyond_what_a_thread_can_wait_is_refused(capsys, ran, value):
-    """bench torch's watchdog (faulthandler) takes at most threading.TIMEOUT_MAX seconds."""
-    refused(capsys, ran, bench.main, ["torch", "--timeout", value], "--timeout must be a positive number <= ")
+def test_a_timeout_beyond_what_a_thread_can_wait_is_refused(capsys, ran, command, value):
+    """The whole-run deadline (faulthandler's) takes at most threading.TIMEOUT_MAX seconds."""
+    refused(capsys, ran, bench.main, [command, "--timeout", value], "--timeout must be a positive number <= ")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9", "x"])
+def test_a_bad_collective_timeout_is_refused(capsys, ran, value):
+    refused(capsys, ran, bench.main, ["torch", "--comm-timeout", value], "--comm-timeout must be a positive number")
 
 
 @pytest.mark.parametrize("argv, needles", [

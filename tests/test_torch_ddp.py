@@ -149,6 +149,25 @@ def test_overlap_refuses_what_is_not_a_ddp():
         shimrt.torch.overlap(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(policy="fastest"), "policy must be a Policy, or one of"),
+    (dict(policy="shaping:0"), "shaping's number must be an int in 1..64"),
+    (dict(sms="48"), "sms must be a list of SM counts"),
+    (dict(sms=[0]), "sms must be an int >= 1"),
+    (dict(trial_steps=0), "trial_steps must be an int in 1..1000"),
+    (dict(margin=-0.1), "margin must be a finite number in 0..0.5"),
+    (dict(margin=float("nan")), "margin must be a finite number"),
+    (dict(timeout=0), "timeout must be a positive number"),
+    (dict(quiet="yes"), "quiet must be"),
+])
+def test_overlaps_arguments_are_checked_before_the_ddp(options, message):
+    """Every argument is refused where it enters, naming what is allowed, before any DDP or GPU."""
+    pytest.importorskip("torch")
+    import shimrt.torch
+    with pytest.raises(UsageError, match=message):
+        shimrt.torch.overlap(object(), **options)
+
+
 def test_overlap_refuses_a_ddp_without_nccl():
     """A real DDP over gloo on CPU tensors (what DDP takes and the hook cannot) gets a clear error."""
     torch = pytest.importorskip("torch")

@@ -84,10 +84,7 @@ class Overlap:
 
         from ..nccl import CommOptions
         self._torch, self._dist = torch, dist
-        index = _check_ddp(torch, dist, ddp)
-        # Not the DDP itself: its reducer holds this object as the hook's state, a reference Python's
-        # collector cannot see, so holding the DDP here would keep both (and the model) alive for good.
-        self.group = ddp.process_group
+        # The plain arguments first (no GPU, no collective), then the DDP.
         self.quiet = validate.boolean(quiet, "quiet")
         timeout = CommOptions(timeout=timeout).timeout
         if isinstance(sms, (str, bytes)) or not isinstance(sms, Iterable):
@@ -95,6 +92,12 @@ class Overlap:
         sms = [validate.integer(k, "sms", least=1) for k in sms]
         trial_steps = validate.integer(trial_steps, "trial_steps", least=1, most=1000)
         margin = validate.number(margin, "margin", least=0, most=0.5)
+        if policy != "auto":
+            vocabulary.parse(policy)  # the name's own checks; its channels are sized once the ranks are known
+        index = _check_ddp(torch, dist, ddp)
+        # Not the DDP itself: its reducer holds this object as the hook's state, a reference Python's
+        # collector cannot see, so holding the DDP here would keep both (and the model) alive for good.
+        self.group = ddp.process_group
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.torch_device = torch.device("cuda", index)
         self.device = Device(index)
