@@ -112,7 +112,7 @@ def _main(parser, argv, run) -> int:
         return 2
 
 
-def finish(text: str, data: Any, path: Any, *, indent: int = 2, say: bool = False) -> int:
+def finish(text: str, data: Any, path: Any, *, indent: int | None = 2, say: bool = False) -> int:
     """A command's end: print ``text``, write ``data`` as JSON to ``path`` (--json; None: not
     asked), saying so when ``say``; the exit code, 0."""
     if text:

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import datetime
 import gc
-import json
 import statistics
 from typing import Any, Callable
 
@@ -235,9 +234,7 @@ def run(args: argparse.Namespace, configs: dict) -> int:
                 print(report(name, result), flush=True)
                 if args.plots:
                     print(f"wrote {bars_png(name, result, args.plots / f'ddp_{name}.png')}", flush=True)
-        if r.rank == 0 and args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f)
-            print(f"wrote {args.json}")
+        if r.rank == 0:
+            cli.finish("", results, args.json, indent=None, say=True)
         dist.destroy_process_group()
     return 0

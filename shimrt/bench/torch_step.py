@@ -23,7 +23,6 @@ contention); --json, and --plots for CUPTI timelines of one step per policy (PNG
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -341,27 +340,22 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(len(args.configs) * (fixed + 2), enabled=not args.quiet)
     configs: dict[str, dict] = {}  # name -> run_config()'s result
     results: dict[str, object] = {"device": repr(dev), "ranks": [d.index for d in devices], "configs": configs}
-    deadline = cli.deadline(args.timeout)
-    deadline.__enter__()  # noqa: PLC2801 - the whole run, its clean-up below included
-    try:
-        results["interposer_cost"] = cost = interposer_cost(dev)
-        print("interposer host cost per launch (us): " + "; ".join(
-            f"{k}: {v['plain_us']:.2f} without, {v['interposed_us']:.2f} with (+{v['added_us']:.2f})"
-            for k, v in cost.items()), flush=True)
-        for name in args.configs:
-            configs[name] = run_config(bench, name, args, progress)
-            torch.cuda.empty_cache()  # the model of this configuration is gone
+    with cli.deadline(args.timeout):  # the whole run, its clean-up included
+        try:
+            results["interposer_cost"] = cost = interposer_cost(dev)
+            print("interposer host cost per launch (us): " + "; ".join(
+                f"{k}: {v['plain_us']:.2f} without, {v['interposed_us']:.2f} with (+{v['added_us']:.2f})"
+                for k, v in cost.items()), flush=True)
+            for name in args.configs:
+                configs[name] = run_config(bench, name, args, progress)
+                torch.cuda.empty_cache()  # the model of this configuration is gone
+                progress.close()
+                print(report(name, configs[name]), flush=True)
+        finally:
             progress.close()
-            print(report(name, configs[name]), flush=True)
-    finally:
-        deadline.__exit__(None, None, None)
-        progress.close()
-        bench.close()
+            bench.close()
     results["nccl_version"] = _nccl_version()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f)
-        print(f"wrote {args.json}")
+    cli.finish("", results, args.json, indent=None, say=True)
     if args.plots:
         for name, r in configs.items():
             print(f"wrote {timelines_png(name, r, args.plots / f'torch_{name}.png')}")
