@@ -8,6 +8,10 @@ It refuses with :class:`MpsError`, saying why and what to do, when the control p
 missing, when the daemon does not start or answer, and when a daemon already runs here (for
 /tmp/nvidia-mps, CUDA_MPS_PIPE_DIRECTORY's folder, or any this user can see): two would compete
 for the GPU. Every call of the control program is bounded by a timeout. Linux only (/proc).
+
+Why past ~400 lines: finding the daemons that already run (whoever's, through /proc and the pid
+files) is what the refusal and the forced stop both rest on, so it lives beside the daemon's own
+lifecycle rather than in a module that would exist for this one caller.
 """
 
 from __future__ import annotations
