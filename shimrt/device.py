@@ -17,14 +17,14 @@ from . import backends, compiler, targets, validate
 from .config import settings
 from .errors import NoDeviceError, ShimrtError, UsageError
 from .kernel import Module
-from .lifetime import Closing, finalizer
+from .lifetime import Owning, finalizer
 from .memory import Buffer, as_dtype, as_shape, nbytes_of
 from .program import Program
 from .stream import Event, Stream, timeout_seconds
 from .targets import Target
 
 
-class Device(Closing):
+class Device(Owning):
     """One GPU, through the CUDA backend when a CUDA driver and device are present (or HIP).
 
     ``backend`` (or ``SHIMRT_BACKEND``) forces one. With no driver or no device this raises

@@ -20,7 +20,7 @@ from . import occupancy, validate
 from .args import Packer
 from .errors import ShimrtError, UsageError
 from .launchpath import MAX_BLOCK, MAX_GRID, build_launch, dim3
-from .lifetime import Closing, finalizer
+from .lifetime import Owning, finalizer
 from .program import Program
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 SHAPED_CARVEOUT = 100
 
 
-class Module(Closing):
+class Module(Owning):
     """A loaded program (from :meth:`Device.load`). ``module["name"]`` gives a :class:`Kernel`."""
 
     def __init__(self, device: "Device", handle: Any, program: Program):

@@ -50,3 +50,16 @@ class Closing:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class Owning(Closing):
+    """An object that owns one driver resource, released once by its ``_finalizer``."""
+
+    _finalizer: weakref.finalize
+
+    def keep_open(self) -> None:
+        """Never release the resource: not on ``close()``, collection or exit; the process's end
+        frees it. For a resource other code may still use during its own teardown, after anything
+        shimrt could close (torch's caching allocator records an event on every stream a freed
+        tensor was recorded on, whenever that tensor goes)."""
+        self._finalizer.detach()

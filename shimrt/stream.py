@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import validate, waiting
 from .errors import ShimrtError, UsageError
-from .lifetime import Closing, finalizer
+from .lifetime import Owning, finalizer
 
 if TYPE_CHECKING:
     from .device import Device
@@ -36,7 +36,7 @@ def wait_until(query: Any, timeout: float, what: str) -> None:
         raise ShimrtError(f"{what} did not finish within {timeout} s")
 
 
-class Stream(Closing):
+class Stream(Owning):
     """A non-blocking stream with a fixed priority (``priority`` is read back from the driver).
     Made by :meth:`Device.stream`."""
 
@@ -105,7 +105,7 @@ class Stream(Closing):
         self._finalizer()
 
 
-class Event(Closing):
+class Event(Owning):
     """A device event: record on a stream, wait for it, time between two of them. Made by
     :meth:`Device.event`."""
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import weakref
 from collections.abc import Iterable
 from typing import Any, Iterator
 
@@ -55,6 +54,14 @@ from .interop import sm_carveout
 from .interop import stream as torch_stream
 from .step import Policy, compute_context
 from .trials import Trials
+
+# The SM partitions the policies run compute on, (GPU index, SMs) -> (kept, rest, rest's stream),
+# made on first use and held for the process (never closed), shared by every overlap in it. DDP
+# waits for a hook's future on the step's stream, so torch's caching allocator records that stream
+# on DDP's buckets and records an event on it whenever a bucket is freed: at the DDP's collection
+# or the interpreter's end, after anything shimrt could close. An event recorded on a destroyed
+# stream aborts the process (seen on the H200); a live idle partition costs next to nothing.
+_PARTITIONS: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
 
 def overlap(ddp: Any, policy: Any = "auto", *, sms: Iterable[int] = (32, 48, 64), trial_steps: int = 3,
@@ -104,7 +111,7 @@ class Overlap:
         self.ranks_per_gpu = self._ranks_per_gpu()
         self._comms: dict = {}        # ctas -> Communicator
         self._streams: dict = {}      # (ctas, priority) -> (shimrt stream, torch stream)
-        self._partitions: dict = {}   # sms -> (kept, rest, rest's stream)
+        self._partitions: dict = {}   # sms -> (kept, rest, rest's stream), from _PARTITIONS
         self._interposers: dict = {}  # cap -> Interposer
         self.dropped: dict[str, str] = {}
         self._active: Policy | None = None
@@ -112,12 +119,6 @@ class Overlap:
         self._reduced = False
         self._timed: list = []        # (trial index, start event, end event) not yet read
         self.closed = False
-        # Partitions outlive close() until the DDP goes: the caching allocator may have recorded their
-        # streams on DDP's buckets (DDP's wait for a hook's future runs on the step's stream), and a
-        # bucket freed after its stream was destroyed would end the process.
-        self._leftover: list = []
-        self._until_ddp_goes = weakref.finalize(ddp, close_each, self._leftover)
-        self._until_ddp_goes.atexit = False  # at exit the process's end frees them
         try:
             if policy == "auto":
                 kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto")]
@@ -185,8 +186,14 @@ class Overlap:
 
     def _partition_stream(self, sms: int) -> Any:
         if sms not in self._partitions:
-            kept, rest = self.device.partition(sms)
-            self._partitions[sms] = (kept, rest, rest.stream())
+            key = (self.device.index, sms)
+            if key not in _PARTITIONS:
+                kept, rest = self.device.partition(sms)
+                made = (kept, rest, rest.stream())
+                for thing in made:
+                    thing.keep_open()
+                _PARTITIONS[key] = made
+            self._partitions[sms] = _PARTITIONS[key]
         return self._partitions[sms][2]
 
     def _make_communicators(self, timeout: float) -> None:
@@ -346,19 +353,14 @@ class Overlap:
                 s.synchronize(timeout)
             self.check()
         finally:
-            self._close_parts(keep_partitions=True)
+            self._close_parts()
 
-    def _close_parts(self, keep_partitions: bool = False) -> None:
-        """Close what the policies made, each whatever the others do; the partitions wait for the
-        DDP to go when ``keep_partitions`` (see ``_leftover``)."""
+    def _close_parts(self) -> None:
+        """Close what the policies made, each whatever the others do (the partitions stay: see
+        ``_PARTITIONS``)."""
         things = [s for s, _ in self._streams.values() if not any(s is c.stream for c in self._comms.values())]
         things += [*self._interposers.values(), *self._comms.values()]
-        parts = [x for kept, rest, s in self._partitions.values() for x in (s, kept, rest)]
         self._streams, self._partitions, self._interposers, self._comms = {}, {}, {}, {}
-        if keep_partitions and self._until_ddp_goes.alive:
-            self._leftover.extend(parts)
-        else:
-            things += parts
         close_each(things)
 
     def __enter__(self) -> "Overlap":

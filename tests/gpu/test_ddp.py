@@ -55,8 +55,15 @@ def _launch(device, *args, timeout=280):
     run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     if run.returncode != 0 and "cannot run here" in run.stdout + run.stderr:  # no green contexts (under MPS, say)
         pytest.skip("; ".join(set(re.findall(r"cannot run here: [^\n]*", run.stdout + run.stderr))))
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 0, _failure(run.stdout + run.stderr)
     return run.stdout
+
+
+def _failure(text: str) -> str:
+    """The lines that say what went wrong (a crash's first lines scroll far above its frames), then the end."""
+    said = [line for line in text.splitlines()
+            if re.search(r"Error|error:|terminate|Traceback|what\(\)|killed|abort", line) and "frame #" not in line]
+    return "\n".join(said[:40]) + "\n...\n" + text[-3000:]
 
 
 def _free_port() -> int:
