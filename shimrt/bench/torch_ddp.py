@@ -115,13 +115,14 @@ def run_config(r: _Rank, name: str, shape: dict, kinds: list[str]) -> dict:
     def comm() -> Any:
         for b in buckets:
             r.dist.all_reduce(b)
-        return buckets[0][:1].float()
+        return buckets[0][0].float()  # a 0-d loss, as a model step's
     out["comm_ms"], _ = _median_ms(torch, comm, args.warmup, args.steps)
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
     ways: list[tuple[str, Any]] = [("plain DDP", None), ("DDP high priority", "high")]
     fixed = [p for p in vocabulary.candidates(args.sms, 1, kinds) if p.overlap and p.comm == "shimrt"]
-    ways += [(p.name, p) for p in fixed] + ([("auto", "auto")] if "auto" in kinds else [])
+    # by name: overlap() sizes each policy's channels by the ranks per GPU
+    ways += [(p.name, p.name) for p in fixed] + ([("auto", "auto")] if "auto" in kinds else [])
     reference = None
     for way, policy in ways:
         model, data, opt = r.fresh(size)

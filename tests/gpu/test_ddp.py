@@ -75,10 +75,11 @@ def _free_port() -> int:
 def _env(lib, **more) -> dict:
     """The ranks' environment: this checkout, no launch of the test's own, and torch calling the
     NCCL shimrt loads (preloaded: two ranks on one GPU need 2.30+, and one NCCL serves both)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **more)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     for name in ("SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE",
                  "SHIMRT_NCCL_UNIQUE_ID", "SHIMRT_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(name, None)
+    env.update(more)  # after the clearing: a test may set WORLD_SIZE itself
     env["LD_PRELOAD"] = " ".join(x for x in (lib.path, os.environ.get("LD_PRELOAD", "")) if x)
     return env
 
