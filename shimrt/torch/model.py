@@ -105,7 +105,9 @@ def build(size: ModelSize, device: Any, seed: int = 0) -> Any:
             return functional.cross_entropy(logits.float().view(-1, size.vocab), targets.view(-1))
 
     torch.manual_seed(seed)
-    return Decoder().to(device=device, dtype=getattr(torch, size.weights))
+    with torch.device(device):  # initialised where it runs: a billion parameters take seconds on the host
+        model = Decoder()
+    return model.to(dtype=getattr(torch, size.weights))
 
 
 def batch(size: ModelSize, device: Any, seed: int = 0) -> tuple[Any, Any]:
