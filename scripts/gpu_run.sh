@@ -5,7 +5,7 @@
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
-#   (comm-heavy); all: every part but latency and ddp (which nccl includes).
+#   (its three configurations, about 40 s each on the H200); all: every part but latency and ddp (which nccl includes).
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
@@ -65,7 +65,7 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
             "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
             "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT" \
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 300 examples/ddp_overlap.py --policy auto --compare" \
-            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --configs comm-heavy --timeout 540 --json $OUT/torch_ddp.json --plots $OUT")
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --timeout 540 --json $OUT/torch_ddp.json --plots $OUT")
     export MASTER_ADDR=localhost MASTER_PORT=29512  # torch.distributed's rendezvous for one process per rank
     [ "$part" = latency ] && steps=("${steps[@]:0:5}")
     [ "$part" = ddp ] && steps=("${steps[@]:8:2}")
