@@ -13,13 +13,12 @@ and launched as ``dynamic_smem``.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
 from . import occupancy, validate
 from .args import Packer
 from .errors import ShimrtError, UsageError
-from .launchpath import MAX_BLOCK, MAX_GRID, build_launch, dim3
+from .launchpath import MAX_BLOCK, MAX_GRID, LaunchState, build_launch, dim3
 from .lifetime import Owning, finalizer
 from .program import Program
 
@@ -72,7 +71,7 @@ class Module(Owning):
         self._handle = None
         for k in self._kernels.values():
             k._fn = None
-            k._fast_block_limit = 0  # sends launches to the checked path, which raises
+            k._state.block_limit = 0  # sends launches to the checked path, which raises
         self._finalizer()
 
 
@@ -89,18 +88,16 @@ class Kernel:
         if layout is None and name in module.program.params:
             layout = [(int(offset), int(size)) for offset, size in module.program.params[name]]
         self.param_layout = layout
-        self._launch = drv.launcher()
         self._max_threads = self.attributes["max_threads_per_block"]
-        self._smem_limit = self.attributes["max_dynamic_smem"]
         self._carveout: int | None = None   # what this process last set (None: the driver's default)
         self._confirmed: dict[tuple[int, int], int] = {}  # (block, dynamic smem) -> blocks per SM
-        # One parameter block per thread: the driver reads it during the launch call, which
-        # releases the GIL, so threads launching the same kernel must not share one.
-        self._local = threading.local()
-        self._fast_block_limit = self._max_threads  # 0 once the module is closed
+        self._state = LaunchState(fn, drv.launcher(), self.attributes["max_dynamic_smem"], self._max_threads,
+                                  self._launch_checked, self._launch_failed)
         if self.param_layout is not None:
             # The fast path specialised to this kernel's parameters replaces the generic method.
-            self.launch = build_launch(self)  # type: ignore[method-assign]
+            fast = build_launch(name, self.param_layout, self.device, self._state)
+            fast.__doc__ = Kernel.launch.__doc__
+            self.launch = fast  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         return f"<shimrt.Kernel {self.name} on {self.device.name}>"
@@ -123,7 +120,7 @@ class Kernel:
         """Raise the kernel's dynamic smem limit to ``dynamic_smem`` (needed above 48 KiB): the one
         check of the padding against the device's per-block limit."""
         smem = validate.integer(dynamic_smem, "dynamic_smem", least=0)
-        if smem <= self._smem_limit:
+        if smem <= self._state.smem_limit:
             return
         static = self.attributes["static_smem"]
         limit = self.device.target.smem_per_block_optin
@@ -132,7 +129,7 @@ class Kernel:
                              f"not {smem}: with {static} B static it exceeds the device's {limit} B per block")
         self.device.activate()
         self.device.driver.function_set_max_dynamic_smem(self._fn, smem)
-        self._smem_limit = smem
+        self._state.smem_limit = smem
 
     def set_carveout(self, percent: int | None) -> None:
         """Prefer ``percent`` of the SM's L1/shared-memory split as shared memory for this kernel
@@ -200,12 +197,13 @@ class Kernel:
     def _launch_checked(self, grid, block, args, stream, dynamic_smem) -> None:
         """Validate everything, then launch."""
         grid, block, smem, handle = self._validate(grid, block, dynamic_smem, stream)
+        local = self._state.local
         try:
-            packer = self._local.packer
+            packer = local.packer
         except AttributeError:
-            packer = self._local.packer = Packer(self.name, self.param_layout)
+            packer = local.packer = Packer(self.name, self.param_layout)
         params = packer.pack(tuple(args))
-        (err,) = self._launch(self._fn, *grid, *block, smem, handle, params, 0)
+        (err,) = self._state.raw_launch(self._fn, *grid, *block, smem, handle, params, 0)
         if err:
             self._launch_failed(err, grid, block, smem, handle, params)
 
@@ -234,7 +232,7 @@ class Kernel:
         (gx, gy, gz), (bx, by, bz), smem, handle = self._validate(grid, block, dynamic_smem, stream)
         packer = Packer(self.name, self.param_layout)
         address = packer.pack(tuple(args))
-        raw, fn, failed = self._launch, self._fn, self._launch_failed
+        raw, fn, failed = self._state.raw_launch, self._fn, self._launch_failed
         keep = (packer, args, stream, self)  # the parameter block, the buffers, the stream
 
         def run() -> None:
@@ -247,21 +245,11 @@ class Kernel:
                       f"dynamic smem {smem}."
         return run
 
-    def _thread_block(self, formats: tuple[str, ...]):
-        """This thread's parameter block for the fast path: (pointer-array address, then a view of
-        the block as items of each of ``formats``)."""
-        packer = Packer(self.name, self.param_layout)
-        view, address = packer.block()
-        memory: Any = view  # cast() takes the struct format of each parameter, known only at run time
-        self._local.block = (address, *(memory.cast(f) for f in formats))
-        self._local.block_owner = packer  # keeps the ctypes memory alive
-        return self._local.block
-
     def _launch_failed(self, err, grid, block, smem, handle, params):
         drv = self.device.driver
         if drv.is_invalid_context(err):  # first launch from a new thread: make the context current
             self.device.activate()
-            (err,) = self._launch(self._fn, *grid, *block, smem, handle, params, 0)
+            (err,) = self._state.raw_launch(self._fn, *grid, *block, smem, handle, params, 0)
             if not err:
                 return
         drv.launch_error(err)

@@ -13,20 +13,21 @@ Grid and block take every documented form there: an int (tested first, at no ext
 or list of 1-3 ints, numpy integers in either place (:func:`launch_dims`). Anything else (a value
 out of range, a float or bool, a stream of another library, dynamic smem above the current limit, a
 wrong argument count) goes to the fully checked path, ``Kernel._launch_checked``, so the rules and
-messages of :func:`dim3` and :mod:`shimrt.args` hold either way. This module reads the Kernel's
-launch state (``_fn``, ``_launch``, ``_local``, ``_fast_block_limit``, ``_smem_limit``) and calls
-its ``_launch_checked``, ``_thread_block`` and ``_launch_failed``: the two are one unit, split only
-for length.
+messages of :func:`dim3` and :mod:`shimrt.args` hold either way. The Kernel and its function share
+one :class:`LaunchState` (the seam: the two are one unit, split only for length), and the function
+reads a Stream's public ``launch_device`` and ``launch_handle``.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import numpy as np
 
-from .args import encode, pointer_getters
+from .args import Packer, encode, pointer_getters
 from .errors import UsageError
 from .memory import Buffer
 from .stream import Stream
@@ -127,9 +128,37 @@ def _numpy_formats() -> dict[int, dict[type, str]]:
 _NUMPY_FORMATS = _numpy_formats()
 
 
-def build_launch(kernel: Any) -> Any:
-    """A function launch(grid, block, *args, stream=None, dynamic_smem=0) for ``kernel`` (a
-    :class:`shimrt.kernel.Kernel`), specialised to its parameter layout (see the module docstring).
+class LaunchState:
+    """What a :class:`shimrt.kernel.Kernel` shares with the launch function built for it: the
+    function handle and the driver's launch call (fixed), the dynamic smem limit (raised when the
+    Kernel opts in) and the block limit (0 once the module is closed, which sends every launch to
+    the checked path), both read at each launch; the Kernel's checked path and its handler of a
+    failed launch; one parameter block per thread (the launch call releases the GIL, so threads
+    launching one kernel must not share one)."""
+
+    __slots__ = ("fn", "raw_launch", "smem_limit", "block_limit", "checked", "failed", "local")
+
+    def __init__(self, fn: Any, raw_launch: Callable[..., Any], smem_limit: int, block_limit: int,
+                 checked: Callable[..., None], failed: Callable[..., None]):
+        self.fn, self.raw_launch, self.checked, self.failed = fn, raw_launch, checked, failed
+        self.smem_limit, self.block_limit = smem_limit, block_limit
+        self.local = threading.local()
+
+
+def thread_block(name: str, layout: list, local: threading.local, formats: tuple[str, ...]) -> tuple:
+    """This thread's parameter block for the fast path, made on its first launch: (pointer-array
+    address, then a view of the block as items of each of ``formats``)."""
+    packer = Packer(name, layout)
+    view, address = packer.block()
+    memory: Any = view  # cast() takes the struct format of each parameter, known only at run time
+    local.block = (address, *(memory.cast(f) for f in formats))
+    local.block_owner = packer  # keeps the ctypes memory alive
+    return local.block
+
+
+def build_launch(name: str, layout: list, device: Any, state: LaunchState) -> Any:
+    """A function launch(grid, block, *args, stream=None, dynamic_smem=0) for kernel ``name`` of
+    ``device``, specialised to its parameter ``layout`` (see the module docstring).
 
     Each argument is written as one item of a typed memoryview of the parameter block (about a
     third of the cost of a struct pack): a pointer through the unsigned view, a Python int
@@ -140,14 +169,14 @@ def build_launch(kernel: Any) -> Any:
     of another size or alignment, goes through the general rule (:func:`shimrt.args.encode`),
     which also raises every error.
     """
-    layout = kernel.param_layout
     n = len(layout)
     names = [f"a{i}" for i in range(n)]
     ns = {
-        "kernel": kernel, "device": kernel.device, "Stream": Stream, "Buffer": Buffer, "encode": encode,
+        "state": state, "device": device, "Stream": Stream, "Buffer": Buffer, "encode": encode,
         # Fixed for the kernel's life (a closed module fails the guard before they are used):
-        "fn": kernel._fn, "raw_launch": kernel._launch, "local": kernel._local,
-        "null": kernel.device.stream_ref(None), "pointers": pointer_getters(), "ZERO": 0,
+        "fn": state.fn, "raw_launch": state.raw_launch, "local": state.local, "checked": state.checked,
+        "failed": state.failed, "new_block": functools.partial(thread_block, name, layout, state.local),
+        "null": device.stream_ref(None), "pointers": pointer_getters(), "ZERO": 0,
         "pack_f4": struct.Struct("<f").pack_into, "launch_dims": launch_dims, "MISSING": _MISSING,
     }
     formats: list[str] = []
@@ -203,36 +232,35 @@ def build_launch(kernel: Any) -> Any:
         if n else "list(extra)"
     # Floats, bools, wrong counts and values out of range leave for the checked path, which says
     # precisely what is wrong. Types first: the comparisons then see ints only.
-    rest = ("(dynamic_smem is ZERO or type(dynamic_smem) is int and 0 <= dynamic_smem <= kernel._smem_limit)"
+    rest = ("(dynamic_smem is ZERO or type(dynamic_smem) is int and 0 <= dynamic_smem <= state.smem_limit)"
             f"{f' and {names[-1]} is not MISSING' if n else ''} and not extra")
     src = "\n".join([
         f"def launch(grid, block, {params}*extra, stream=None, dynamic_smem=0):",
         # Int grid and block first, in one test with the rest (splitting it measured ~20 ns slower).
         f"    if (type(grid) is type(block) is int and 0 < grid <= {_GRID_X}",
-        "            and 0 < block <= kernel._fast_block_limit",
+        "            and 0 < block <= state.block_limit",
         f"            and {rest}):",
         "        gy = gz = by = bz = 1",
-        f"    elif not ({rest}) or (dims := launch_dims(grid, block, kernel._fast_block_limit)) is None:",
-        f"        return kernel._launch_checked(grid, block, {given}, stream, dynamic_smem)",
+        f"    elif not ({rest}) or (dims := launch_dims(grid, block, state.block_limit)) is None:",
+        f"        return checked(grid, block, {given}, stream, dynamic_smem)",
         "    else:",
         "        grid, gy, gz, block, by, bz = dims",
         "    if stream is None:",
         "        handle = null",
-        "    elif type(stream) is Stream and stream._launch_device is device:",
-        "        handle = stream._handle",
+        "    elif type(stream) is Stream and stream.launch_device is device:",
+        "        handle = stream.launch_handle",
         "    else:",
         "        handle = device.stream_ref(stream)",
         "    try:",
         f"        {block} = local.block",
         "    except AttributeError:",
-        f"        {block} = kernel._thread_block(FORMATS)",
+        f"        {block} = new_block(FORMATS)",
         *body,
         "    err = raw_launch(fn, grid, gy, gz, block, by, bz, dynamic_smem, handle, address, 0)[0]",
         "    if err:",
-        "        kernel._launch_failed(err, (grid, gy, gz), (block, by, bz), dynamic_smem, handle, address)",
+        "        failed(err, (grid, gy, gz), (block, by, bz), dynamic_smem, handle, address)",
     ])
-    exec(compile(src, f"<shimrt launch of {kernel.name}>", "exec"), ns)
+    exec(compile(src, f"<shimrt launch of {name}>", "exec"), ns)
     launch = ns["launch"]
-    launch.__doc__ = type(kernel).launch.__doc__
     launch.source = src  # for the curious and for tests
     return launch

@@ -18,7 +18,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from itertools import groupby
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -64,7 +64,8 @@ def _run(section: str, name: str, fn, results: list, progress) -> object:
 
 # --- environment ---------------------------------------------------------------------------
 
-def _environment(results, progress):
+def check_environment(results: list, progress: bool) -> None:
+    """The environment section's checks (Python, bindings, compilers, drivers, NCCL, MPS), appended to ``results``."""
     sec = "environment"
     _run(sec, "python", lambda: f"Python {platform.python_version()} ({sys.executable})", results, progress)
     _run(sec, "shimrt", lambda: f"shimrt {__version__}; numpy {np.__version__}; kernels in {kernels.directory()}",
@@ -127,7 +128,8 @@ def _backend_environment(backend: str, results, progress):
 
 # --- compile matrix -------------------------------------------------------------------------
 
-def _compile(results, progress):
+def check_compile(results: list, progress: bool) -> None:
+    """Every kernel source compiled for every target of COMPILE_TARGETS, appended to ``results``."""
     sec = "compile"
     for arch in COMPILE_TARGETS:
         for name in kernels.names():
@@ -150,7 +152,8 @@ def _compile(results, progress):
 
 # --- device --------------------------------------------------------------------------------
 
-def _device(results, progress):
+def check_device(results: list, progress: bool) -> Any:
+    """The device section's checks (DEVICE_CHECKS); the Device they opened, or None without one."""
     sec = "device"
     from .device import Device
     try:
@@ -282,7 +285,8 @@ def _overlap_check(dev) -> str:
             f"unshaped it started at {control_at:.2f} ms")
 
 
-def _communication(dev, results, progress):
+def check_communication(dev: Any, results: list, progress: bool) -> None:
+    """The communication section's checks (COMMUNICATION_CHECKS) on ``dev`` (None: each skipped, said why)."""
     sec = "communication"
     if dev is None:
         return
@@ -378,15 +382,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON (every check with its fix)")
     parser.add_argument("--strict", action="store_true", help="count skipped checks as failures")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    return cli.main(parser, argv, _selftest)
+    return cli.main(parser, argv, run)
 
 
-def _selftest(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """The selftest command: every section, its table (or --json), its exit code."""
     results: list[Check] = []
     progress = not args.quiet
-    _environment(results, progress)
-    _compile(results, progress)
-    _communication(_device(results, progress), results, progress)
+    check_environment(results, progress)
+    check_compile(results, progress)
+    check_communication(check_device(results, progress), results, progress)
     if args.json:
         print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
     else:

@@ -41,12 +41,14 @@ class Stream(Owning):
     Made by :meth:`Device.stream`."""
 
     def __init__(self, device: "Device", handle: Any):
-        self.device, self._handle = device, handle
-        self._launch_device: Device | None = device  # what the launch fast path checks; None once closed
+        # Read by launch fast paths (shimrt.launchpath) on every launch: the device a launch may use
+        # the handle on, and the handle; both None once closed.
+        self.device, self.launch_handle = device, handle
+        self.launch_device: Device | None = device
         self._finalizer = finalizer(self, device.driver.stream_destroy, handle)
 
     def __repr__(self) -> str:
-        return f"<shimrt.Stream on device {self.device.index}{', closed' if self._handle is None else ''}>"
+        return f"<shimrt.Stream on device {self.device.index}{', closed' if self.launch_handle is None else ''}>"
 
     @property
     def priority(self) -> int:
@@ -59,16 +61,16 @@ class Stream(Owning):
 
     @property
     def closed(self) -> bool:
-        return self._handle is None
+        return self.launch_handle is None
 
     def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)
 
     def ref(self) -> Any:
         """The backend's handle, for driver calls (UsageError once closed)."""
-        if self._handle is None:
+        if self.launch_handle is None:
             raise UsageError("the stream is closed")
-        return self._handle
+        return self.launch_handle
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Wait for the stream's work (ShimrtError after ``timeout`` seconds, a positive number, when
@@ -101,7 +103,7 @@ class Stream(Owning):
         return event
 
     def close(self) -> None:
-        self._handle = self._launch_device = None
+        self.launch_handle = self.launch_device = None
         self._finalizer()
 
 

@@ -73,30 +73,20 @@ def test_without_a_layout_plain_numbers_are_refused():
 
 def test_specialised_launch_packs_like_the_general_rule():
     """The generated fast path writes the same bytes as shimrt.args.encode for every kind of value."""
-    import threading
-
-    from shimrt.kernel import Kernel
-    from shimrt.launchpath import build_launch
+    from shimrt.launchpath import LaunchState, build_launch
 
     layout = [(0, 8), (8, 8), (16, 4), (20, 4), (24, 8), (32, 2)]
     seen = []
 
-    class Dev:
+    class Dev:  # the device's one part a launch function reads when built: the null stream
         @staticmethod
         def stream_ref(stream):
             return 0
-
-    kernel = object.__new__(Kernel)
-    kernel.name, kernel.device, kernel.param_layout = "k", Dev(), layout
-    kernel._fn, kernel._max_threads, kernel._fast_block_limit, kernel._smem_limit = "fn", 1024, 1024, 49152
-    kernel._local = threading.local()
 
     def raw(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         pointers = (ctypes.c_void_p * len(layout)).from_address(params)
         seen.append([ctypes.string_at(pointers[i], s) for i, (_, s) in enumerate(layout)])
         return (0,)
-
-    kernel._launch = raw
 
     class Drv:
         def mem_free(self, ptr):
@@ -105,8 +95,9 @@ def test_specialised_launch_packs_like_the_general_rule():
     from shimrt.memory import Buffer
     Dev.driver = Drv()
     buffer = Buffer(Dev(), 0x7000, 8, (2,), np.float32, owner=None)
-    kernel._launch_checked = lambda *a: seen.append("checked")
-    launch = build_launch(kernel)
+    state = LaunchState("fn", raw, smem_limit=49152, block_limit=1024, checked=lambda *a: seen.append("checked"),
+                        failed=lambda *a: seen.append("failed"))
+    launch = build_launch("k", layout, Dev(), state)
     cases = [
         (CudaArrayLike(0x1000), CudaArrayLike(0x2000), 1.5, -3, 2**40, 7),
         (CudaArrayLike(0x3000), CudaArrayLike(0x4000), np.float32(2.5), 2**32 - 1, -1.25, np.int16(-2)),

@@ -561,15 +561,15 @@ def test_comm_options_validate_every_field_at_construction():
 
 def test_shimrt_nccl_library_is_the_only_place_searched(monkeypatch):
     monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
-    monkeypatch.setattr(library, "_loaded", {})  # a fresh process: nothing loaded before
+    loader = library.Loader()  # a fresh process: nothing loaded before
     assert library.candidates("cuda") == library.candidates("hip") == ["/nonexistent/libnccl.so.2"]
     for backend in ("cuda", "hip"):
         with pytest.raises(CollectiveError) as info:
-            library.load(backend)
+            loader.load(backend)
         message = str(info.value)
         assert "SHIMRT_NCCL_LIBRARY" in message and "/nonexistent/libnccl.so.2" in message
         assert "No such file or directory" in message  # the loader's own reason
-    assert library._loaded == {}  # it did not fall back to the wheel's (or the system's) NCCL
+    assert loader.loaded == {}  # it did not fall back to the wheel's (or the system's) NCCL
 
 
 def test_a_library_that_is_not_nccl_is_refused_naming_the_variable(monkeypatch):
@@ -578,9 +578,8 @@ def test_a_library_that_is_not_nccl_is_refused_naming_the_variable(monkeypatch):
     if libc is None:
         pytest.skip("no C library to point at")
     monkeypatch.setenv("SHIMRT_NCCL_LIBRARY", libc)
-    monkeypatch.setattr(library, "_loaded", {})
     with pytest.raises(CollectiveError, match="SHIMRT_NCCL_LIBRARY=.*not an NCCL or RCCL library"):
-        library.load("cuda")
+        library.Loader().load("cuda")  # a fresh process's: nothing loaded before
 
 
 def test_a_compute_spec_larger_than_the_host_is_refused_before_allocating():

@@ -244,7 +244,7 @@ def test_hiprtc_reports_what_it_read_and_the_entry_checks_it(hiprtc, cache_dir, 
     assert read == (str(inc / "size.h"),)  # comgr's temporary copies are left out
     # A folder the compiler searches and the scan does not know (as the host's system folders are):
     # the file it read there is recorded from the compiler's own list, and checked before a hit.
-    monkeypatch.setattr(hiprtc, "_INCLUDE_VARIABLES", ())
+    monkeypatch.setattr(hiprtc, "INCLUDE_VARIABLES", ())
     monkeypatch.setenv("CPATH", str(inc))
     assert_follows(lambda: shimrt.compile(kernel("#include <size.h>"), "gfx90a"), lambda: header(inc / "size.h", 128))
 

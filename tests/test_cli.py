@@ -46,8 +46,8 @@ def ran(monkeypatch):
         return 0
     for module in SUBCOMMANDS.values():
         monkeypatch.setattr(module, "run", record)
-    monkeypatch.setattr(selftest, "_selftest", record)
-    monkeypatch.setattr(footprint, "_run", record)
+    monkeypatch.setattr(selftest, "run", record)
+    monkeypatch.setattr(footprint, "run", record)
     monkeypatch.delenv("SHIMRT_BACKEND", raising=False)
     return calls
 
@@ -598,10 +598,10 @@ def test_selftest_table_says_a_shared_fix_once_per_section():
 def test_selftest_json_keeps_every_fix(capsys, monkeypatch):
     monkeypatch.delenv("SHIMRT_BACKEND", raising=False)
     checks = _checks()
-    monkeypatch.setattr(selftest, "_environment", lambda results, progress: results.extend(checks))
-    for name in ("_compile", "_communication"):
+    monkeypatch.setattr(selftest, "check_environment", lambda results, progress: results.extend(checks))
+    for name in ("check_compile", "check_communication"):
         monkeypatch.setattr(selftest, name, lambda *a: None)
-    monkeypatch.setattr(selftest, "_device", lambda results, progress: None)
+    monkeypatch.setattr(selftest, "check_device", lambda results, progress: None)
     code, out, _ = call(capsys, selftest.main, ["--json", "--quiet"])
     assert code == 1  # one check failed
     results = json.loads(out)["results"]

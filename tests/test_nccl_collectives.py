@@ -224,12 +224,12 @@ def test_the_same_file_by_another_path_is_the_same_library(nccl, monkeypatch, tm
 
 
 def test_threads_loading_at_once_share_one_library(nccl, monkeypatch):
-    monkeypatch.setattr(library, "_loaded", {})  # a fresh process's cache, for this test only
+    loader = library.Loader()  # a fresh process's, for this test only
     got, start = [], threading.Barrier(8)
 
     def one():
         start.wait()
-        got.append(library.load("cuda"))
+        got.append(loader.load("cuda"))
 
     threads = [threading.Thread(target=one) for _ in range(8)]
     for t in threads:

@@ -38,7 +38,8 @@ _UNTRACKED = ("@", "-I-", "-include-pch", "-iprefix", "-iwithprefix", "-isysroot
               "-iframework", "-F", "-ivfsoverlay", "-Xclang", "-Xpreprocessor", "-Wp,", "-fmodule", "-fprebuilt",
               "--rocm-path", "--hip-path", "--cuda-path", "--config", "-B", "--gcc-toolchain", "--gcc-install-dir",
               "-resource-dir", "--embed-dir")
-_INCLUDE_VARIABLES = ("CPATH", "CPLUS_INCLUDE_PATH")  # clang reads them; NVRTC does not
+#: The environment variables clang reads for include folders (NVRTC reads none): the header scan follows them.
+INCLUDE_VARIABLES = ("CPATH", "CPLUS_INCLUDE_PATH")
 _MAX_DEPFILE_BYTES = 16 << 20
 _DEP_WORD = re.compile(r"(?:\\.|[^\s\\]|\\$)+")
 
@@ -64,7 +65,7 @@ def include_search(options: list[str], name: str) -> includes.SearchPath:
     """Where hipRTC will look for the headers of source ``name`` compiled with ``options`` (and
     the folders clang takes from CPATH and CPLUS_INCLUDE_PATH, an empty entry being the working
     directory)."""
-    env = [f"-I{d or '.'}" for var in _INCLUDE_VARIABLES for d in os.environ.get(var, "").split(os.pathsep)
+    env = [f"-I{d or '.'}" for var in INCLUDE_VARIABLES for d in os.environ.get(var, "").split(os.pathsep)
            if os.environ.get(var)]
     return includes.search_path(list(options) + env, flags=_INCLUDE_FLAGS, untracked=_UNTRACKED, main_folder=None)
 

@@ -213,44 +213,56 @@ def _bind(path: str, handle: ctypes.CDLL) -> Library:
     return lib
 
 
-# Loaded libraries by resolved path (a bare name, which the dynamic loader resolves, by itself):
-# binding the table again would only repeat the work and hand out a second Library for one library.
-_loaded: dict[str, Library] = {}
-_lock = threading.Lock()
-
-
 def _key(path: str) -> str:
     return os.path.realpath(path) if os.sep in path else path
+
+
+class Loader:
+    """Libraries loaded and bound, by resolved path (a bare name, which the dynamic loader
+    resolves, by itself): binding the table again would only repeat the work and hand out a second
+    Library for one library. The process has one (:func:`load`); a new one is a fresh process's
+    view, for tests."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, Library] = {}
+        self._lock = threading.Lock()
+
+    def load(self, backend: str = "cuda") -> Library:
+        """See :func:`load`."""
+        tried = []
+        chosen = settings().nccl_library
+        with self._lock:  # one thread binds a library; the others get its Library
+            for path in candidates(backend):
+                key = _key(path)
+                if key in self.loaded:
+                    return self.loaded[key]
+                problem = elf.library_problem(path) if os.sep in path else None
+                try:
+                    if problem is not None:
+                        raise OSError(f"{path}: {problem}")
+                    handle = ctypes.CDLL(path)
+                except OSError as exc:
+                    reason = str(exc)
+                else:
+                    try:
+                        self.loaded[key] = _bind(path, handle)
+                    except CollectiveError as exc:  # loaded, but not an NCCL/RCCL it can use
+                        reason = str(exc)
+                    else:
+                        return self.loaded[key]
+                if chosen:
+                    raise CollectiveError(f"SHIMRT_NCCL_LIBRARY={path!r} could not be loaded, and nothing else is "
+                                          f"tried while it is set: {reason}")
+                tried.append(f"{path} ({reason})")
+        what = "RCCL (librccl.so)" if backend == "hip" else "NCCL (libnccl.so.2)"
+        raise CollectiveError(f"{what} not found; searched: " + "; ".join(tried))
+
+
+_PROCESS = Loader()
 
 
 def load(backend: str = "cuda") -> Library:
     """The library of ``backend`` ("cuda": NCCL, "hip": RCCL): the first candidate (see the
     module docstring) that loads, opened and bound once per process and then shared.
     CollectiveError naming every place searched when none loads."""
-    tried = []
-    chosen = settings().nccl_library
-    with _lock:  # one thread binds a library; the others get its Library
-        for path in candidates(backend):
-            key = _key(path)
-            if key in _loaded:
-                return _loaded[key]
-            problem = elf.library_problem(path) if os.sep in path else None
-            try:
-                if problem is not None:
-                    raise OSError(f"{path}: {problem}")
-                handle = ctypes.CDLL(path)
-            except OSError as exc:
-                reason = str(exc)
-            else:
-                try:
-                    _loaded[key] = _bind(path, handle)
-                except CollectiveError as exc:  # loaded, but not an NCCL/RCCL it can use
-                    reason = str(exc)
-                else:
-                    return _loaded[key]
-            if chosen:
-                raise CollectiveError(f"SHIMRT_NCCL_LIBRARY={path!r} could not be loaded, and nothing else is "
-                                      f"tried while it is set: {reason}")
-            tried.append(f"{path} ({reason})")
-    what = "RCCL (librccl.so)" if backend == "hip" else "NCCL (libnccl.so.2)"
-    raise CollectiveError(f"{what} not found; searched: " + "; ".join(tried))
+    return _PROCESS.load(backend)

@@ -81,10 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         type=validate.argument(cli.nbytes, "--bytes", least=4, most=1 << 32),
                         help="message size from 4 (one float32) to 4G, e.g. 4096, 64K, 64M (default 64M)")
     cli.add_json(parser, "also write the records as JSON")
-    return cli.main(parser, argv, _run)
+    return cli.main(parser, argv, run)
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """The command: measure, then print the report (or --json)."""
     result = measure(nbytes=args.bytes)
     return cli.finish(report(result), result, args.json)
 
