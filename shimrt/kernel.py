@@ -13,7 +13,7 @@ and launched as ``dynamic_smem``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import occupancy, validate
 from .args import Packer
@@ -220,7 +220,8 @@ class Kernel:
         self._opt_in(dynamic_smem)
         return dims[0], dims[1], int(dynamic_smem), self.device.stream_ref(stream)
 
-    def prepare(self, grid: Any, block: Any, *args: Any, stream: Any = None, dynamic_smem: int = 0) -> Any:
+    def prepare(self, grid: Any, block: Any, *args: Any, stream: Any = None,
+                dynamic_smem: int = 0) -> Callable[[], None]:
         """Check and pack a launch once; return a function that repeats it with no further work.
 
         For hot loops that launch the same kernel with the same arguments (timing runs,

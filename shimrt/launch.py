@@ -45,13 +45,17 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from . import config, mps, validate
 from .config import BACKENDS, LaunchEnv, device_map, devices_of, launch_env
 from .errors import CollectiveError, ShimrtError, UsageError
 from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
 from .stream import MAX_TIMEOUT
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .nccl import CommOptions, Communicator
 
 _INSTALL_HINT = ("install NCCL (pip install 'shimrt[nccl]') or set SHIMRT_NCCL_LIBRARY to the path of "
                  "libnccl.so.2 (librccl.so under ROCm), then launch again")
@@ -142,7 +146,7 @@ def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> R
     return Rendezvous(env.rank, env.world_size, env.local_rank, uid, env.source)
 
 
-def init(device: Any = None, *, options: Any = None) -> Any:
+def init(device: Device | None = None, *, options: CommOptions | None = None) -> Communicator:
     """The Communicator of this process: on ``device`` (a :class:`shimrt.Device`; default
     Device(local_rank), or the local rank's GPU in SHIMRT_DEVICES), with the collective library
     of the device's backend and ``options`` (a :class:`shimrt.nccl.CommOptions`). The device is
@@ -171,7 +175,7 @@ def init(device: Any = None, *, options: Any = None) -> Any:
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)
 
 
-def local_devices(dev: Any, wanted: int | None = None) -> list[Any]:
+def local_devices(dev: Device, wanted: int | None = None) -> list[Device]:
     """The devices of the ranks one process holds (``Communicator.local``), ``dev`` (a shimrt
     Device) first: the GPUs SHIMRT_DEVICES lists; else ``wanted`` ranks (default: one per GPU)
     on the first GPUs, or all on ``dev`` when it is the only one, where ``wanted`` defaults to 2

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import struct
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from .args import Packer, encode, pointer_getters
 from .errors import UsageError
 from .memory import Buffer
 from .stream import Stream
+
+if TYPE_CHECKING:
+    from .device import Device
 
 #: The most blocks of a grid in x, y and z.
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -156,7 +159,7 @@ def thread_block(name: str, layout: list, local: threading.local, formats: tuple
     return local.block
 
 
-def build_launch(name: str, layout: list, device: Any, state: LaunchState) -> Any:
+def build_launch(name: str, layout: list, device: Device, state: LaunchState) -> Callable[..., None]:
     """A function launch(grid, block, *args, stream=None, dynamic_smem=0) for kernel ``name`` of
     ``device``, specialised to its parameter ``layout`` (see the module docstring).
 

@@ -8,7 +8,7 @@ are ignored rather than printed: the driver may already be gone.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Self
 
 
 def _quiet(release: Callable[..., Any], *args) -> None:
@@ -45,7 +45,7 @@ class Closing:
     def close(self) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: Any) -> None:

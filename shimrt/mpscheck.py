@@ -10,13 +10,17 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from . import mps, validate
 from .config import launch_env
 from .errors import CollectiveError, ShimrtError
+
+if TYPE_CHECKING:
+    from .device import Device
+    from .nccl.library import Library
 
 #: float32 elements each rank all-reduces.
 COUNT = 1 << 18
@@ -94,7 +98,7 @@ def run(devices: Sequence[int], *, use_mps: bool = True, timeout: float = TIMEOU
     return f"all_reduce of {where} equals numpy (python -m shimrt.launch{' --mps' if use_mps else ''})"
 
 
-def selftest(dev: Any, lib: Any) -> str:
+def selftest(dev: Device, lib: Library) -> str:
     """The selftest's row: two rank processes under MPS on ``dev``'s GPU where the NCCL in ``lib``
     can put two ranks on one GPU, else on the first two GPUs. Unavailable, with the reason and
     the fix, where that cannot run: AMD's GPU, no MPS, a daemon already running, a single GPU

@@ -18,12 +18,15 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from itertools import groupby
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from . import __version__, backends, cli, compiler, kernels, mpscheck, occupancy, targets
 from .errors import CollectiveError, NoDeviceError, ShimrtError
+
+if TYPE_CHECKING:
+    from .device import Device
 
 COMPILE_TARGETS = ("sm_80", "sm_86", "sm_90", "gfx90a")
 
@@ -152,7 +155,7 @@ def check_compile(results: list, progress: bool) -> None:
 
 # --- device --------------------------------------------------------------------------------
 
-def check_device(results: list, progress: bool) -> Any:
+def check_device(results: list, progress: bool) -> Device | None:
     """The device section's checks (DEVICE_CHECKS); the Device they opened, or None without one."""
     sec = "device"
     from .device import Device
@@ -285,7 +288,7 @@ def _overlap_check(dev) -> str:
             f"unshaped it started at {control_at:.2f} ms")
 
 
-def check_communication(dev: Any, results: list, progress: bool) -> None:
+def check_communication(dev: Device | None, results: list, progress: bool) -> None:
     """The communication section's checks (COMMUNICATION_CHECKS) on ``dev`` (None: each skipped, said why)."""
     sec = "communication"
     if dev is None:

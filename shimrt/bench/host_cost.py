@@ -22,13 +22,17 @@ import argparse
 import ctypes
 import statistics
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .. import cli, validate
 from ..device import Device
 from ..errors import CollectiveError
+
+if TYPE_CHECKING:
+    from ..memory import Buffer
+    from ..nccl import Communicator
 
 _COUNT = 2  # float32 elements: 8 bytes
 
@@ -120,7 +124,7 @@ def _torch(dev: Device) -> tuple[Callable[[], None], str, Callable[[], None]] | 
     return (lambda: dist.all_reduce(t)), version, dist.destroy_process_group
 
 
-def _time(fn: Callable[[], None], calls: int, sync: Callable[[], None]) -> float:
+def _time(fn: Callable[[], object], calls: int, sync: Callable[[], None]) -> float:
     """Host microseconds per call over one batch (the device drained first, outside the time)."""
     sync()
     t0 = time.perf_counter()
@@ -129,7 +133,7 @@ def _time(fn: Callable[[], None], calls: int, sync: Callable[[], None]) -> float
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def _steps(comm: Any, buf: Any, calls: int) -> dict:
+def _steps(comm: Communicator, buf: Buffer, calls: int) -> dict:
     """Where shimrt's time goes: each step of Communicator.collective timed alone (us per call)."""
     from ..nccl.collectives import buffers_of, datatype_of, nccl_count, op_of, rank_of, row_of
     row = row_of("all_reduce")

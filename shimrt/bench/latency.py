@@ -30,11 +30,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..errors import UsageError
 from ..nccl import buffer_counts, group, prepare_group
 from ..nccl.library import version_text
+
+if TYPE_CHECKING:
+    from ..nccl import Communicator
+    from ..nccl.library import Library
 
 #: Latency goals of shimrt against torch.distributed (issue 22): one-off and prepared calls.
 GOALS = {"one-off": 1.10, "prepared": 1.00}
@@ -66,7 +70,7 @@ def _mapped_nccl() -> set[str]:
     return found
 
 
-def check_same_nccl(lib: Any, allow_mixed: bool) -> str:
+def check_same_nccl(lib: Library, allow_mixed: bool) -> str:
     """Import torch and say which NCCL its calls reach, after checking it is shimrt's ``lib``:
     UsageError when it is another version, unless ``allow_mixed``."""
     theirs = torch_nccl_version()
@@ -81,7 +85,7 @@ def check_same_nccl(lib: Any, allow_mixed: bool) -> str:
 
 
 @contextlib.contextmanager
-def torch_group(comm: Any) -> Any:
+def torch_group(comm: Communicator) -> Iterator[Any]:
     """torch.distributed's NCCL process group of ``comm``'s rank and size on its GPU, joined
     through a HashStore (one rank) or a FileStore named by the communicator's unique id (every
     rank of a launch has it), destroyed on the way out."""
@@ -101,7 +105,7 @@ def torch_group(comm: Any) -> Any:
         dist.destroy_process_group()
 
 
-def _per_call_us(call: Callable[[], None], sync: Callable[[], None], calls: int) -> float:
+def _per_call_us(call: Callable[[], object], sync: Callable[[], None], calls: int) -> float:
     sync()
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -114,7 +118,7 @@ def _count(nbytes: int, size: int) -> int:
     return max(nbytes // 4 // size * size, size)
 
 
-def latency(comm: Any, dist: Any, sizes: list[int], calls: int = 200, rounds: int = 8,
+def latency(comm: Communicator, dist: Any, sizes: list[int], calls: int = 200, rounds: int = 8,
             progress: bool = True) -> list[dict]:
     """Per-call host time (us, median of ``rounds``) of ``calls`` back-to-back in-place
     all_reduces of float32 at each of ``sizes`` bytes: shimrt's one-off and prepared calls and
@@ -127,7 +131,7 @@ def latency(comm: Any, dist: Any, sizes: list[int], calls: int = 200, rounds: in
         t = torch.zeros(_count(nbytes, comm.size), dtype=torch.float32, device=f"cuda:{comm.device.index}")
         prepared = comm.prepare("all_reduce", t)
         q = prepared.queued
-        ways = {"one-off": lambda t=t: comm.all_reduce(t), "prepared": prepared,
+        ways: dict[str, Callable[..., object]] = {"one-off": lambda t=t: comm.all_reduce(t), "prepared": prepared,
                 "torch": lambda t=t: dist.all_reduce(t),
                 # NCCL's own function on the same communicator, nothing around it (no check, no watchdog)
                 "direct": lambda f=q.function, a=q.args: f(*a)}
@@ -171,7 +175,7 @@ def local_latency(comms: list, sizes: list[int], calls: int = 200, rounds: int =
     return rows
 
 
-def torch_device_times(comm: Any, dist: Any, ops: list[str], sizes: list[int], iters: int = 20,
+def torch_device_times(comm: Communicator, dist: Any, ops: list[str], sizes: list[int], iters: int = 20,
                        warmup: int = 5) -> dict[str, float]:
     """torch.distributed's time (us, device-event median) for each (op, size), keyed "op:bytes":
     in place where torch's call takes one tensor, out of place for all_gather and reduce_scatter."""

@@ -178,7 +178,7 @@ def _row(workload: str, result, comm_kind: str, nbytes: int) -> dict:
             "identical": result.note != "differs"}
 
 
-def measure_workload(dev: Any, engine: Engine, policies: Any, args: Any, progress: Progress,
+def measure_workload(dev: Device, engine: Engine, policies: Any, args: Any, progress: Progress,
                      retune: Retune | None = None) -> tuple[list[Result], list[tuple[str, str]], dict,
                                                             planner.Estimate]:
     """Every policy on one workload: (results, infeasible [(policy, why)], auto's details, the

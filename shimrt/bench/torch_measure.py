@@ -27,16 +27,19 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import validate
 from ..device import Device
 from ..errors import ShimrtError
 from ..occupancy import Footprint, coresident
 
+if TYPE_CHECKING:
+    from ..torch.step import GradientBuckets, NcclBuckets, Trainer
 
-def timed_steps(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int, steps: int, keep: bool = False,
-                settle: Any = None) -> tuple:
+
+def timed_steps(torch: Any, trainer: Trainer, comm: NcclBuckets | None, overlap: bool, warmup: int, steps: int,
+                keep: bool = False, settle: Any = None) -> tuple:
     """(median ms per step over ``steps`` after ``warmup``, the losses, the gradients after the
     first step when ``keep``) on the current stream, from the initial weights. ``settle`` (an
     interposer's) runs after each warm-up step: the kernels it learnt are shaped from the next.
@@ -66,7 +69,7 @@ def timed_steps(torch: Any, trainer: Any, comm: Any, overlap: bool, warmup: int,
     return statistics.median(per_step), torch.stack(losses), grads
 
 
-def phases(torch: Any, trainer: Any, steps: int = 5) -> dict:
+def phases(torch: Any, trainer: Trainer, steps: int = 5) -> dict:
     """The shortest ms, over ``steps`` compute-alone steps run back to back (the host queueing
     ahead, as in a timed run), from a step's start to its first full bucket ("first bucket"),
     to the end of backward ("backward") and to its end ("end"): the least each phase needs."""
@@ -137,7 +140,8 @@ def sharing(target: Any, records: list, nccl: Footprint) -> dict:
                                                                strict=True))}
 
 
-def _round_ms(torch: Any, comm: Any, buckets: Any, work: Any = None, stream: Any = None) -> float:
+def _round_ms(torch: Any, comm: NcclBuckets | None, buckets: GradientBuckets, work: Any = None,
+              stream: Any = None) -> float:
     """ms, on the GPU's clock, for every bucket's all-reduce through ``comm`` (None: none) beside
     ``work()`` (None: none) queued on torch stream ``stream``, from one start until both are done.
     The current stream first spins (where torch can: ``torch.cuda._sleep``) so that the host has
@@ -179,7 +183,7 @@ def rounds(measure: Any, repeats: int) -> list:
     return times[1:] or times
 
 
-def comm_alone(torch: Any, comm: Any, buckets: Any, repeats: int = 3) -> float:
+def comm_alone(torch: Any, comm: NcclBuckets, buckets: GradientBuckets, repeats: int = 3) -> float:
     """ms for every bucket's all-reduce back to back, with no compute: the median of ``repeats``
     rounds after one that warms up."""
     timed = sorted(rounds(lambda: _round_ms(torch, comm, buckets), repeats))
@@ -195,7 +199,7 @@ def overlap_share(alone_ms: float, comm_ms: float, together_ms: float) -> float:
     return (alone_ms + comm_ms - together_ms) / min(alone_ms, comm_ms)
 
 
-def contention(torch: Any, comm: Any, buckets: Any, stream: Any, repeats: int = 3) -> dict:
+def contention(torch: Any, comm: NcclBuckets, buckets: GradientBuckets, stream: Any, repeats: int = 3) -> dict:
     """Every bucket's all-reduce through ``comm`` (an NcclBuckets) alone, and beside a 512 MiB
     copy and beside an 8192^3 bf16 GEMM, each repeated to about the all-reduces' time, on torch
     stream ``stream`` (a partition's, which keeps torch off the SMs left to NCCL). Per work: its count, ms
@@ -224,7 +228,7 @@ def contention(torch: Any, comm: Any, buckets: Any, stream: Any, repeats: int = 
     return out
 
 
-def timeline(dev: Device, torch: Any, trainer: Any, comm: Any, overlap: bool) -> list:
+def timeline(dev: Device, torch: Any, trainer: Trainer, comm: NcclBuckets | None, overlap: bool) -> list:
     """[short name, start us, end us, NCCL?] of every kernel of one step."""
     with dev.record_kernels() as rec:
         trainer.step(comm, overlap)

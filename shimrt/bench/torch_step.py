@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import choose, cli, validate
 from ..device import Device
@@ -37,6 +37,10 @@ from . import torch_measure
 from .progress import Progress
 from .torch_measure import finish, interposer_cost, is_nccl, timed_steps
 from .torch_report import report, timelines_png
+
+if TYPE_CHECKING:
+    from ..stream import Stream
+    from ..torch.step import GradientBuckets
 
 #: name -> model and batch: one 1.08 G-parameter model (2 GiB of bf16 gradients), fewer tokens per
 #: step as communication weighs more (comm-heavy: all-reduces alone about 0.56x compute alone on
@@ -112,7 +116,7 @@ class Bench:
             self._comms[ctas] = Communicator.local(self.devices, options=options)
         return self._comms[ctas]
 
-    def partition_stream(self, sms: int) -> Any:
+    def partition_stream(self, sms: int) -> Stream:
         """A stream of all but ``sms`` SMs (those kept for NCCL)."""
         if sms not in self._parts:
             kept, rest = self.dev.partition(sms)
@@ -135,7 +139,7 @@ def fastest_kept(sms: list, ranks_per_gpu: int, comm_ms: dict) -> int:
     return min(sms, key=lambda k: comm_ms.get(channels(k, ranks_per_gpu), float("inf")))
 
 
-def contention_at(bench: Bench, torch: Any, buckets: Any, comm_of: Any, comm_ms: dict, ranks_per_gpu: int,
+def contention_at(bench: Bench, torch: Any, buckets: GradientBuckets, comm_of: Any, comm_ms: dict, ranks_per_gpu: int,
                 sms: list) -> dict:
     """:func:`torch_measure.contention` at the --sms setting whose all-reduces ran fastest alone
     (the first, where none ran alone here), torch kept off those SMs by a partition; {"error":

@@ -4,6 +4,7 @@ datatype, buffers, op and root or peer. Pure: no NCCL call, no device."""
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ class Collective:
     buffers: int = 2
 
     def arguments(self, send: int, recv: int, count: int, datatype: int, op: int | None, rank: int | None,
-                  comm: Any, stream: Any) -> tuple:
+                  comm: ctypes.c_void_p, stream: ctypes.c_void_p) -> tuple:
         """The C arguments in the order of the function's prototype: the buffers, count,
         datatype, [op], [root or peer], comm, stream."""
         return ((send, recv)[:self.buffers] + (count, datatype) + ((op,) if self.reduces else ())

@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import time
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from .. import validate, waiting
 from ..config import settings
 from ..device import Device
 from ..errors import CollectiveError, UsageError
-from ..stream import timeout_seconds
+from ..stream import Event, timeout_seconds
 from . import library
 from .collectives import MAX_RANKS, buffers_of, datatype_of, nccl_count, op_of, rank_of, row_of
 from .config import MIN_VERSION, CommOptions, check_shared_gpu
@@ -78,7 +78,7 @@ class Communicator:
     ``state`` is what its calls and the process's watchdog share (:class:`CommState`).
     """
 
-    def __init__(self, device: Any, unique_id: bytes, rank: int, size: int, *, options: CommOptions | None = None,
+    def __init__(self, device: Device, unique_id: bytes, rank: int, size: int, *, options: CommOptions | None = None,
                  library_: library.Library | None = None):
         # Everything is checked before anything is made.
         size = validate.integer(size, "size", least=1, most=MAX_RANKS)
@@ -119,7 +119,7 @@ class Communicator:
         self._clique = bytes(uid)
         self.stream = device.stream("high")
 
-        def record(event: Any, stream: Any) -> None:
+        def record(event: Event, stream: Any) -> None:
             device.activate()  # the watchdog's thread has no context of its own
             event.record(stream)
         self.state = CommState(ctypes.c_void_p(), timeout=self.options.timeout, blocking=self.options.blocking,
@@ -141,7 +141,7 @@ class Communicator:
         return self.lib.ncclCommInitRank(ctypes.byref(box), self.size, uid, self.rank)
 
     @classmethod
-    def local(cls, devices: Any, *, options: CommOptions | None = None) -> list["Communicator"]:
+    def local(cls, devices: Sequence[Device], *, options: CommOptions | None = None) -> list["Communicator"]:
         """One communicator per device of this process (ranks in the order given), made together."""
         if not isinstance(devices, (list, tuple)) or not devices \
                 or not all(isinstance(d, Device) for d in devices):
@@ -312,7 +312,7 @@ class Communicator:
         self.collective("recv", buf, peer=peer, stream=stream)
 
     @contextlib.contextmanager
-    def group(self) -> Any:
+    def group(self) -> Iterator[Communicator]:
         """``with comm.group():`` fuses the calls inside into one NCCL launch (ncclGroupStart/End);
         :func:`group` groups calls of several communicators."""
         with group(self):
@@ -368,7 +368,7 @@ class Communicator:
         finally:
             self.stream.close()
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .. import waiting
 from ..errors import CollectiveError, UsageError
@@ -150,7 +150,7 @@ def enqueue(calls: list, q: Queued) -> None:
 
 
 @contextlib.contextmanager
-def group(*comms: "Communicator") -> Any:
+def group(*comms: "Communicator") -> Iterator[tuple[Communicator, ...]]:
     """``with group(c0, c1):`` fuses the collectives inside, on any communicators (each rank of
     this process, for one), into one NCCL launch. Several ranks in one thread must be grouped: a
     lone collective of one rank waits for the others for good.

@@ -176,7 +176,7 @@ class Engine:
     instead of hanging.
     """
 
-    def __init__(self, device: Any, schedule: Schedule, *, repeats: int = 5, timeout_s: float = 30.0):
+    def __init__(self, device: Device, schedule: Schedule, *, repeats: int = 5, timeout_s: float = 30.0):
         if not isinstance(schedule, Schedule):
             raise UsageError(f"schedule must be a Schedule, not {schedule!r:.100}")
         repeats = validate.integer(repeats, "repeats", least=1, most=MAX_REPEATS)

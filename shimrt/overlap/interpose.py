@@ -34,7 +34,7 @@ class Interposer:
     for many blocks (one per training step); :meth:`close` restores the dynamic shared memory
     limits it raised."""
 
-    def __init__(self, device: Any, cap: int, footprint: Footprint | None = None):
+    def __init__(self, device: Device, cap: int, footprint: Footprint | None = None):
         if not isinstance(device, Device):
             raise UsageError(f"device must be a shimrt Device, not {device!r:.100}")
         cap = validate.integer(cap, "cap", least=1)

@@ -110,7 +110,7 @@ class CommStandIn:
 
     kind = "stand-in"
 
-    def __init__(self, device: Any, spec: StandInSpec, seed: int = 0):
+    def __init__(self, device: Device, spec: StandInSpec, seed: int = 0):
         if not isinstance(spec, StandInSpec):
             raise UsageError(f"spec must be a StandInSpec, not {spec!r:.100}")
         seed = validate.integer(seed, "seed", least=0)

@@ -49,6 +49,7 @@ from .. import validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
+from ..stream import Stream
 from . import policies as vocabulary
 from .interop import sm_carveout
 from .interop import stream as torch_stream
@@ -184,7 +185,7 @@ class Overlap:
                     self.dropped[p.name] = "another rank cannot run it"
         return [p for p in candidates if p.name not in self.dropped]
 
-    def _partition_stream(self, sms: int) -> Any:
+    def _partition_stream(self, sms: int) -> Stream:
         if sms not in self._partitions:
             key = (self.device.index, sms)
             if key not in _PARTITIONS:

@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from .. import nccl, validate
 from ..errors import UsageError
 from ..targets import MAX_SMS
 from .interop import stream as torch_stream
+
+if TYPE_CHECKING:
+    from ..overlap.interpose import Interposer
+    from ..stream import Stream
 
 #: Stream priorities a policy may give its communication.
 PRIORITIES = ("low", "high")
@@ -374,7 +378,8 @@ class Trainer:
 
 
 @contextlib.contextmanager
-def compute_context(policy: Policy, interposer: Any = None, partition_stream: Any = None) -> Iterator[None]:
+def compute_context(policy: Policy, interposer: Interposer | None = None,
+                    partition_stream: Stream | None = None) -> Iterator[None]:
     """torch's compute as ``policy`` shapes it: on ``partition_stream`` (a shimrt Stream of an SM
     partition), with cuBLAS's carveout, or inside ``interposer``'s block."""
     if not isinstance(policy, Policy):
