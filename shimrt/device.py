@@ -100,7 +100,7 @@ class Device(Owning):
             return
         # No query covers every stream of a context, so the blocking call runs on a helper
         # thread and the caller stops waiting after the timeout.
-        outcome = []
+        outcome: list[BaseException | None] = []
 
         def wait():
             try:
