@@ -83,7 +83,10 @@ def test_specialised_launch_packs_like_the_general_rule():
         def stream_ref(stream):
             return 0
 
+    streams = []
+
     def raw(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        streams.append(stream)
         pointers = (ctypes.c_void_p * len(layout)).from_address(params)
         seen.append([ctypes.string_at(pointers[i], s) for i, (_, s) in enumerate(layout)])
         return (0,)
@@ -92,12 +95,16 @@ def test_specialised_launch_packs_like_the_general_rule():
         def mem_free(self, ptr):
             pass
 
+        def stream_destroy(self, handle):
+            pass
+
     from shimrt.memory import Buffer
     Dev.driver = Drv()
     buffer = Buffer(Dev(), 0x7000, 8, (2,), np.float32, owner=None)
     state = LaunchState("fn", raw, smem_limit=49152, block_limit=1024, checked=lambda *a: seen.append("checked"),
                         failed=lambda *a: seen.append("failed"))
-    launch = build_launch("k", layout, Dev(), state)
+    dev = Dev()
+    launch = build_launch("k", layout, dev, state)
     cases = [
         (CudaArrayLike(0x1000), CudaArrayLike(0x2000), 1.5, -3, 2**40, 7),
         (CudaArrayLike(0x3000), CudaArrayLike(0x4000), np.float32(2.5), 2**32 - 1, -1.25, np.int16(-2)),
@@ -121,3 +128,10 @@ def test_specialised_launch_packs_like_the_general_rule():
     with pytest.raises(UsageError, match="freed"):
         launch(4, 128, buffer, buffer, 1.0, 0, 0, 0)
     assert not seen  # nothing launched on a refusal
+    # A shimrt Stream of the kernel's device goes by its launch handle; the null stream by the device's.
+    from shimrt.stream import Stream
+    streams.clear()
+    s = Stream(dev, "handle-of-s")
+    launch(4, 128, *cases[0], stream=s)
+    launch(4, 128, *cases[0])
+    assert streams == ["handle-of-s", 0]
