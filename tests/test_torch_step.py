@@ -365,3 +365,39 @@ def test_sm_carveout_is_refused_beyond_any_gpu(sms):
     with pytest.raises(UsageError, match=r"sms must be an int in 0..1024"):
         with shimrt.torch.sm_carveout(sms):
             pass
+
+
+def test_the_step_timer_takes_the_median_of_the_timed_steps_after_the_warm_up():
+    """median_step_ms with a clock standing in for CUDA's events (each record reads it): the
+    warm-up steps are run but not timed, every step's result comes back, the collector is paused
+    while the steps run and on again after."""
+    import gc
+    from types import SimpleNamespace
+
+    from shimrt.bench.torch_measure import median_step_ms
+    now = [0.0]
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = now[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, later):
+            return later.t - self.t
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event, synchronize=lambda: None))
+    lengths = [100.0, 50.0, 3.0, 9.0, 5.0]  # two warm-up steps, then three timed ones
+    collector = []
+
+    def step(i):
+        collector.append(gc.isenabled())
+        now[0] += lengths[i]
+        return i * 10
+    ms, out = median_step_ms(torch, step, warmup=2, steps=3)
+    assert (ms, out) == (5.0, [0, 10, 20, 30, 40])
+    assert collector == [False] * 5 and gc.isenabled()

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import datetime
 import gc
-import statistics
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
@@ -35,17 +34,9 @@ GOAL_BELOW, GOAL_ABOVE, GOAL_BEST = 0.15, 0.01, 0.03
 
 def _median_ms(torch: Any, step: Callable[[], Any], warmup: int, steps: int) -> tuple[float, list[float]]:
     """(median ms per step over ``steps`` after ``warmup``, every step's loss)."""
-    losses = []
-    for _ in range(warmup):
-        losses.append(step())
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
-    for i in range(steps):
-        marks[i].record()
-        losses.append(step())
-    marks[-1].record()
-    marks[-1].synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)), \
-        [float(x) for x in torch.stack(losses).tolist()]
+    from .torch_measure import median_step_ms
+    ms, losses = median_step_ms(torch, lambda i: step(), warmup, steps)
+    return ms, [float(x) for x in torch.stack(losses).tolist()]
 
 
 class _Rank:

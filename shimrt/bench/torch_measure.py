@@ -27,7 +27,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import validate
 from ..device import Device
@@ -38,15 +38,12 @@ if TYPE_CHECKING:
     from ..torch.step import GradientBuckets, NcclBuckets, Trainer
 
 
-def timed_steps(torch: Any, trainer: Trainer, comm: NcclBuckets | None, overlap: bool, warmup: int, steps: int,
-                keep: bool = False, settle: Any = None) -> tuple:
-    """(median ms per step over ``steps`` after ``warmup``, the losses, the gradients after the
-    first step when ``keep``) on the current stream, from the initial weights. ``settle`` (an
-    interposer's) runs after each warm-up step: the kernels it learnt are shaped from the next.
-    The median of per-step events, with Python's collector paused, so that one stalled step (a
-    collection, a preempted host thread) does not move the figure."""
-    trainer.reset()
-    losses, grads = [], None
+def median_step_ms(torch: Any, step: Callable[[int], Any], warmup: int, steps: int) -> tuple[float, list]:
+    """(median ms of ``steps`` steps after ``warmup``, what every step returned): ``step(i)`` runs
+    step ``i`` (0 is the first warm-up step) on the current stream, timed by a CUDA event between
+    steps, with Python's collector paused, so that one stalled step (a collection, a preempted
+    host thread) does not move the figure."""
+    out = []
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
     collecting = gc.isenabled()
     gc.collect()
@@ -55,18 +52,33 @@ def timed_steps(torch: Any, trainer: Trainer, comm: NcclBuckets | None, overlap:
         for i in range(warmup + steps):
             if i >= warmup:
                 marks[i - warmup].record()
-            losses.append(trainer.step(comm, overlap))
-            if i == 0 and keep:
-                grads = trainer.buckets.copy()
-            if i < warmup and settle is not None:
-                settle()
+            out.append(step(i))
         marks[-1].record()
         finish(torch)
     finally:
         if collecting:
             gc.enable()
-    per_step = [a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
-    return statistics.median(per_step), torch.stack(losses), grads
+    return statistics.median(a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)), out
+
+
+def timed_steps(torch: Any, trainer: Trainer, comm: NcclBuckets | None, overlap: bool, warmup: int, steps: int,
+                keep: bool = False, settle: Any = None) -> tuple:
+    """(median ms per step over ``steps`` after ``warmup``, the losses, the gradients after the
+    first step when ``keep``) on the current stream, from the initial weights (see
+    :func:`median_step_ms`). ``settle`` (an interposer's) runs after each warm-up step: the kernels
+    it learnt are shaped from the next."""
+    trainer.reset()
+    grads = []
+
+    def step(i: int) -> Any:
+        loss = trainer.step(comm, overlap)
+        if i == 0 and keep:
+            grads.append(trainer.buckets.copy())
+        if i < warmup and settle is not None:
+            settle()
+        return loss
+    ms, losses = median_step_ms(torch, step, warmup, steps)
+    return ms, torch.stack(losses), grads[0] if grads else None
 
 
 def phases(torch: Any, trainer: Trainer, steps: int = 5) -> dict:
