@@ -342,8 +342,8 @@ class Overlap:
 
     def close(self, timeout: float = 120.0) -> None:
         """Wait for the all-reduces and the partitions' work (at most ``timeout`` s each) and close
-        what the policies made (the partitions once the DDP is gone); DDP then all-reduces through
-        torch.distributed again (its hook stays registered)."""
+        what the policies made (not the partitions, which the process keeps: see ``_PARTITIONS``);
+        DDP then all-reduces through torch.distributed again (its hook stays registered)."""
         if self.closed:
             return
         self.closed = True
