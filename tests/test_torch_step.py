@@ -129,7 +129,7 @@ def test_shimrt_torch_without_torch_says_how_to_get_it():
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed here")
     import shimrt.torch as st
-    for call in (st.process_group_options, lambda: st.sm_carveout(8).__enter__()):
+    for call in (st.process_group_options, lambda: st.sm_carveout(8).__enter__(), lambda: st.overlap(object())):
         with pytest.raises(UsageError, match=r"needs PyTorch: pip install 'shimrt\[torch\]'"):
             call()
 

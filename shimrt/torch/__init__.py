@@ -19,15 +19,7 @@ torch is imported when a function is called, never at shimrt's import.
 
 from __future__ import annotations
 
-from typing import Any
-
-from .interop import process_group_options, require_torch, sm_carveout, stream
+from .ddp import overlap
+from .interop import process_group_options, sm_carveout, stream
 
 __all__ = ["stream", "sm_carveout", "process_group_options", "overlap"]
-
-
-def overlap(ddp: Any, policy: Any = "auto", **options: Any) -> Any:
-    """``shimrt.torch.ddp.overlap``: see :mod:`shimrt.torch.ddp` (imported here on first use)."""
-    require_torch()
-    from .ddp import overlap as make
-    return make(ddp, policy, **options)

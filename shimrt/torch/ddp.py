@@ -51,7 +51,7 @@ from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
 from ..stream import Stream
 from . import policies as vocabulary
-from .interop import sm_carveout
+from .interop import require_torch, sm_carveout
 from .interop import stream as torch_stream
 from .step import Policy, compute_context
 from .trials import Trials
@@ -74,6 +74,7 @@ def overlap(ddp: Any, policy: Any = "auto", *, sms: Iterable[int] = (32, 48, 64)
     auto's pick must be; ``timeout``: seconds a collective may take before it is aborted;
     ``quiet``: rank 0 says nothing when auto decides. Collective over the DDP's ranks: every rank
     calls it, with the same arguments."""
+    require_torch()
     return Overlap(ddp, policy, sms=sms, trial_steps=trial_steps, margin=margin, timeout=timeout, quiet=quiet)
 
 
