@@ -130,15 +130,17 @@ class Settings:
     def check_cache_dir(self) -> Path:
         """``cache_dir``, refused with a UsageError when it exists and is not a folder (a file
         where the cache should be), for the cache's user to call before reading or writing."""
-        return cache_folder(self.cache_dir, "the compile cache")
+        return cache_folder(self.cache_dir, "the compile cache",
+                            ": point SHIMRT_CACHE_DIR at a folder, or set SHIMRT_DISABLE_CACHE=1")
 
 
-def cache_folder(folder: Path, what: str) -> Path:
-    """``folder`` for a cache (``what``: the compile cache, auto's choices), refused with one
-    message wherever a file stands where the folder should be."""
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{what} {str(folder)!r} is a file, not a folder: point SHIMRT_CACHE_DIR at a folder, or "
-                         "set SHIMRT_DISABLE_CACHE=1")
+def cache_folder(folder: Path, what: str, fix: str = "") -> Path:
+    """``folder`` for a cache (``what`` names it), refused with one message, and ``fix`` after it,
+    wherever something other than a folder stands there (a file, a device, a dangling link): no
+    cache can live there. One that cannot be made or written is the cache's to report."""
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"{what} must be a folder (or a path where one can be made), not {str(folder)!r}, which "
+                         f"is not a folder{fix}")
     return folder
 
 
@@ -180,8 +182,7 @@ def _cache_dir(env: Mapping[str, str]) -> Path:
             what, folder = "XDG_CACHE_HOME's shimrt folder (SHIMRT_CACHE_DIR sets another)", Path(xdg) / "shimrt"
         else:
             what, folder = "~/.cache/shimrt (SHIMRT_CACHE_DIR sets another)", Path(_home(env)) / ".cache" / "shimrt"
-    _not_a_file(folder, what)
-    return folder
+    return cache_folder(folder, what)
 
 
 def _home(env: Mapping[str, str]) -> str:
@@ -209,14 +210,6 @@ def _expand_user(env: Mapping[str, str], path: str, what: str) -> str:
         raise UsageError(f"{what} must be an absolute folder path (or one starting with ~ or ~user of a user who "
                          f"exists), not {path!r}: there is no user {user!r}") from None
     return home + sep + rest
-
-
-def _not_a_file(folder: Path, what: str) -> None:
-    """UsageError when ``folder`` exists and is not a folder (a file, a device, a dangling link):
-    no cache can live there. One that cannot be made or written is the cache's to report."""
-    if os.path.lexists(folder) and not os.path.isdir(folder):
-        raise UsageError(f"{what} must be a folder (or a path where one can be made), not {str(folder)!r}, which "
-                         "is not a folder")
 
 
 def _nccl_flag(env: Mapping[str, str], name: str) -> bool:

@@ -337,7 +337,8 @@ def test_autos_choice_cache_refuses_a_file_where_its_folder_should_be(tmp_path, 
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
     if where == "file":
-        with pytest.raises(UsageError, match="the cache of auto's choices .*blocker' is a file, not a folder"):
+        refusal = "the cache of auto's choices must be a folder .*blocker', which is not a folder: .*--fresh"
+        with pytest.raises(UsageError, match=refusal):
             ChoiceCache(blocker, "dev")
         return
     cache = ChoiceCache(blocker / "below", "dev")

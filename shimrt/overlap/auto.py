@@ -33,7 +33,8 @@ class ChoiceCache:
     """What auto chose per workload, in a JSON file (one per device model), written atomically."""
 
     def __init__(self, directory: Path, device_key: str):
-        directory = cache_folder(Path(directory), "the cache of auto's choices")
+        directory = cache_folder(Path(directory), "the cache of auto's choices",
+                                 ": point SHIMRT_CACHE_DIR at a folder, or pass --fresh")
         self.path = directory / f"overlap-auto-{hashlib.sha256(device_key.encode()).hexdigest()[:16]}.json"
         self.device_key = device_key
 
