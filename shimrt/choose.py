@@ -21,19 +21,20 @@ K = TypeVar("K", bound=Hashable)
 def fastest(times: Mapping[K, float], reference: K | None = None, margin: float = 0.0) -> K:
     """The key of the least time (the first of equals, in ``times``' order). With a
     ``reference``, it is kept unless another is faster by more than ``margin`` (a fraction), so an
-    auto never leaves what a user already has for a gain within noise. ShimrtError when nothing
-    was measured (every time infinite, or none)."""
+    auto never leaves what a user already has for a gain within noise (unless the reference
+    itself was not measured). A time that is infinite or NaN is a candidate that failed or was
+    never timed: never kept. ShimrtError when nothing was measured (every time such, or none)."""
     margin = validate.number(margin, "margin", least=0, most=0.5)
     if not times:
         raise ShimrtError("auto has no candidate to choose from")
-    best = min(times, key=times.__getitem__)
-    if math.isinf(times[best]) or math.isnan(times[best]):
+    if reference is not None and reference not in times:
+        raise UsageError(f"reference must be one of the candidates, not {reference!r}")
+    measured = {k: t for k, t in times.items() if math.isfinite(t)}
+    if not measured:
         raise ShimrtError("auto measured no candidate: every one failed or was never timed")
-    if reference is not None:
-        if reference not in times:
-            raise UsageError(f"reference must be one of the candidates, not {reference!r}")
-        if not times[best] < times[reference] * (1 - margin):
-            return reference
+    best = min(measured, key=measured.__getitem__)
+    if reference in measured and not measured[best] < measured[reference] * (1 - margin):
+        return reference
     return best
 
 

@@ -19,6 +19,16 @@ def test_a_reference_stays_unless_beaten_by_more_than_the_margin():
     assert choose.fastest({"ddp": 10.0, "x": 9.95}, reference="ddp") == "x"  # no margin: any gain
 
 
+def test_a_candidate_that_failed_is_never_kept_wherever_it_stands():
+    """NaN compares false both ways: min() over it would depend on the order; it is left out."""
+    assert choose.fastest({"a": math.nan, "b": 2.0, "c": 1.0}) == "c"
+    assert choose.fastest({"b": 2.0, "a": math.nan}) == "b"
+    assert choose.fastest({"ddp": math.nan, "x": 9.0}, reference="ddp", margin=0.01) == "x"
+    assert choose.fastest({"ddp": math.inf, "x": 9.0}, reference="ddp", margin=0.01) == "x"
+    with pytest.raises(ShimrtError, match="measured no candidate"):
+        choose.fastest({"a": math.nan, "b": math.inf})
+
+
 def test_nothing_measured_is_said_not_chosen():
     with pytest.raises(ShimrtError, match="no candidate to choose from"):
         choose.fastest({})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -75,8 +74,10 @@ def pick(choices: list[Choice], measure: Callable[[Choice], float]) -> tuple[Cho
     if not choices:
         raise ShimrtError("auto has no feasible choice to measure")
     times = {c: float(measure(c)) for c in choices}
-    finite = {c: t for c, t in times.items() if math.isfinite(t)}
-    return (choose.fastest(finite) if finite else choices[0]), times
+    try:
+        return choose.fastest(times), times
+    except ShimrtError:  # every one refused (each in the caller's rejected list): the first, never cached
+        return choices[0], times
 
 
 def key(engine: "Engine") -> str:
