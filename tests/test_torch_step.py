@@ -401,3 +401,13 @@ def test_the_step_timer_takes_the_median_of_the_timed_steps_after_the_warm_up():
     ms, out = median_step_ms(torch, step, warmup=2, steps=3)
     assert (ms, out) == (5.0, [0, 10, 20, 30, 40])
     assert collector == [False] * 5 and gc.isenabled()
+
+
+def test_hidden_is_the_share_of_the_all_reduces_a_step_saves_clipped_to_0_1():
+    import math
+
+    from shimrt.bench.torch_measure import comm_hidden
+    assert comm_hidden(15.96, 9.58, 24.71) == pytest.approx((15.96 + 9.58 - 24.71) / 9.58)  # ~8.7%
+    assert comm_hidden(10.0, 4.0, 10.0) == 1.0 and comm_hidden(10.0, 4.0, 9.0) == 1.0
+    assert comm_hidden(10.0, 4.0, 14.0) == 0.0 and comm_hidden(10.0, 4.0, 20.0) == 0.0
+    assert math.isnan(comm_hidden(10.0, 4.0, math.nan))

@@ -26,6 +26,7 @@ import gc
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
+from .torch_measure import comm_hidden, median_step_ms
 
 #: The goals of the DDP benchmark: auto this much below plain DDP on the comm-heavy
 #: configuration, never more than this above it anywhere, within this of the best fixed policy.
@@ -34,7 +35,6 @@ GOAL_BELOW, GOAL_ABOVE, GOAL_BEST = 0.15, 0.01, 0.03
 
 def _median_ms(torch: Any, step: Callable[[], Any], warmup: int, steps: int) -> tuple[float, list[float]]:
     """(median ms per step over ``steps`` after ``warmup``, every step's loss)."""
-    from .torch_measure import median_step_ms
     ms, losses = median_step_ms(torch, lambda i: step(), warmup, steps)
     return ms, [float(x) for x in torch.stack(losses).tolist()]
 
@@ -155,8 +155,7 @@ def run_config(r: _Rank, name: str, shape: dict, kinds: list[str]) -> dict:
     for n, ms in zip(names, slowest[2:], strict=True):
         e = out["ways"][n]
         e["step_ms"] = ms
-        e["hidden"] = max(0.0, min(1.0, (out["compute_ms"] + out["comm_ms"] - ms) / out["comm_ms"])) \
-            if ms == ms else float("nan")  # a way that failed hid nothing
+        e["hidden"] = comm_hidden(out["compute_ms"], out["comm_ms"], ms)  # NaN for a way that failed
     return out
 
 

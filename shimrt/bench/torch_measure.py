@@ -202,6 +202,14 @@ def comm_alone(torch: Any, comm: NcclBuckets, buckets: GradientBuckets, repeats:
     return timed[len(timed) // 2]
 
 
+def comm_hidden(compute_ms: float, comm_ms: float, step_ms: float) -> float:
+    """The share of the all-reduces' time (``comm_ms`` alone) a step of ``step_ms`` hides beside
+    ``compute_ms`` of compute, clipped to 0..1; NaN for a step that was not measured (NaN)."""
+    if step_ms != step_ms:
+        return float("nan")
+    return max(0.0, min(1.0, (compute_ms + comm_ms - step_ms) / comm_ms))
+
+
 def overlap_share(alone_ms: float, comm_ms: float, together_ms: float) -> float:
     """The share of the shorter of two pieces of work hidden when they run together: 1 when
     together takes the longer's time, 0 when it takes their sum (below 0: they slow each other

@@ -35,7 +35,7 @@ from ..targets import MAX_SMS
 from ..torch import policies as policies_mod
 from . import torch_measure
 from .progress import Progress
-from .torch_measure import finish, interposer_cost, is_nccl, timed_steps
+from .torch_measure import comm_hidden, finish, interposer_cost, is_nccl, timed_steps
 from .torch_report import report, timelines_png
 
 if TYPE_CHECKING:
@@ -288,7 +288,7 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
             finite = bool(torch.isfinite(losses).all())
             entry.update(policy=p.name, choice=p.describe(), step_ms=step_ms, compute_alone_ms=alone_ms, finite=finite,
                          compute_slowdown=None if p.window else alone_ms / compute_ms, comm_alone_ms=t_comm,
-                         comm_hidden=max(0.0, min(1.0, (alone_ms + t_comm - step_ms) / t_comm)),
+                         comm_hidden=comm_hidden(alone_ms, t_comm, step_ms),
                          losses=[float(x) for x in losses], losses_bitwise=same_losses, loss_max_diff=loss_diff,
                          grads_bitwise=same_grads, grad_max_diff=grad_diff, timeline=steps_seen)
             if p.cap is not None:
