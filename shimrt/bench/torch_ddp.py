@@ -141,6 +141,9 @@ def run_config(r: _Rank, name: str, shape: dict, kinds: list[str]) -> dict:
         except (ShimrtError, RuntimeError) as exc:  # one way that cannot run here: said, the rest go on
             entry["failed"] = f"{type(exc).__name__}: {exc}"
             ms, losses = float("nan"), []
+            if ov is not None:  # its communicators, streams and interposers, before the next way's
+                with contextlib.suppress(ShimrtError, RuntimeError):  # the error said is the one above
+                    ov.close()
         finally:
             del ddp, model, opt, ov
         entry["step_ms"] = ms
