@@ -228,9 +228,7 @@ def run(args: argparse.Namespace, configs: dict) -> int:
                 print(report(name, result), flush=True)
                 if args.plots:
                     print(f"wrote {bars_png(name, result, args.plots / f'ddp_{name}.png')}", flush=True)
-                if args.json:  # the configurations so far: a run cut short by its deadline keeps them
-                    cli.finish("", results, args.json, indent=None)
-        if r.rank == 0:
-            cli.finish("", results, args.json, indent=None, say=True)
+                # The configurations so far, after each: a run cut short by its deadline keeps them.
+                cli.finish("", results, args.json, indent=None, say=name == args.configs[-1])
         dist.destroy_process_group()
     return 0
