@@ -344,8 +344,9 @@ def test_options_that_do_not_go_together_are_refused(capsys, ran, argv, needles)
 def test_plots_without_matplotlib_are_refused_before_the_run(capsys, ran, tmp_path, monkeypatch):
     find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find(name, *a))
-    refused(capsys, ran, bench.main, ["overlap", "--plots", tmp_path / "p"], "--plots needs matplotlib",
-            "shimrt[plot]")
+    for command in ("overlap", "torch"):
+        refused(capsys, ran, bench.main, [command, "--plots", tmp_path / "p"], "--plots needs matplotlib",
+                "shimrt[plot]")
 
 
 def test_a_bad_environment_variable_is_one_line(capsys, ran, monkeypatch):

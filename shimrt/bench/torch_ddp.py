@@ -186,14 +186,10 @@ def report(name: str, r: dict) -> str:
 
 def bars_png(name: str, r: dict, path: Any) -> Any:
     """A bar per way (step ms), with compute alone, all-reduces alone and their sum drawn across."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]'") from None
+    from .plots import new_figure, save_png
     ways = [w for w, e in r["ways"].items() if e["step_ms"] == e["step_ms"]]
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(ways) + 2), 4))
+    figure = new_figure(max(6, 0.6 * len(ways) + 2), 4)
+    ax = figure.add_subplot()
     ax.bar(range(len(ways)), [r["ways"][w]["step_ms"] for w in ways], color="tab:blue")
     for y, label, style in ((r["compute_ms"], "compute alone", "--"), (r["comm_ms"], "all-reduces alone", ":"),
                             (r["compute_ms"] + r["comm_ms"], "compute + all-reduces", "-.")):
@@ -202,10 +198,7 @@ def bars_png(name: str, r: dict, path: Any) -> Any:
     ax.set_ylabel("step time (ms), slowest rank")
     ax.set_title(f"bench torch, DDP: {name}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(figure, path)
 
 
 def run(args: argparse.Namespace, configs: dict) -> int:

@@ -23,6 +23,7 @@ contention); --json, and --plots for CUPTI timelines of one step per policy (PNG
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -85,7 +86,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write a CUPTI timeline of one step per policy as DIR/torch_CONFIG.png")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     cli.add_json(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """What the options need beyond their own values, refused before the run (not after a
+    configuration was measured)."""
+    if args.plots is not None and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]' (or leave --plots out)")
 
 
 #: What --policies takes (shimrt.torch.policies' kinds but ``ddp``: one process here holds every
