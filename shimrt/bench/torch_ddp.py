@@ -85,15 +85,13 @@ def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any]
     return step
 
 
-def run_config(r: _Rank, name: str, shape: dict, kinds: list[str]) -> dict:
+def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     """Every way of configuration ``name`` on this rank; times are the slowest rank's."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ..torch import overlap
     from ..torch import policies as vocabulary
-    from ..torch.model import ModelSize
     torch, args = r.torch, r.args
-    size = ModelSize(heads=max(1, shape["width"] // 128), **shape)
     out: dict = {"model": vars(size) | {"parameters": size.parameters, "tokens": size.tokens}, "ways": {}}
     model, data, opt = r.fresh(size)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -201,9 +199,9 @@ def bars_png(name: str, r: dict, path: Any) -> Any:
     return save_png(figure, path)
 
 
-def run(args: argparse.Namespace, configs: dict) -> int:
-    """``bench torch`` under a launcher with 2+ ranks: every configuration, its table, --json and
-    --plots (rank 0)."""
+def run(args: argparse.Namespace, sizes: dict) -> int:
+    """``bench torch`` under a launcher with 2+ ranks: every configuration (``sizes``: name ->
+    its ModelSize), its table, --json and --plots (rank 0)."""
     import torch
     import torch.distributed as dist
 
@@ -214,14 +212,13 @@ def run(args: argparse.Namespace, configs: dict) -> int:
     with cli.deadline(args.timeout):
         r = _Rank(torch, dist, args)
         results: dict = {"ranks": r.size, "configs": {}}
-        for name in args.configs:
-            shape = configs[name] | {k: v for k in ("width", "layers") if (v := getattr(args, k)) is not None}
-            results["configs"][name] = result = run_config(r, name, shape, kinds)
+        for name, size in sizes.items():
+            results["configs"][name] = result = run_config(r, name, size, kinds)
             if r.rank == 0:
                 print(report(name, result), flush=True)
                 if args.plots:
                     print(f"wrote {bars_png(name, result, args.plots / f'ddp_{name}.png')}", flush=True)
                 # The configurations so far, after each: a run cut short by its deadline keeps them.
-                cli.finish("", results, args.json, indent=None, say=name == args.configs[-1])
+                cli.finish("", results, args.json, indent=None, say=name == list(sizes)[-1])
         dist.destroy_process_group()
     return 0

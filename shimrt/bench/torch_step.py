@@ -176,6 +176,13 @@ def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
     return False, max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b, strict=True))
 
 
+def model_size(name: str, args: argparse.Namespace) -> Any:
+    """Configuration ``name``'s model (a ModelSize), with ``--width`` and ``--layers`` over its own."""
+    from ..torch.model import ModelSize
+    shape = CONFIGS[name] | {k: v for k in ("width", "layers") if (v := getattr(args, k)) is not None}
+    return ModelSize(heads=max(1, shape["width"] // 128), **shape)
+
+
 def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Progress) -> dict:
     """Every policy and auto on configuration ``name``: the result as JSON-ready dict."""
     import torch
@@ -183,11 +190,10 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     from ..occupancy import Footprint
     from ..overlap.interpose import Interposer
     from ..torch import sm_carveout
-    from ..torch.model import ModelSize, batch, build
+    from ..torch.model import batch, build
     from ..torch.step import GradientBuckets, NcclBuckets, Policy, Trainer, compute_context
     dev = bench.dev
-    shape = CONFIGS[name] | {k: v for k in ("width", "layers") if (v := getattr(args, k)) is not None}
-    size = ModelSize(heads=max(1, shape["width"] // 128), **shape)
+    size = model_size(name, args)
     where = torch.device("cuda", dev.index)
     model = build(size, where)
     buckets = GradientBuckets(model, args.bucket_mb << 20)
@@ -338,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
     launch = launch_env()
     if launch.world_size > 1 and args.local_ranks is None:  # one process per rank: DDP and shimrt.torch.overlap
         from . import torch_ddp
-        return torch_ddp.run(args, CONFIGS)
+        return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs})
     dev = Device(launch.device)
     if dev.backend != "cuda" or not torch.cuda.is_available():
         raise UsageError("bench torch needs torch with CUDA on a CUDA device")
