@@ -9,6 +9,7 @@ import pytest
 
 from shimrt import UsageError
 from shimrt.bench import torch_step
+from shimrt.torch import policies
 from shimrt.torch.model import ModelSize
 from shimrt.torch.step import Policy
 
@@ -71,7 +72,7 @@ def test_the_policies_keep_one_nccl_block_per_kept_sm():
     assert torch_step.policies([96], ranks_per_gpu=1)[-1].ctas == 64
     assert torch_step.policies([112], ranks_per_gpu=2)[-1].ctas == 56
     assert "cuBLAS leaves 16 SMs, NCCL 8 channels/rank" in by_name["carveout:16"].describe()
-    assert [torch_step.kind(p) for p in fixed] == ["sequential", "low-priority", "priority", "shaping",
+    assert [policies.kind(p) for p in fixed] == ["sequential", "low-priority", "priority", "shaping",
                                                    "shaping", "partition", "carveout", "windowed-carveout",
                                                    "partition", "carveout", "windowed-carveout"]
     window = by_name["windowed-carveout:32"]

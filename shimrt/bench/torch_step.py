@@ -14,7 +14,7 @@ first add zeros, so the gradients stay rank 0's own, bit for bit. Policies:
   partition (torch on a green context of all but K SMs, NCCL's channels sized to fit K), carveout
   (cuBLAS leaves K SMs, NCCL sized alike), and auto (each choice tried for a few steps, the
   fastest kept; its tuning time is reported).
-Reported per configuration: step time, its ratio to torch's default, communication hidden, the
+Reported per configuration: step time, its ratio to low-priority's (DDP's way), communication hidden, the
 compute's own slowdown under the policy, whether losses and gradients equal the sequential run's
 bit for bit; and why it gains what it gains (:mod:`.torch_measure`: bounds, SM sharing, memory
 contention); --json, and --plots for CUPTI timelines of one step per policy (PNG).
@@ -99,7 +99,6 @@ def check(args: argparse.Namespace) -> None:
 #: What --policies takes (shimrt.torch.policies' kinds but ``ddp``: one process here holds every
 #: rank, so there is no torch.distributed process group to all-reduce through).
 KINDS = tuple(k for k in policies_mod.KINDS if k != "ddp")
-kind = policies_mod.kind
 channels = policies_mod.channels
 
 
