@@ -14,6 +14,9 @@
   event. Ranks other than the first, where one process holds several (two ranks on one GPU),
   are peers that add zeros, so rank 0's gradients come out bit for bit as they went in.
 - :class:`Trainer`: model, batch, optimizer and hooks; ``step(policy, comm)``.
+
+Policy, buckets, their all-reduces and the step live together (about 400 lines): each is the
+others' one user.
 """
 
 from __future__ import annotations
