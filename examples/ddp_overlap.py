@@ -36,7 +36,7 @@ def mlp(width: int, layers: int, dtype: torch.dtype, device: torch.device) -> to
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", default="auto", help="auto, ddp, priority, shaping:2, partition:48, carveout:48, ...")
-    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--steps", type=int, default=160)
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens", type=int, default=1024, help="tokens per rank per step")

@@ -65,7 +65,7 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
             "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
             "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT" \
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 300 examples/ddp_overlap.py --policy auto --compare" \
-            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --timeout 540 --json $OUT/torch_ddp.json --plots $OUT")
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --steps 16 --timeout 540 --json $OUT/torch_ddp.json --plots $OUT")
     export MASTER_ADDR=localhost MASTER_PORT=29512  # torch.distributed's rendezvous for one process per rank
     [ "$part" = latency ] && steps=("${steps[@]:0:5}")
     [ "$part" = ddp ] && steps=("${steps[@]:8:2}")

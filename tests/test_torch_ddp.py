@@ -4,6 +4,7 @@ shimrt.torch.overlap refuses before touching a GPU (a real DDP over gloo on CPU 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -67,49 +68,88 @@ class P:
 
 
 def run(trials, times, all_reduced=None):
-    """Drive ``trials`` as Overlap.step does: one step per entry of ``times`` (the ms its policy
-    takes), returning the policies the steps ran under."""
+    """Drive ``trials`` as Overlap.step does: steps until the trial steps scheduled so far have run
+    (``times``: each policy's ms, a number or a list taken in turn), returning the policies the
+    steps ran under."""
     ran = []
     for i, _ in enumerate(iter(lambda: trials.exhausted, True)):
         p = trials.current()
         ran.append(p.name)
         index = trials.done(True if all_reduced is None else all_reduced(i))
         if index is not None:
-            trials.record(index, times[p.name])
+            t = times[p.name]
+            trials.record(index, t.pop(0) if isinstance(t, list) else t)
     return ran
 
 
-def test_auto_tries_each_candidate_after_a_warm_up_and_keeps_the_fastest():
-    t = Trials([P("ddp"), P("a"), P("b")], steps=2, warmup=1, reference="ddp")
-    ran = run(t, {"ddp": 10.0, "a": 8.0, "b": 9.0})
-    assert ran == ["ddp"] * 3 + ["a"] * 3 + ["b"] * 3
-    assert t.times == {"ddp": [10.0, 10.0], "a": [8.0, 8.0], "b": [9.0, 9.0]}  # warm-ups not counted
+def test_auto_visits_the_candidates_in_rounds_then_confirms_the_finalists_beside_plain_ddp():
+    t = Trials([P("ddp"), P("a"), P("b"), P("c")], steps=2, warmup=1, finalists=1, reference="ddp")
+    times = {"ddp": 10.0, "a": 8.0, "b": 9.0, "c": 11.0}
+    ran = run(t, times)
+    # each visit: a warm-up step, then a timed one; every candidate once per round
+    assert ran == ["ddp", "ddp", "a", "a", "b", "b", "c", "c"] * 2
+    assert t.times == {"ddp": [10.0] * 2, "a": [8.0] * 2, "b": [9.0] * 2, "c": [11.0] * 2}  # warm-ups not counted
+    assert t.decide() is None and [c.name for c in t.final] == ["ddp", "a"]  # the search's fastest beside ddp
+    assert t.picked is None and not t.exhausted
+    assert run(t, times) == ["ddp", "ddp", "a", "a"] * 2  # the confirmation: its rounds, the finalists only
     assert t.decide().name == "a" and t.current().name == "a" and t.done(True) is None
-    assert t.report()["picked"] == "a" and t.report()["medians_ms"]["ddp"] == 10.0
+    report = t.report()
+    assert report["picked"] == "a" and report["finalists"] == ["ddp", "a"] and report["means_ms"]["ddp"] == 10.0
+    assert report["trial_steps"] == 24 and t.times["a"] == [8.0] * 4
+    with pytest.raises(UsageError, match="already kept a"):
+        t.decide()
+
+
+def test_auto_judges_by_the_mean_so_a_policy_slow_in_stretches_loses_to_a_steady_one():
+    """One slow step in three leaves a median at the fast figure; the mean counts it."""
+    t = Trials([P("ddp"), P("fickle"), P("steady")], steps=3, warmup=0, finalists=2, reference="ddp")
+    times = {"ddp": [62.0] * 6, "fickle": [56.0, 68.0, 56.0, 68.0, 56.0, 56.0], "steady": [57.5] * 6}
+    run(t, times)
+    assert t.decide() is None
+    run(t, times)
+    assert t.decide().name == "steady"
+    assert t.means["fickle"] == pytest.approx(60.0) and t.means["steady"] == 57.5
+
+
+def test_a_finalist_fast_in_the_search_and_slow_in_the_confirmation_is_not_kept():
+    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, reference="ddp")
+    times = {"ddp": [10.0, 10.0], "a": [8.0, 13.0]}
+    run(t, times)
+    assert t.decide() is None
+    run(t, times)
+    assert t.decide().name == "ddp" and t.means["a"] == 10.5
 
 
 def test_auto_keeps_plain_ddp_unless_another_beats_it_by_the_margin():
-    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, margin=0.01, reference="ddp")
-    run(t, {"ddp": 10.0, "a": 9.95})  # 0.5% faster: within the margin
-    assert t.decide().name == "ddp"
-    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, margin=0.01, reference="ddp")
-    run(t, {"ddp": 10.0, "a": 12.0})
-    assert t.decide().name == "ddp"
+    for a in (9.95, 12.0):  # 0.5% faster: within the margin; slower
+        t = Trials([P("ddp"), P("a")], steps=1, warmup=0, margin=0.01, reference="ddp")
+        run(t, {"ddp": 10.0, "a": a})
+        assert t.decide() is None
+        run(t, {"ddp": 10.0, "a": a})
+        assert t.decide().name == "ddp"
+
+
+def test_without_finalists_auto_keeps_the_searchs_fastest_at_once():
+    t = Trials([P("ddp"), P("a"), P("b")], steps=1, warmup=0, finalists=0, reference="ddp")
+    run(t, {"ddp": 10.0, "a": 8.0, "b": 9.0})
+    assert t.decide().name == "a" and t.final == []
 
 
 def test_auto_decides_on_the_slowest_ranks_times():
-    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, reference="ddp")
-    run(t, {"ddp": 10.0, "a": 5.0})
+    t = Trials([P("ddp"), P("a"), P("b")], steps=1, warmup=0, finalists=1, reference="ddp")
+    run(t, {"ddp": 10.0, "a": 5.0, "b": 6.0})
     seen = []
 
     def agree(mine):  # another rank found "a" slow
         seen.append(list(mine))
-        return [max(x, y) for x, y in zip(mine, [10.0, 11.0], strict=True)]
-    assert t.decide(agree).name == "ddp" and seen == [[10.0, 5.0]]
+        return [max(x, y) for x, y in zip(mine, [10.0, 11.0, 7.0], strict=True)]
+    assert t.decide(agree) is None and [c.name for c in t.final] == ["ddp", "b"] and seen == [[10.0, 5.0, 6.0]]
+    run(t, {"ddp": 10.0, "a": 5.0, "b": 6.0})
+    assert t.decide(agree).name == "b"
 
 
 def test_a_step_without_an_all_reduce_is_run_again_under_the_same_candidate():
-    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, reference="ddp")
+    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, finalists=0, reference="ddp")
     ran = run(t, {"ddp": 10.0, "a": 5.0}, all_reduced=lambda i: i % 2 == 1)  # every other step under no_sync()
     assert ran == ["ddp", "ddp", "a", "a"]
     assert t.decide().name == "a"
@@ -123,7 +163,18 @@ def test_auto_refuses_to_decide_early_or_without_times():
     t.done(True)  # its time never recorded
     with pytest.raises(UsageError, match="timed no candidate"):
         t.decide()
-    assert math.isinf(t.medians["ddp"])
+    assert math.isinf(t.means["ddp"])
+
+
+def test_an_untimed_reference_is_no_finalist_and_the_fastest_timed_one_is_kept():
+    t = Trials([P("ddp"), P("a"), P("b")], steps=1, warmup=0, finalists=2, reference="ddp")
+    for _ in range(3):  # ddp's step never timed (as when its events could not be read)
+        index = t.done(True)
+        if t.schedule[index][0].name != "ddp":
+            t.record(index, {"a": 8.0, "b": 9.0}[t.schedule[index][0].name])
+    assert t.decide() is None and [c.name for c in t.final] == ["a", "b"]
+    run(t, {"a": 8.0, "b": 9.0})
+    assert t.decide().name == "a"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -137,6 +188,8 @@ def test_trials_check_their_candidates(args, message):
             Trials(*args, reference="ddp")
         with pytest.raises(UsageError, match="trial steps must be an int"):
             Trials(*args, steps=0)
+        with pytest.raises(UsageError, match="finalists must be an int"):
+            Trials(*args, finalists=-1)
         return
     with pytest.raises(UsageError, match=message):
         Trials(*args)
@@ -186,7 +239,7 @@ def test_overlap_refuses_a_ddp_without_nccl():
 
 
 def _ddp_result():
-    way = lambda ms, **more: dict(step_ms=ms, hidden=0.5, **more)  # noqa: E731
+    way = lambda ms, **more: dict(step_ms=ms, steps_ms=[ms, ms + 1.5, ms - 0.5], hidden=0.5, **more)  # noqa: E731
     return {"model": {"parameters": 537e6}, "gradient_bytes": 2 << 30, "compute_ms": 18.0, "comm_ms": 6.6,
             "ways": {"plain DDP": way(25.0), "DDP high priority": way(24.0, loss_max_diff=0.0),
                      "priority": way(22.0, loss_max_diff=0.0),
@@ -199,6 +252,7 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
     text = report("comm-heavy", _ddp_result())
     assert "compute alone 18.00 ms, all-reduces alone 6.60 ms (no overlap can beat 18.00 ms)" in text
     assert "priority" in text and " 0.880x" in text and "kept priority after 44 trial steps" in text
+    assert re.search(r"plain DDP +25.00 +26.50 +1.000x", text), text  # the median, the slowest step
     assert "DriverError: x" in text
     assert "auto +16.0% below plain DDP" in text and "at most 1% above it: met" in text
     assert "within 3% of the best way (22.00 ms): met" in text

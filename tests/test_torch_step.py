@@ -375,7 +375,7 @@ def test_the_step_timer_takes_the_median_of_the_timed_steps_after_the_warm_up():
     import gc
     from types import SimpleNamespace
 
-    from shimrt.bench.torch_measure import median_step_ms
+    from shimrt.bench.torch_measure import median_step_ms, step_times_ms
     now = [0.0]
 
     class Event:
@@ -402,6 +402,8 @@ def test_the_step_timer_takes_the_median_of_the_timed_steps_after_the_warm_up():
     ms, out = median_step_ms(torch, step, warmup=2, steps=3)
     assert (ms, out) == (5.0, [0, 10, 20, 30, 40])
     assert collector == [False] * 5 and gc.isenabled()
+    now[0] = 0.0
+    assert step_times_ms(torch, step, warmup=2, steps=3) == ([3.0, 9.0, 5.0], [0, 10, 20, 30, 40])
 
 
 def test_hidden_is_the_share_of_the_all_reduces_a_step_saves_clipped_to_0_1():

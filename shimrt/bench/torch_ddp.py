@@ -12,7 +12,8 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   steps counted apart, what it kept reported).
 
 A step's time is the median of per-step CUDA events after the warm-up; the table gives the
-slowest rank's. Hidden: (compute alone + all-reduces alone - step) / all-reduces alone. Losses
+slowest rank's, and ``--json`` every timed step's (the slowest rank's, step by step), so a way
+whose steps run at two speeds shows it. Hidden: (compute alone + all-reduces alone - step) / all-reduces alone. Losses
 are set against plain DDP's, step for step, from the same weights and batches. Rank 0 prints;
 ``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0.
 """
@@ -23,19 +24,20 @@ import argparse
 import contextlib
 import datetime
 import gc
+import statistics
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
-from .torch_measure import comm_hidden, median_step_ms
+from .torch_measure import comm_hidden, step_times_ms
 
 #: The goals of the DDP benchmark: auto this much below plain DDP on the comm-heavy
 #: configuration, never more than this above it anywhere, within this of the best fixed policy.
 GOAL_BELOW, GOAL_ABOVE, GOAL_BEST = 0.15, 0.01, 0.03
 
 
-def _median_ms(torch: Any, step: Callable[[], Any], warmup: int, steps: int) -> tuple[float, list[float]]:
-    """(median ms per step over ``steps`` after ``warmup``, every step's loss)."""
-    ms, losses = median_step_ms(torch, lambda i: step(), warmup, steps)
+def _step_ms(torch: Any, step: Callable[[], Any], warmup: int, steps: int) -> tuple[list[float], list[float]]:
+    """(ms of each of ``steps`` steps after ``warmup``, every step's loss)."""
+    ms, losses = step_times_ms(torch, lambda i: step(), warmup, steps)
     return ms, [float(x) for x in torch.stack(losses).tolist()]
 
 
@@ -95,7 +97,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     out: dict = {"model": vars(size) | {"parameters": size.parameters, "tokens": size.tokens}, "ways": {}}
     model, data, opt = r.fresh(size)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    out["compute_ms"], _ = _median_ms(torch, _stepper(model, data, opt), args.warmup, args.steps)
+    steps: dict[str, list[float]] = {}  # this rank's timed steps: compute, comm and each way's
+    steps["compute"], _ = _step_ms(torch, _stepper(model, data, opt), args.warmup, args.steps)
     chunk = (args.bucket_mb << 20) // 2
     buckets = [torch.zeros(min(chunk, (grad_bytes - i) // 2), dtype=torch.bfloat16, device=r.device)
                for i in range(0, grad_bytes, chunk * 2)]
@@ -105,7 +108,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         for b in buckets:
             r.dist.all_reduce(b)
         return buckets[0][0].float()  # a 0-d loss, as a model step's
-    out["comm_ms"], _ = _median_ms(torch, comm, args.warmup, args.steps)
+    steps["comm"], _ = _step_ms(torch, comm, args.warmup, args.steps)
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
     ways: list[tuple[str, Any]] = [("plain DDP", None), ("DDP high priority", "high")]
@@ -131,46 +134,52 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                     step()
                     trials += 1
                 entry.update(trial_steps=trials, trials=ov.report()["trials"])
-            ms, losses = _median_ms(torch, step, args.warmup, args.steps)
+            ms, losses = _step_ms(torch, step, args.warmup, args.steps)
             if ov is not None:
                 report = ov.report()
                 entry.update(kept=report["policy"], choice=report["describe"], dropped=report["dropped"])
                 ov.close()
         except (ShimrtError, RuntimeError) as exc:  # one way that cannot run here: said, the rest go on
             entry["failed"] = f"{type(exc).__name__}: {exc}"
-            ms, losses = float("nan"), []
+            ms, losses = [float("nan")] * args.steps, []
             if ov is not None:  # its communicators, streams and interposers, before the next way's
                 with contextlib.suppress(ShimrtError, RuntimeError):  # the error said is the one above
                     ov.close()
         finally:
             del ddp, model, opt, ov
-        entry["step_ms"] = ms
+        steps[way] = ms
         if reference is None:
             reference = losses
         if policy != "auto" and losses and reference:
             entry["loss_max_diff"] = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
         out["ways"][way] = entry
-    names = list(out["ways"])
-    slowest = r.slowest([out["compute_ms"], out["comm_ms"]] + [out["ways"][n]["step_ms"] for n in names])
-    out["compute_ms"], out["comm_ms"] = slowest[:2]
-    for n, ms in zip(names, slowest[2:], strict=True):
-        e = out["ways"][n]
-        e["step_ms"] = ms
-        e["hidden"] = comm_hidden(out["compute_ms"], out["comm_ms"], ms)  # NaN for a way that failed
+    # The slowest rank's median, and its every step (the ranks' steps end together, at the all-reduces).
+    names = list(steps)
+    medians = r.slowest([statistics.median(steps[n]) for n in names])
+    each = r.slowest([t for n in names for t in steps[n]])
+    k = args.steps
+    slowest = {n: (medians[i], each[i * k:(i + 1) * k]) for i, n in enumerate(names)}
+    (out["compute_ms"], out["compute_steps_ms"]), (out["comm_ms"], out["comm_steps_ms"]) = \
+        slowest["compute"], slowest["comm"]
+    for n, e in out["ways"].items():
+        e["step_ms"], e["steps_ms"] = slowest[n]
+        e["hidden"] = comm_hidden(out["compute_ms"], out["comm_ms"], e["step_ms"])  # NaN for a way that failed
     return out
 
 
 def report(name: str, r: dict) -> str:
-    """Configuration ``name``'s table and how its goals stand."""
+    """Configuration ``name``'s table (each way's median step and its slowest) and how its goals
+    stand."""
     ways, base = r["ways"], r["ways"]["plain DDP"]["step_ms"]
     lines = [f"{name}: {r['model']['parameters'] / 1e6:.0f} M parameters, {r['gradient_bytes'] / 2**30:.2f} GiB of "
              f"gradients; compute alone {r['compute_ms']:.2f} ms, all-reduces alone {r['comm_ms']:.2f} ms "
              f"(no overlap can beat {max(r['compute_ms'], r['comm_ms']):.2f} ms)",
-             f"{'way':24s} {'step ms':>8s} {'vs DDP':>7s} {'hidden':>7s}  notes"]
+             f"{'way':24s} {'step ms':>8s} {'slowest':>8s} {'vs DDP':>7s} {'hidden':>7s}  notes"]
     for way, e in ways.items():
         notes = e.get("failed") or (f"kept {e['kept']} after {e['trial_steps']} trial steps" if way == "auto" else
                                     f"loss max diff {e['loss_max_diff']:.3g}" if "loss_max_diff" in e else "")
-        lines.append(f"{way:24s} {e['step_ms']:8.2f} {e['step_ms'] / base:6.3f}x {e['hidden']:6.1%}  {notes}")
+        lines.append(f"{way:24s} {e['step_ms']:8.2f} {max(e['steps_ms']):8.2f} {e['step_ms'] / base:6.3f}x "
+                     f"{e['hidden']:6.1%}  {notes}")
     if "auto" in ways and ways["auto"]["step_ms"] == ways["auto"]["step_ms"]:
         auto = ways["auto"]["step_ms"]
         fixed = [e["step_ms"] for w, e in ways.items() if w != "auto" and e["step_ms"] == e["step_ms"]]

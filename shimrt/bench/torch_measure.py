@@ -39,7 +39,14 @@ if TYPE_CHECKING:
 
 
 def median_step_ms(torch: Any, step: Callable[[int], Any], warmup: int, steps: int) -> tuple[float, list]:
-    """(median ms of ``steps`` steps after ``warmup``, what every step returned): ``step(i)`` runs
+    """(median ms of ``steps`` steps after ``warmup``, what every step returned): see
+    :func:`step_times_ms`."""
+    ms, out = step_times_ms(torch, step, warmup, steps)
+    return statistics.median(ms), out
+
+
+def step_times_ms(torch: Any, step: Callable[[int], Any], warmup: int, steps: int) -> tuple[list[float], list]:
+    """(ms of each of ``steps`` steps after ``warmup``, what every step returned): ``step(i)`` runs
     step ``i`` (0 is the first warm-up step) on the current stream, timed by a CUDA event between
     steps, with Python's collector paused, so that one stalled step (a collection, a preempted
     host thread) does not move the figure."""
@@ -58,7 +65,7 @@ def median_step_ms(torch: Any, step: Callable[[int], Any], warmup: int, steps: i
     finally:
         if collecting:
             gc.enable()
-    return statistics.median(a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)), out
+    return [a.elapsed_time(b) for a, b in zip(marks[:-1], marks[1:], strict=True)], out
 
 
 def timed_steps(torch: Any, trainer: Trainer, comm: NcclBuckets | None, overlap: bool, warmup: int, steps: int,

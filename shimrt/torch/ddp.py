@@ -23,13 +23,14 @@ the GPU, never on the host. ``ov.step()`` applies the policy's compute side arou
 forward, backward and optimizer step (shaping through the Interposer, an SM partition, cuBLAS's
 carveout; see :mod:`shimrt.torch.policies`), and times the step for auto.
 
-``policy="auto"`` tries every candidate for a few of the first steps (``ddp`` among them), then
-keeps the fastest by the slowest rank's median, and ``ddp`` unless another is more than ``margin``
-faster (:mod:`shimrt.torch.trials`). ``ddp`` is torch's default DDP hook (``allreduce_hook``: the
-same all-reduce on the process group, the division a pass of its own, a Python future per
-bucket), as close to hookless DDP as a registered hook can be, not hookless DDP itself; bench
-torch's plain-DDP reference is hookless. 16-bit gradients over a world size that is not a power
-of two are scaled by 1/size in float before a sum, as DDP does (ncclAvg would scale in 16 bits).
+``policy="auto"`` tries every candidate in rounds over the first steps (``ddp`` among them), then
+the fastest few again beside ``ddp``, and keeps the fastest by the slowest rank's mean step time,
+``ddp`` unless another is more than ``margin`` faster (:mod:`shimrt.torch.trials`). ``ddp`` is
+torch's default DDP hook (``allreduce_hook``: the same all-reduce on the process group, the
+division a pass of its own, a Python future per bucket), as close to hookless DDP as a registered
+hook can be, not hookless DDP itself; bench torch's plain-DDP reference is hookless. 16-bit
+gradients over a world size that is not a power of two are scaled by 1/size in float before a sum,
+as DDP does (ncclAvg would scale in 16 bits).
 Not supported: sparse gradients (refused when a bucket comes) and ``Join``. ``no_sync()`` steps, DDP's
 bucket rebuild after the first step, ``gradient_as_bucket_view`` either way and bf16 or fp32
 buckets need nothing more. A collective whose peer is gone is aborted by shimrt's watchdog after
@@ -70,7 +71,8 @@ def overlap(ddp: Any, policy: Any = "auto", *, sms: Iterable[int] = (32, 48, 64)
     """Overlap ``ddp``'s all-reduces with its compute under ``policy`` (a name of
     :mod:`shimrt.torch.policies`, a :class:`Policy`, or ``"auto"``); see the module's docstring.
     ``sms``: the SMs auto's partition and carveout candidates keep for NCCL; ``trial_steps``: the
-    timed steps per candidate (after one warm-up); ``margin``: how much faster than plain DDP
+    rounds of auto's search and of its confirmation (a round: one warm-up step and one timed step
+    per candidate); ``margin``: how much faster than plain DDP
     auto's pick must be; ``timeout``: seconds a collective may take before it is aborted;
     ``quiet``: rank 0 says nothing when auto decides. Collective over the DDP's ranks: every rank
     calls it, with the same arguments."""
@@ -316,15 +318,16 @@ class Overlap:
             self.trials.record(index, start.elapsed_time(end))
         self._timed = []
 
-        def agree(medians: list[float]) -> list[float]:  # the slowest rank's time, on every rank
-            t = torch.tensor(medians, dtype=torch.float64, device=self.torch_device)
+        def agree(means: list[float]) -> list[float]:  # the slowest rank's time, on every rank
+            t = torch.tensor(means, dtype=torch.float64, device=self.torch_device)
             self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
             return t.tolist()
-        picked = self.trials.decide(agree)
-        if self.rank == 0 and not self.quiet:
-            times = ", ".join(f"{n} {t:.2f}" for n, t in self.trials.medians.items())
+        picked = self.trials.decide(agree)  # None: the finalists run again first
+        if picked is not None and self.rank == 0 and not self.quiet:
+            final = {c.name for c in self.trials.final}
+            times = ", ".join(f"{n}{'*' if n in final else ''} {t:.2f}" for n, t in self.trials.means.items())
             print(f"shimrt.torch.overlap: auto kept {picked.name} ({picked.describe()}) after "
-                  f"{len(self.trials.schedule)} trial steps; median step ms: {times}", flush=True)
+                  f"{len(self.trials.schedule)} trial steps; mean step ms (* finalists): {times}", flush=True)
 
     def check(self) -> None:
         """Raise the CollectiveError of a communicator shimrt's watchdog aborted (a peer gone)."""
