@@ -14,10 +14,12 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
 - DDP with ``shimrt.torch.overlap`` under each fixed policy of ``--policies`` and auto (its trial
   steps counted apart, what it kept reported).
 
-A step's time is the median of per-step CUDA events after the warm-up; the table gives the
-slowest rank's, and ``--json`` every timed step's (the slowest rank's, step by step), so a way
-whose steps run at two speeds shows it. Hidden: (compute alone + all-reduces alone - step) / all-reduces alone. Losses
-are set against plain DDP's, step for step, from the same weights and batches. Rank 0 prints;
+``--bucket-view`` gives every DDP ``gradient_as_bucket_view=True``; ``--host-sync`` makes the host
+wait for each step's end, as a loop that reads its loss every step does. A step's time is the
+median of per-step CUDA events after the warm-up; the table gives the slowest rank's, and
+``--json`` every timed step's (the slowest rank's, step by step), so a way whose steps run at two
+speeds shows it. Hidden: (compute alone + all-reduces alone - step) / all-reduces alone. Losses are
+set against plain DDP's, step for step, from the same weights and batches. Rank 0 prints;
 ``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0.
 """
 
@@ -79,13 +81,17 @@ class _Rank:
             self.torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, fused=True)
 
 
-def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any] = contextlib.nullcontext):
+def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any] = contextlib.nullcontext,
+             wait: Callable[[], Any] | None = None):
+    """One training step; ``wait`` (--host-sync), after it: the host waits for its end."""
     def step() -> Any:
         with context():
             loss = model(*data)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
+        if wait is not None:
+            wait()
         return loss.detach()
     return step
 
@@ -97,15 +103,19 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     from ..torch import overlap
     from ..torch import policies as vocabulary
     torch, args = r.torch, r.args
-    out: dict = {"model": vars(size) | {"parameters": size.parameters, "tokens": size.tokens}, "ways": {}}
+    out: dict = {"model": vars(size) | {"parameters": size.parameters, "tokens": size.tokens}, "ways": {},
+                 "gradient_as_bucket_view": args.bucket_view, "host_sync": args.host_sync, "steps": args.steps}
     model, data, opt = r.fresh(size)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     steps: dict[str, list[float]] = {}  # this rank's timed steps: compute, comm and each way's
+    wait = (lambda: torch.cuda.current_stream().synchronize()) if args.host_sync else None  # as loss.item() does
     alone, tick = _stepper(model, data, opt), torch.zeros(1, device=r.device)
 
     def compute() -> Any:
         loss = alone()
         r.dist.all_reduce(tick)  # the ranks in step (see the module's docstring)
+        if wait is not None:
+            wait()
         return loss
     steps["compute"], _ = _step_ms(torch, compute, args.warmup, args.steps)
     chunk = (args.bucket_mb << 20) // 2
@@ -128,7 +138,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     for way, policy in ways:
         model, data, opt = r.fresh(size)
         group = r.high if policy == "high" else None
-        ddp = DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb, process_group=group)
+        ddp = DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb, process_group=group,
+                  gradient_as_bucket_view=args.bucket_view)
         entry: dict = {}
         ov = None
         try:
@@ -136,7 +147,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 ov = overlap(ddp, policy, sms=args.sms, trial_steps=args.trial_steps, quiet=True,
                              timeout=args.comm_timeout)
                 entry["ranks_per_gpu"] = ov.ranks_per_gpu
-            step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext)
+            step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext, wait)
             if ov is not None and policy == "auto":
                 trials = 0
                 while ov.report()["policy"] is None:

@@ -79,6 +79,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--comm-timeout", metavar="S", default=300.0,
                    type=validate.argument(validate.number, "--comm-timeout", positive=True, most=86400),
                    help="one process per rank: seconds a collective may take before it is aborted (default 300)")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="one process per rank: every DDP with gradient_as_bucket_view=True (gradients are views "
+                        "of DDP's buckets: no copy between them)")
+    p.add_argument("--host-sync", action="store_true",
+                   help="one process per rank: the host waits for the end of every step, as a loop that reads "
+                        "its loss each step does (default: the host runs ahead)")
     p.add_argument("--local-ranks", metavar="N", default=None,
                    type=validate.argument(validate.integer, "--local-ranks", least=2, most=64),
                    help="ranks in this process (default: 2 on one GPU where NCCL can, else one per GPU)")
@@ -344,6 +350,10 @@ def run(args: argparse.Namespace) -> int:
     if launch.world_size > 1 and args.local_ranks is None:  # one process per rank: DDP and shimrt.torch.overlap
         from . import torch_ddp
         return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs})
+    for flag in ("bucket_view", "host_sync"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "
+                             "or python -m shimrt.launch --nproc N, without --local-ranks")
     dev = Device(launch.device)
     if dev.backend != "cuda" or not torch.cuda.is_available():
         raise UsageError("bench torch needs torch with CUDA on a CUDA device")
