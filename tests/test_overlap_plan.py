@@ -250,9 +250,11 @@ def test_bench_overlap_arguments():
     overlap.add_arguments(parser)
     args = parser.parse_args(["--bytes", "16MiB,256MiB,1G", "--compute", "sgemm:4096,softmax:8192:1024"])
     assert args.bytes == [16 << 20, 256 << 20, 1 << 30]
+    with pytest.raises(argparse.ArgumentError, match="--bytes must be whole MiB .*not '4096'"):  # bytes, not MiB
+        parser.parse_args(["--bytes", "16MiB,4096"])
     assert [(s.kind, s.size, s.block) for s in args.compute] == [("sgemm", 4096, 256), ("softmax", 8192, 1024)]
     for bad in ("sgemm", "sgemm:x", "softmax:1:2:3", "sgemm:100"):  # sgemm:100: not a multiple of 128
-        with pytest.raises((argparse.ArgumentError, SystemExit)):
+        with pytest.raises(argparse.ArgumentError, match="--compute"):
             parser.parse_args(["--compute", bad])
     from shimrt.bench.__main__ import main
     assert main(["overlap", "--policies", "sequential,fastest"]) == 2  # refused before any GPU work
