@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import datetime
 import gc
+import math
 import statistics
 from typing import Any, Callable
 
@@ -82,46 +83,46 @@ class _Rank:
 
 
 def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any] = contextlib.nullcontext,
-             wait: Callable[[], Any] | None = None):
-    """One training step; ``wait`` (--host-sync), after it: the host waits for its end."""
+             after: Callable[[], Any] | None = None):
+    """One training step, then ``after`` (--host-sync's wait for its end, say)."""
     def step() -> Any:
         with context():
             loss = model(*data)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
-        if wait is not None:
-            wait()
+        if after is not None:
+            after()
         return loss.detach()
     return step
 
 
 def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
-    """Every way of configuration ``name`` on this rank; times are the slowest rank's."""
+    """Every way of configuration ``name`` (``kinds``: --policies; ``sequential`` has no place
+    under DDP's hook and is left out) on this rank; times are the slowest rank's."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ..torch import overlap
     from ..torch import policies as vocabulary
     torch, args = r.torch, r.args
-    out: dict = {"model": vars(size) | {"parameters": size.parameters, "tokens": size.tokens}, "ways": {},
+    out: dict = {"model": size.record(), "ways": {},
                  "gradient_as_bucket_view": args.bucket_view, "host_sync": args.host_sync, "steps": args.steps}
     model, data, opt = r.fresh(size)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     steps: dict[str, list[float]] = {}  # this rank's timed steps: compute, comm and each way's
     wait = (lambda: torch.cuda.current_stream().synchronize()) if args.host_sync else None  # as loss.item() does
-    alone, tick = _stepper(model, data, opt), torch.zeros(1, device=r.device)
+    tick = torch.zeros(1, device=r.device)
 
-    def compute() -> Any:
-        loss = alone()
+    def in_step() -> None:
         r.dist.all_reduce(tick)  # the ranks in step (see the module's docstring)
         if wait is not None:
             wait()
-        return loss
+    compute = _stepper(model, data, opt, after=in_step)
     steps["compute"], _ = _step_ms(torch, compute, args.warmup, args.steps)
     chunk = (args.bucket_mb << 20) // 2
     buckets = [torch.zeros(min(chunk, (grad_bytes - i) // 2), dtype=torch.bfloat16, device=r.device)
                for i in range(0, grad_bytes, chunk * 2)]
-    del model, opt
+    del compute, model, opt  # the step's closure holds the bare model too
 
     def comm() -> Any:
         for b in buckets:
@@ -141,7 +142,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         ddp = DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb, process_group=group,
                   gradient_as_bucket_view=args.bucket_view)
         entry: dict = {}
-        ov = None
+        ov = step = None
         try:
             if policy not in (None, "high"):
                 ov = overlap(ddp, policy, sms=args.sms, trial_steps=args.trial_steps, quiet=True,
@@ -166,7 +167,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 with contextlib.suppress(ShimrtError, RuntimeError):  # the error said is the one above
                     ov.close()
         finally:
-            del ddp, model, opt, ov
+            del ddp, model, opt, ov, step  # the step's closure holds the DDP: freed before the next way's
         steps[way] = ms
         if reference is None:
             reference = losses
@@ -200,9 +201,9 @@ def report(name: str, r: dict) -> str:
                                     f"loss max diff {e['loss_max_diff']:.3g}" if "loss_max_diff" in e else "")
         lines.append(f"{way:24s} {e['step_ms']:8.2f} {max(e['steps_ms']):8.2f} {e['step_ms'] / base:6.3f}x "
                      f"{e['hidden']:6.1%}  {notes}")
-    if "auto" in ways and ways["auto"]["step_ms"] == ways["auto"]["step_ms"]:
+    if "auto" in ways and not math.isnan(ways["auto"]["step_ms"]):
         auto = ways["auto"]["step_ms"]
-        fixed = [e["step_ms"] for w, e in ways.items() if w != "auto" and e["step_ms"] == e["step_ms"]]
+        fixed = [e["step_ms"] for w, e in ways.items() if w != "auto" and not math.isnan(e["step_ms"])]
         best = min(fixed)
         lines.append(f"goals: auto {1 - auto / base:+.1%} below plain DDP (comm-heavy: at least "
                      f"{GOAL_BELOW:.0%}); at most {GOAL_ABOVE:.0%} above it: "
@@ -214,7 +215,7 @@ def report(name: str, r: dict) -> str:
 def bars_png(name: str, r: dict, path: Any) -> Any:
     """A bar per way (step ms), with compute alone, all-reduces alone and their sum drawn across."""
     from .plots import new_figure, save_png
-    ways = [w for w, e in r["ways"].items() if e["step_ms"] == e["step_ms"]]
+    ways = [w for w, e in r["ways"].items() if not math.isnan(e["step_ms"])]
     figure = new_figure(max(6, 0.6 * len(ways) + 2), 4)
     ax = figure.add_subplot()
     ax.bar(range(len(ways)), [r["ways"][w]["step_ms"] for w in ways], color="tab:blue")
@@ -237,12 +238,11 @@ def run(args: argparse.Namespace, sizes: dict) -> int:
     from .. import cli
     if not torch.cuda.is_available():
         raise UsageError("bench torch needs torch with CUDA")
-    kinds = [k for k in args.policies if k != "sequential"]
     with cli.deadline(args.timeout):
         r = _Rank(torch, dist, args)
         results: dict = {"ranks": r.size, "configs": {}}
         for name, size in sizes.items():
-            results["configs"][name] = result = run_config(r, name, size, kinds)
+            results["configs"][name] = result = run_config(r, name, size, list(args.policies))
             if r.rank == 0:
                 print(report(name, result), flush=True)
                 if args.plots:

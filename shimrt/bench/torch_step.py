@@ -223,7 +223,7 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     def settle(policy):
         return interposers[policy.cap].settle if policy.cap is not None else None
 
-    result: dict = {"model": vars(size) | {"parameters": size.parameters, "tokens": size.tokens},
+    result: dict = {"model": size.record(),
                     "gradient_bytes": buckets.nbytes, "buckets": len(buckets.flats), "policies": {}}
     try:
         progress.step(f"{name}: compute alone")

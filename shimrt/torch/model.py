@@ -53,6 +53,10 @@ class ModelSize:
     def tokens(self) -> int:
         return self.batch * self.seq
 
+    def record(self) -> dict:
+        """The shape with its parameters and tokens, as the benchmarks' JSON gives it."""
+        return vars(self) | {"parameters": self.parameters, "tokens": self.tokens}
+
 
 def build(size: ModelSize, device: Any, seed: int = 0) -> Any:
     """The decoder, in bfloat16 on ``device`` (a torch device), initialised from ``seed``."""
