@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
@@ -56,19 +56,23 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
 try: sys.exit(bool(mps.running(mps.find_control())))
 except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
     else mpsflag=; echo "MPS not usable here (see above): two processes time-slice the GPU" | tee -a "$summary"; fi
-    steps+=("shimrt.bench host-cost --timeout 240 --json $OUT/host_cost_multirank.json" \
+    latency_steps=("shimrt.bench host-cost --timeout 240 --json $OUT/host_cost_multirank.json" \
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --json $OUT/latency_2procs.json" \
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2procs_nonblocking.json" \
             "shimrt.bench collectives $lat --json $OUT/latency_2ranks.json" \
-            "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json" \
+            "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json")
+    ddp_steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 300 examples/ddp_overlap.py --policy auto --compare" \
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --steps 16 --timeout 540 --json $OUT/torch_ddp.json --plots $OUT")
+    case $part in
+      latency) steps=("${latency_steps[@]}") ;;
+      ddp) steps=("${ddp_steps[@]}") ;;
+      *) steps+=("${latency_steps[@]}" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
             "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
             "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT" \
-            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 300 examples/ddp_overlap.py --policy auto --compare" \
-            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --steps 16 --timeout 540 --json $OUT/torch_ddp.json --plots $OUT")
+            "${ddp_steps[@]}") ;;
+    esac
     export MASTER_ADDR=localhost MASTER_PORT=29512  # torch.distributed's rendezvous for one process per rank
-    [ "$part" = latency ] && steps=("${steps[@]:0:5}")
-    [ "$part" = ddp ] && steps=("${steps[@]:8:2}")
   else
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
   fi
