@@ -270,8 +270,6 @@ class Mps:
     def environment(self) -> dict[str, str]:
         """What a client process needs in its environment: the daemon's pipe and log folders, and
         SHIMRT_MPS=1 (a rank whose GPU does not open then names MPS as the likely cause)."""
-        if not self.running:
-            raise UsageError("the MPS daemon is not running: start() it first")
         _, pipe, log = self._started()
         return {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": log, "SHIMRT_MPS": "1"}
 
@@ -308,8 +306,9 @@ class Mps:
         return self
 
     def _started(self) -> tuple[str, str, str]:
-        """(the control program, the pipe folder, the log folder) that start() set up."""
-        if self.control is None or self.pipe_directory is None or self.log_directory is None:
+        """(the control program, the pipe folder, the log folder) that start() set up; UsageError
+        unless it is running (started, not yet stopped)."""
+        if not self.running or self.control is None or self.pipe_directory is None or self.log_directory is None:
             raise UsageError("the MPS daemon is not running: start() it first")
         return self.control, self.pipe_directory, self.log_directory
 
@@ -369,8 +368,6 @@ class Mps:
         """What the daemon answers to one control command (``get_server_list``, ...); MpsError when
         it does not answer within ``timeout`` seconds or the control program fails."""
         command = validate.text(command, "command")
-        if not self.running:
-            raise UsageError("the MPS daemon is not running: start() it first")
         code, said = _ask(self._started()[0], self._env(), command, validate.number(timeout, "timeout", positive=True))
         if code != 0 or _NOT_RUNNING in said.lower():
             raise MpsError(f"the MPS control daemon did not answer {command!r}: {said or f'exit code {code}'}")
