@@ -127,12 +127,6 @@ class Settings:
         validate.one_of(self.backend, "backend", (None, *BACKENDS))
         validate.boolean(self.cache_enabled, "cache_enabled")
 
-    def check_cache_dir(self) -> Path:
-        """``cache_dir``, refused with a UsageError when it exists and is not a folder (a file
-        where the cache should be), for the cache's user to call before reading or writing."""
-        return cache_folder(self.cache_dir, "the compile cache",
-                            ": point SHIMRT_CACHE_DIR at a folder, or set SHIMRT_DISABLE_CACHE=1")
-
 
 def cache_folder(folder: Path, what: str, fix: str = "") -> Path:
     """``folder`` for a cache (``what`` names it), refused with one message, and ``fix`` after it,

@@ -61,8 +61,8 @@ def test_cache_dir(tmp_path):
     # A relative XDG_CACHE_HOME is invalid (XDG spec) and ignored.
     assert settings({"XDG_CACHE_HOME": "rel"}).cache_dir == Path.home() / ".cache" / "shimrt"
     assert settings({"SHIMRT_CACHE_DIR": "~/x"}).cache_dir == Path.home() / "x"
-    assert settings({"SHIMRT_CACHE_DIR": str(tmp_path)}).check_cache_dir() == tmp_path
-    assert settings({"SHIMRT_CACHE_DIR": str(tmp_path / "not-yet")}).check_cache_dir() == tmp_path / "not-yet"
+    assert settings({"SHIMRT_CACHE_DIR": str(tmp_path)}).cache_dir == tmp_path
+    assert settings({"SHIMRT_CACHE_DIR": str(tmp_path / "not-yet")}).cache_dir == tmp_path / "not-yet"
     assert settings({"SHIMRT_CACHE_DIR": "~", "HOME": str(tmp_path)}).cache_dir == tmp_path
     assert settings({"HOME": str(tmp_path)}).cache_dir == tmp_path / ".cache" / "shimrt"
     # A folder that cannot be written or made is the cache's to report (it never fails a compile).
