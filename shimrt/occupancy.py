@@ -357,8 +357,8 @@ def shape(target: "Target | str", resources: Any, block_size: int, *, resident_b
                f"{free.threads} threads, {free.registers} registers, {free.smem} B smem and {free.blocks} "
                f"block slots per SM" + (f" for {reserve.name}" if reserve is not None else ""))
         return Shaping(t, block_size, smem, n, natural.blocks, free, reserve, why)
-    if failure is None:  # no candidate at all: not even one block fits unshaped
-        raise ShimrtError(f"cannot shape on {t.name}: not one {block_size}-thread block fits per SM unshaped")
+    if failure is None:  # never: a block fits unshaped (refused above), and each candidate skipped says why
+        raise ShimrtError(f"internal: shaping on {t.name} tried no candidate")
     resource, message = failure
     raise ShimrtError(f"cannot leave room for {reserve.name if reserve else 'the request'} on {t.name} "
                       f"({resource}): {message}")
