@@ -332,10 +332,9 @@ def run(args: argparse.Namespace) -> int:
                 other = communication.make(nbytes, ctas=ctas)
                 made.append(other)
                 return Engine(dev, Schedule.pair(compute, other), repeats=args.repeats)
-            retune = Retune(engine_with, communication.channel_settings() if communication.retunable else [])
+            retune = Retune(engine_with, communication.channel_settings()) if communication.retunable else None
             try:
-                results, infeasible, auto, model = measure_workload(
-                    dev, engine, policies, args, progress, retune if communication.retunable else None)
+                results, infeasible, auto, model = measure_workload(dev, engine, policies, args, progress, retune)
             finally:
                 engine.close()
                 for c in [comm, *made]:
