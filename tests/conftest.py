@@ -87,6 +87,14 @@ def skip_or_fail(what: str, reason: str):
     pytest.skip(reason)
 
 
+def require_matplotlib() -> None:
+    """Skip where matplotlib is missing (fail where CI requires it), for a test whose plot call
+    would not raise shimrt's own message (a CLI's exit code, an error expected of the plot)."""
+    import importlib.util
+    if importlib.util.find_spec("matplotlib") is None:
+        skip_or_fail("matplotlib", "plots need matplotlib: pip install 'shimrt[plot]'")
+
+
 @pytest.fixture(scope="session")
 def hiprtc():
     """The hipRTC backend, or a skip saying what to install."""

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import require_matplotlib
 
 import shimrt
 from shimrt import __main__ as shimrt_main
@@ -307,7 +308,7 @@ BAD_RESULTS = {
 
 @pytest.mark.parametrize("case", list(BAD_RESULTS))
 def test_plot_refuses_bad_results_in_one_line(capsys, tmp_path, case):
-    pytest.importorskip("matplotlib")
+    require_matplotlib()
     path = tmp_path / "r.json"
     content = BAD_RESULTS[case]
     path.write_bytes(content if isinstance(content, bytes) else content.encode())

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import require_matplotlib
 
 from shimrt import ShimrtError
 from shimrt.bench import __main__ as bench
@@ -145,7 +146,7 @@ def test_bad_timeline_and_unknown_workload_raise(tmp_path):
     with pytest.raises(ShimrtError, match=r"timeline.compute is not a list of \[start_ms, end_ms, sm\]"):
         plots.timeline_png(results, WORKLOADS[0], tmp_path / "t.png")
     del results["runs"][0]["timeline"]
-    pytest.importorskip("matplotlib")  # what follows is checked as the plot is drawn
+    require_matplotlib()  # what follows is checked as the plot is drawn
     with pytest.raises(ShimrtError, match="has no timeline.compute"):
         plots.timeline_png(results, WORKLOADS[0], tmp_path / "t.png")
 
@@ -159,7 +160,7 @@ def test_slug_is_a_safe_file_name():
 def test_cli_writes_next_to_the_results_by_default(tmp_path, capsys):
     results = tmp_path / "results.json"
     results.write_text(json.dumps(synthetic()))
-    pytest.importorskip("matplotlib")
+    require_matplotlib()
     assert bench.main(["plot", str(results)]) == 0
     printed = capsys.readouterr().out.split()
     assert printed == [str(tmp_path / "makespan.png"), str(tmp_path / "timeline_sgemm-4096_all_reduce-64MiB.png"),

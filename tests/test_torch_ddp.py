@@ -7,6 +7,7 @@ import math
 import re
 
 import pytest
+from conftest import require_matplotlib
 
 from shimrt import UsageError
 from shimrt.torch import policies
@@ -259,7 +260,7 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
 
 
 def test_the_ddp_bars_are_drawn(tmp_path):
-    pytest.importorskip("matplotlib")
+    require_matplotlib()
     from shimrt.bench.torch_ddp import bars_png
     path = bars_png("comm-heavy", _ddp_result(), tmp_path / "ddp.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
