@@ -32,8 +32,6 @@ def defined(tree: ast.AST) -> set[str]:
             names.add(node.id)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
             names.add(node.attr)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
         elif isinstance(node, ast.arg):
             names.add(node.arg)
     return {n for n in names if _private(n)}
@@ -50,11 +48,10 @@ def used_from_outside(tree: ast.AST, own: set[str], shimrts: set[str]) -> list[t
         if isinstance(node, ast.Attribute) and foreign(node.attr):
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 found.append((node.lineno, node.attr))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("shimrt", ".")) \
-                or isinstance(node, ast.ImportFrom) and node.level:
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("shimrt")):
             found += [(node.lineno, a.name) for a in node.names if _private(a.name)]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("setattr", "delattr") and len(node.args) >= 2 \
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) \
+                in ("setattr", "delattr") and len(node.args) >= 2 \
                 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) \
                 and foreign(node.args[1].value):
             found.append((node.lineno, node.args[1].value))
@@ -95,12 +92,14 @@ def test_the_check_sees_each_kind_of_use():
               "def f(monkeypatch, k):\n"
               "    monkeypatch.setattr(library, '_PROCESS', None)\n"
               "    return k._state, self_like._state\n"
+              "setattr(library, '_PROCESS', 1)\n"
               "class Mine:\n"
               "    def __init__(self):\n"
               "        self._state = 1\n")
     tree = ast.parse(source)
     got = used_from_outside(tree, defined(tree) - {"_state"}, {"_Hidden", "_PROCESS", "_state"})
-    assert sorted(got) == [(1, "_Hidden"), (3, "_PROCESS"), (5, "_PROCESS"), (6, "_state"), (6, "_state")]
+    assert sorted(got) == [(1, "_Hidden"), (3, "_PROCESS"), (5, "_PROCESS"), (6, "_state"), (6, "_state"),
+                           (7, "_PROCESS")]
     # A module's own privates are its own to use, on any object (a classmethod's new instance, say);
     # an import of an underscore name is always another module's.
     assert used_from_outside(tree, defined(tree), {"_state"}) == [(1, "_Hidden")]
