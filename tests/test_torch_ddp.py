@@ -121,13 +121,13 @@ def test_a_finalist_fast_in_the_search_and_slow_in_the_confirmation_is_not_kept(
     assert t.decide().name == "ddp" and t.means["a"] == 10.5
 
 
-def test_auto_keeps_plain_ddp_unless_another_beats_it_by_the_margin():
-    for a in (9.95, 12.0):  # 0.5% faster: within the margin; slower
-        t = Trials([P("ddp"), P("a")], steps=1, warmup=0, margin=0.01, reference="ddp")
-        run(t, {"ddp": 10.0, "a": a})
-        assert t.decide() is None
-        run(t, {"ddp": 10.0, "a": a})
-        assert t.decide().name == "ddp"
+@pytest.mark.parametrize("a", [9.95, 12.0])  # 0.5% faster: within the margin; slower
+def test_auto_keeps_plain_ddp_unless_another_beats_it_by_the_margin(a):
+    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, margin=0.01, reference="ddp")
+    run(t, {"ddp": 10.0, "a": a})
+    assert t.decide() is None
+    run(t, {"ddp": 10.0, "a": a})
+    assert t.decide().name == "ddp"
 
 
 def test_without_finalists_auto_keeps_the_searchs_fastest_at_once():
@@ -178,22 +178,23 @@ def test_an_untimed_reference_is_no_finalist_and_the_fastest_timed_one_is_kept()
     assert t.decide().name == "a"
 
 
-@pytest.mark.parametrize("args, message", [
-    (([],), "non-empty list of policies"),
-    (([P("a"), P("a")],), "distinct names"),
-    (([P("a")],), None),
+@pytest.mark.parametrize("candidates, message", [
+    ([], "non-empty list of policies"),
+    ([P("a"), P("a")], "distinct names"),
 ])
-def test_trials_check_their_candidates(args, message):
-    if message is None:
-        with pytest.raises(UsageError, match="reference must be one of"):
-            Trials(*args, reference="ddp")
-        with pytest.raises(UsageError, match="trial steps must be an int"):
-            Trials(*args, steps=0)
-        with pytest.raises(UsageError, match="finalists must be an int"):
-            Trials(*args, finalists=-1)
-        return
+def test_trials_check_their_candidates(candidates, message):
     with pytest.raises(UsageError, match=message):
-        Trials(*args)
+        Trials(candidates)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(reference="ddp"), "reference must be one of"),
+    (dict(steps=0), "trial steps must be an int"),
+    (dict(finalists=-1), "finalists must be an int"),
+])
+def test_trials_check_their_options(options, message):
+    with pytest.raises(UsageError, match=message):
+        Trials([P("a")], **options)
 
 
 def test_overlap_refuses_what_is_not_a_ddp():
