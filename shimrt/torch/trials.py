@@ -114,17 +114,17 @@ class Trials:
         if len(agreed) != len(mine):
             raise UsageError(f"agree must give one time per candidate ({len(mine)}), not {len(agreed)}")
         self.means = {c.name: float(t) for c, t in zip(self.candidates, agreed, strict=True)}
-        pool = {c.name: self.means[c.name] for c in self.final or self.candidates}
-        try:
-            name = choose.fastest(pool, self.reference if self.reference in pool else None, self.margin)
-        except ShimrtError:
-            raise UsageError("auto timed no candidate: no trial step all-reduced") from None
         if not self.final:
             final = self._finalists()
             if len(final) > 1:
                 self.final = final
                 self.schedule += self._rounds(final)
                 return None
+        pool = {c.name: self.means[c.name] for c in self.final or self.candidates}
+        try:
+            name = choose.fastest(pool, self.reference if self.reference in pool else None, self.margin)
+        except ShimrtError:
+            raise UsageError("auto timed no candidate: no trial step all-reduced") from None
         self.picked = next(c for c in self.candidates if c.name == name)
         return self.picked
 
