@@ -30,13 +30,13 @@ torch's default DDP hook (``allreduce_hook``: the same all-reduce on the process
 division a pass of its own, a Python future per bucket), as close to hookless DDP as a registered
 hook can be, not hookless DDP itself; bench torch's plain-DDP reference is hookless. 16-bit
 gradients over a world size that is not a power of two are scaled by 1/size in float before a sum,
-as DDP does (ncclAvg would scale in 16 bits).
-Not supported: sparse gradients (refused when a bucket comes) and ``Join``. ``no_sync()`` steps, DDP's
-bucket rebuild after the first step, ``gradient_as_bucket_view`` either way and bf16 or fp32
-buckets need nothing more. A collective whose peer is gone is aborted by shimrt's watchdog after
-``timeout`` seconds; the next bucket, ``step()``'s end, or :meth:`Overlap.close` raises its
-:class:`CollectiveError`. For a loop without DDP, :class:`~shimrt.torch.step.GradientBuckets`
-and :class:`~shimrt.torch.step.NcclBuckets` take the same policies.
+as DDP does (ncclAvg would scale in 16 bits). Not supported: sparse gradients (refused when a
+bucket comes) and ``Join``. ``no_sync()`` steps, DDP's bucket rebuild after the first step,
+``gradient_as_bucket_view`` either way and bf16 or fp32 buckets need nothing more. A collective
+whose peer is gone is aborted by shimrt's watchdog after ``timeout`` seconds; the next bucket,
+``step()``'s end, or :meth:`Overlap.close` raises its :class:`CollectiveError`. For a loop without
+DDP, :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take
+the same policies.
 """
 
 from __future__ import annotations
@@ -72,10 +72,9 @@ def overlap(ddp: Any, policy: Any = "auto", *, sms: Iterable[int] = (32, 48, 64)
     :mod:`shimrt.torch.policies`, a :class:`Policy`, or ``"auto"``); see the module's docstring.
     ``sms``: the SMs auto's partition and carveout candidates keep for NCCL; ``trial_steps``: the
     rounds of auto's search and of its confirmation (a round: one warm-up step and one timed step
-    per candidate); ``margin``: how much faster than plain DDP
-    auto's pick must be; ``timeout``: seconds a collective may take before it is aborted;
-    ``quiet``: rank 0 says nothing when auto decides. Collective over the DDP's ranks: every rank
-    calls it, with the same arguments."""
+    per candidate); ``margin``: how much faster than plain DDP auto's pick must be; ``timeout``:
+    seconds a collective may take before it is aborted; ``quiet``: rank 0 says nothing when auto
+    decides. Collective over the DDP's ranks: every rank calls it, with the same arguments."""
     require_torch()
     return Overlap(ddp, policy, sms=sms, trial_steps=trial_steps, margin=margin, timeout=timeout, quiet=quiet)
 
