@@ -23,7 +23,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shimrt.torch
+from shimrt.cli import count
 from shimrt.config import launch_env
+from shimrt.validate import argument, number
 
 
 def mlp(width: int, layers: int, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
@@ -36,16 +38,21 @@ def mlp(width: int, layers: int, dtype: torch.dtype, device: torch.device) -> to
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", default="auto", help="auto, ddp, priority, shaping:2, partition:48, carveout:48, ...")
-    p.add_argument("--steps", type=int, default=160)
-    p.add_argument("--width", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=1024, help="tokens per rank per step")
+    p.add_argument("--steps", type=count("--steps"), default=160)
+    p.add_argument("--width", type=count("--width"), default=2048)
+    p.add_argument("--layers", type=count("--layers"), default=4)
+    p.add_argument("--tokens", type=count("--tokens"), default=1024, help="tokens per rank per step")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds before a stuck collective is aborted")
+    p.add_argument("--timeout", type=argument(number, "--timeout", positive=True, most=86400), default=120.0,
+                   help="seconds before a stuck collective is aborted")
     p.add_argument("--compare", action="store_true", help="train a plain DDP copy beside it and compare")
     args = p.parse_args()
+    launch = launch_env()
+    if launch.source not in ("torchrun", "shimrt"):
+        p.error("run one process per GPU: torchrun --nproc-per-node N examples/ddp_overlap.py, or "
+                "python -m shimrt.launch --nproc N examples/ddp_overlap.py")
 
-    index = launch_env().device  # torchrun's LOCAL_RANK, or the launcher's --devices
+    index = launch.device  # torchrun's LOCAL_RANK, or the launcher's --devices
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
     os.environ.setdefault("MASTER_ADDR", "localhost")
@@ -82,8 +89,12 @@ def main() -> None:
             print(f"step {step + 1}/{args.steps}: loss {loss.item():.5f}", flush=True)
 
     report = ov.report()
-    kept = times[-max(1, args.steps // 4):]
-    if rank == 0:
+    tried = report["trials"]["trial_steps"] if report["trials"] else 0
+    kept = times[max(tried, args.steps - max(1, args.steps // 4)):]  # the last quarter, auto's trials not in it
+    if rank == 0 and (report["policy"] is None or not kept):
+        print(f"auto tries policies for {tried} steps: no step ran under the one it keeps in {args.steps}; "
+              f"give more --steps")
+    elif rank == 0:
         median = sorted(kept)[len(kept) // 2] * 1e3
         print(f"policy: {report['policy']} ({report['describe']}); median step {median:.2f} ms over the "
               f"last {len(kept)} steps; ranks {report['ranks']}, {report['ranks_per_gpu']} per GPU")

@@ -265,3 +265,23 @@ def test_the_ddp_bars_are_drawn(tmp_path):
     from shimrt.bench.torch_ddp import bars_png
     path = bars_png("comm-heavy", _ddp_result(), tmp_path / "ddp.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--steps", "0"], "--steps must be an int in 1..2147483647, not 0"),
+    (["--tokens", "-1"], "--tokens must be an int in 1..2147483647"),
+    (["--timeout", "nan"], "--timeout must be a positive number <= 86400, not nan"),
+    ([], "run one process per GPU: torchrun"),  # not launched
+])
+def test_the_ddp_example_refuses_bad_options_and_a_run_without_a_launcher(argv, says):
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "examples" / "ddp_overlap.py"
+    launchers = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in launchers}
+    out = subprocess.run([sys.executable, str(script), *argv], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
