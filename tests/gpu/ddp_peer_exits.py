@@ -34,6 +34,9 @@ try:
             model(torch.randn(64, 1024, device=device)).sum().backward()
         torch.cuda.synchronize()
 except CollectiveError as exc:
+    if left is None:  # an error of its own, said as it is (not hidden behind the subtraction's TypeError)
+        print(f"rank {rank}: CollectiveError before the peer left: {exc}", flush=True)
+        os._exit(1)
     print(f"rank {rank}: CollectiveError {time.monotonic() - left:.1f} s after the peer left: {exc}", flush=True)
     os._exit(0)
 print(f"rank {rank} never saw its peer leave", flush=True)

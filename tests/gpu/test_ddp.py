@@ -113,7 +113,7 @@ def test_every_compute_policy_trains_as_plain_ddp_within_a_different_kernels_rou
 
 
 @pytest.mark.timeout(300)
-def test_auto_tries_the_candidates_and_keeps_one_no_slower_than_plain_ddp(device):
+def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_trials(device):
     out = _launch(device, "--policy", "auto", "--steps", "130", "--width", "1024", "--layers", "2", "--tokens", "512")
     m = re.search(r"auto kept (\S+) .* mean step ms \(\* finalists\): (.+)$", out, re.M)
     assert m, out[-3000:]
@@ -121,6 +121,7 @@ def test_auto_tries_the_candidates_and_keeps_one_no_slower_than_plain_ddp(device
     means = {n: (float(t), star == "*") for n, star, t in found}
     kept, ddp = means[m.group(1)], means["ddp"]
     assert kept[1] and ddp[1] and kept[0] <= ddp[0], out[-2000:]  # both finalists; the kept no slower
+    assert f"policy: {m.group(1)} (" in out, out[-2000:]  # the steps after the trials ran under it
 
 
 @pytest.mark.timeout(200)
@@ -137,6 +138,7 @@ def test_a_rank_that_leaves_ends_the_other_with_a_collective_error_within_the_ti
     finally:
         for p in procs:
             p.kill()
+            p.wait()
     m = re.search(r"rank 0: CollectiveError ([0-9.]+) s after the peer left: (.*)", out0)
     assert m and procs[0].returncode == 0, out0[-3000:]
     assert float(m.group(1)) <= timeout + 5 and "watchdog aborted" in m.group(2), out0[-3000:]
