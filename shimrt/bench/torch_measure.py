@@ -134,7 +134,6 @@ def sharing(target: Any, records: list, nccl: Footprint) -> dict:
     """Of the compute kernels in ``records`` (CUPTI, NCCL's left out by the caller): their time
     in all, the share of it in kernels no block of which fits beside one ``nccl`` block, and the
     longest-running such kernel with its footprint."""
-    from ..occupancy import Footprint
     total, alone = 0.0, 0.0
     exclusive: dict = {}  # name -> (us in all, its footprint as (threads, registers, smem))
     fits: dict = {}
