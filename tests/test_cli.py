@@ -630,9 +630,11 @@ def test_a_run_past_its_deadline_ends_with_every_threads_stack():
 
 
 def test_a_deadline_that_is_not_reached_is_cancelled():
-    import time
-
-    from shimrt import cli
-    with cli.deadline(0.2):
-        pass
-    time.sleep(0.4)  # still alive: the dump was cancelled
+    """In a process of its own: a deadline that fired would end it (and here, pytest itself)."""
+    import subprocess
+    import sys
+    code = ("import time; from shimrt import cli\n"
+            "with cli.deadline(0.2):\n    pass\n"
+            "time.sleep(0.4)\n")  # still alive after it: the dump was cancelled
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
