@@ -68,14 +68,12 @@ class P:
         self.name = name
 
 
-def run(trials, times, all_reduced=None, drained=None):
+def run(trials, times, all_reduced=None):
     """Drive ``trials`` as Overlap.step does: steps until the trial steps scheduled so far have run
     (``times``: each policy's ms, a number or a list taken in turn), returning the policies the
-    steps ran under; ``drained`` gets the steps the GPU is drained before."""
+    steps ran under."""
     ran = []
     for i, _ in enumerate(iter(lambda: trials.exhausted, True)):
-        if trials.starts_visit() and drained is not None:
-            drained.append(i)
         p = trials.current()
         ran.append(p.name)
         index = trials.done(True if all_reduced is None else all_reduced(i))
@@ -85,32 +83,27 @@ def run(trials, times, all_reduced=None, drained=None):
     return ran
 
 
-def test_auto_visits_each_candidate_for_back_to_back_steps_then_confirms_the_finalists_beside_plain_ddp():
-    t = Trials([P("ddp"), P("a"), P("b"), P("c")], steps=2, warmup=1, finalists=1, passes=2, reference="ddp")
+def test_auto_visits_the_candidates_in_rounds_then_confirms_the_finalists_beside_plain_ddp():
+    t = Trials([P("ddp"), P("a"), P("b"), P("c")], steps=2, warmup=1, finalists=1, reference="ddp")
     times = {"ddp": 10.0, "a": 8.0, "b": 9.0, "c": 11.0}
-    drained = []
-    ran = run(t, times, drained=drained)
-    # each visit: a warm-up step, then two timed ones, back to back; the GPU drained before each visit
-    assert ran == ["ddp"] * 3 + ["a"] * 3 + ["b"] * 3 + ["c"] * 3
-    assert drained == [0, 3, 6, 9]
+    ran = run(t, times)
+    # each visit: a warm-up step, then a timed one; every candidate once per round
+    assert ran == ["ddp", "ddp", "a", "a", "b", "b", "c", "c"] * 2
     assert t.times == {"ddp": [10.0] * 2, "a": [8.0] * 2, "b": [9.0] * 2, "c": [11.0] * 2}  # warm-ups not counted
     assert t.decide() is None and [c.name for c in t.final] == ["ddp", "a"]  # the search's fastest beside ddp
     assert t.picked is None and not t.exhausted
-    drained.clear()
-    # the confirmation: the finalists only, in reverse order, then in order
-    assert run(t, times, drained=drained) == ["a"] * 3 + ["ddp"] * 3 + ["ddp"] * 3 + ["a"] * 3
-    assert drained == [0, 3, 6, 9]
-    assert t.decide().name == "a" and t.current().name == "a" and t.done(True) is None and not t.starts_visit()
+    assert run(t, times) == ["ddp", "ddp", "a", "a"] * 2  # the confirmation: its rounds, the finalists only
+    assert t.decide().name == "a" and t.current().name == "a" and t.done(True) is None
     report = t.report()
     assert report["picked"] == "a" and report["finalists"] == ["ddp", "a"] and report["means_ms"]["ddp"] == 10.0
-    assert report["trial_steps"] == 24 and t.times["a"] == [8.0] * 6
+    assert report["trial_steps"] == 24 and t.times["a"] == [8.0] * 4
     with pytest.raises(UsageError, match="already kept a"):
         t.decide()
 
 
 def test_auto_judges_by_the_mean_so_a_policy_slow_in_stretches_loses_to_a_steady_one():
     """One slow step in three leaves a median at the fast figure; the mean counts it."""
-    t = Trials([P("ddp"), P("fickle"), P("steady")], steps=3, warmup=0, finalists=2, passes=1, reference="ddp")
+    t = Trials([P("ddp"), P("fickle"), P("steady")], steps=3, warmup=0, finalists=2, reference="ddp")
     times = {"ddp": [62.0] * 6, "fickle": [56.0, 68.0, 56.0, 68.0, 56.0, 56.0], "steady": [57.5] * 6}
     run(t, times)
     assert t.decide() is None
@@ -121,11 +114,11 @@ def test_auto_judges_by_the_mean_so_a_policy_slow_in_stretches_loses_to_a_steady
 
 def test_a_finalist_fast_in_the_search_and_slow_in_the_confirmation_is_not_kept():
     t = Trials([P("ddp"), P("a")], steps=1, warmup=0, reference="ddp")
-    times = {"ddp": [10.0] * 3, "a": [8.0, 13.0, 13.0]}
+    times = {"ddp": [10.0, 10.0], "a": [8.0, 13.0]}
     run(t, times)
     assert t.decide() is None
     run(t, times)
-    assert t.decide().name == "ddp" and t.means["a"] == pytest.approx(34 / 3)
+    assert t.decide().name == "ddp" and t.means["a"] == 10.5
 
 
 @pytest.mark.parametrize("a", [9.95, 12.0])  # 0.5% faster: within the margin; slower
@@ -158,10 +151,8 @@ def test_auto_decides_on_the_slowest_ranks_times():
 
 def test_a_step_without_an_all_reduce_is_run_again_under_the_same_candidate():
     t = Trials([P("ddp"), P("a")], steps=1, warmup=0, finalists=0, reference="ddp")
-    drained = []
-    ran = run(t, {"ddp": 10.0, "a": 5.0}, all_reduced=lambda i: i % 2 == 1, drained=drained)  # no_sync() steps
+    ran = run(t, {"ddp": 10.0, "a": 5.0}, all_reduced=lambda i: i % 2 == 1)  # every other step under no_sync()
     assert ran == ["ddp", "ddp", "a", "a"]
-    assert drained == [0, 1, 2, 3]  # the visit's first step is still to come after a no_sync() step
     assert t.decide().name == "a"
 
 
@@ -200,7 +191,6 @@ def test_trials_check_their_candidates(candidates, message):
     (dict(reference="ddp"), "reference must be one of"),
     (dict(steps=0), "trial steps must be an int"),
     (dict(finalists=-1), "finalists must be an int"),
-    (dict(passes=0), "passes must be an int"),
 ])
 def test_trials_check_their_options(options, message):
     with pytest.raises(UsageError, match=message):

@@ -23,10 +23,9 @@ the GPU, never on the host. ``ov.step()`` applies the policy's compute side arou
 forward, backward and optimizer step (shaping through the Interposer, an SM partition, cuBLAS's
 carveout; see :mod:`shimrt.torch.policies`), and times the step for auto.
 
-``policy="auto"`` tries every candidate over the first steps (``ddp`` among them), a visit of a
-few steps each from a drained GPU, then the fastest few again beside ``ddp``, and keeps the
-fastest by the slowest rank's mean step time, ``ddp`` unless another is more than ``margin``
-faster (:mod:`shimrt.torch.trials`). ``ddp`` is
+``policy="auto"`` tries every candidate in rounds over the first steps (``ddp`` among them), then
+the fastest few again beside ``ddp``, and keeps the fastest by the slowest rank's mean step time,
+``ddp`` unless another is more than ``margin`` faster (:mod:`shimrt.torch.trials`). ``ddp`` is
 torch's default DDP hook (``allreduce_hook``: the same all-reduce on the process group, the
 division a pass of its own, a Python future per bucket), as close to hookless DDP as a registered
 hook can be, not hookless DDP itself; bench torch's plain-DDP reference is hookless. 16-bit
@@ -72,8 +71,8 @@ def overlap(ddp: Any, policy: Any = "auto", *, sms: Iterable[int] = (32, 48, 64)
     """Overlap ``ddp``'s all-reduces with its compute under ``policy`` (a name of
     :mod:`shimrt.torch.policies`, a :class:`Policy`, or ``"auto"``); see the module's docstring.
     ``sms``: the SMs auto's partition and carveout candidates keep for NCCL; ``trial_steps``: the
-    timed steps of each of auto's visits to a candidate (each after three warm-up steps);
-    ``margin``: how much faster than plain DDP auto's pick must be; ``timeout``:
+    rounds of auto's search and of its confirmation (a round: one warm-up step and one timed step
+    per candidate); ``margin``: how much faster than plain DDP auto's pick must be; ``timeout``:
     seconds a collective may take before it is aborted; ``quiet``: rank 0 says nothing when auto
     decides. Collective over the DDP's ranks: every rank calls it, with the same arguments."""
     require_torch()
@@ -285,8 +284,6 @@ class Overlap:
         policy = self.trials.current()
         current = torch.cuda.current_stream(self.torch_device)
         timed = self.trials.picked is None
-        if self.trials.starts_visit():  # a candidate starts from an empty queue, not its predecessor's
-            current.synchronize()
         if timed:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(current)

@@ -1,30 +1,24 @@
 """auto over a training loop's first steps: which policy to keep, from the steps' own times.
 
-The trials run in visits. A visit is ``warmup`` steps under one candidate, untimed, then
-``steps`` timed steps under it, back to back, as the policy kept will run; its first step starts
-on a drained GPU (the caller waits for the steps before it: :meth:`Trials.starts_visit`). The
-search visits every candidate once; the ``finalists`` fastest and the reference (plain DDP) are
-then visited ``passes`` times more among themselves, in reverse order and then in order (the
-confirmation); the finalist of the least mean over all its timed steps is kept, except that the
-reference stays unless another beats it by more than ``margin``, so auto never settles on a
-policy measured slower than DDP.
+The trials run in rounds. A round visits every candidate in turn; a visit is ``warmup`` steps
+under the candidate, untimed (what switching to it costs: a communicator's first use, cuBLAS's
+plans for a carveout), then one timed step. After ``steps`` rounds of every candidate (the
+search), the ``finalists`` fastest and the reference (plain DDP) run ``steps`` rounds more among
+themselves (the confirmation); then the finalist of the least mean step time over all its timed
+steps is kept, except that the reference stays unless another beats it by more than ``margin``,
+so auto never settles on a policy measured slower than DDP.
 
-Why visits of back-to-back steps from a drained GPU, several warm-up steps, and means: with two
-ranks sharing an H200 under MPS and the host running ahead of the GPU, the ways whose all-reduces
-run at default priority (``low-priority``, DDP's own) settled within four steps at 69-70 ms a
-step on bench torch's compute-heavy configuration, and ``priority`` at 56-57; with the host
-waiting for each step's end, all three ran at 57-58. A step's speed thus depends on the queue the
-steps before it left: one warm-up step after a switch measured ``priority`` at 70 ms right after
-``low-priority``, and ``ddp`` at 57-60 right after a carveout, far from either's own run. Draining
-at each switch gives every candidate the same start, the warm-up steps let it reach its own
-steady speed, and the visits spread over the trials (the confirmation's at both ends) average out
-slow stretches that hit every way alike (three or four steps at the same point of every way's run, there); the mean,
-what a run's total time follows, counts the slow steps a median hides. A step counts only when it
-all-reduced: a ``no_sync()`` step is run again under the same candidate. The schedule depends only
-on the steps' count, never on their times, so every rank switches at the same step; the decisions
-take the times agreed over the ranks (the slowest rank's, through ``agree``), so every rank picks
-the same finalists and keeps the same policy. No GPU here: the caller times the steps and hands
-them in.
+Why rounds and means, not each candidate's steps back to back and their median: with two ranks
+sharing an H200 under MPS, a policy that leaves the SMs to the scheduler (``priority``,
+``low-priority``) ran some stretches of steps at 56 ms and others at 68 ms (bench torch,
+compute-heavy); three steps in a row measured one stretch, and the policy kept ran at the other.
+Visits spread over the trials sample each candidate across such stretches, side by side with
+the others, and the mean (what a run's total time follows) counts the slow ones that a median of
+three hides. A step counts only when it all-reduced: a ``no_sync()`` step is run again under the
+same candidate. The schedule depends only on the steps' count, never on their times, so every
+rank switches at the same step; the decisions take the times agreed over the ranks (the slowest
+rank's, through ``agree``), so every rank picks the same finalists and keeps the same policy. No
+GPU here: the caller times the steps and hands them in.
 """
 
 from __future__ import annotations
@@ -42,28 +36,25 @@ Agree = Callable[[list[float]], list[float]]
 
 class Trials:
     """The schedule and the decisions of auto (see the module's docstring). ``candidates``: the
-    policies (objects with a ``name``); ``steps``: timed steps per visit; ``warmup``: untimed
-    steps before them; ``passes``: the confirmation's visits per finalist; ``reference``: the
-    name of the one kept unless beaten."""
+    policies (objects with a ``name``); ``steps``: rounds of each stage, so timed steps per
+    candidate in the search; ``reference``: the name of the one kept unless beaten."""
 
-    def __init__(self, candidates: Sequence[Any], *, steps: int = 3, warmup: int = 3, finalists: int = 2,
-                 passes: int = 2, margin: float = 0.01, reference: str | None = None):
+    def __init__(self, candidates: Sequence[Any], *, steps: int = 3, warmup: int = 1, finalists: int = 2,
+                 margin: float = 0.01, reference: str | None = None):
         if not candidates or not all(isinstance(getattr(c, "name", None), str) for c in candidates):
             raise UsageError(f"candidates must be a non-empty list of policies, not {candidates!r:.100}")
         names = [c.name for c in candidates]
         if len(set(names)) != len(names):
             raise UsageError(f"candidates must have distinct names, not {names}")
-        self.steps = validate.integer(steps, "trial steps", least=1, most=1000)
+        self.rounds = validate.integer(steps, "trial steps", least=1, most=1000)
         self.warmup = validate.integer(warmup, "warm-up steps", least=0, most=1000)
         self.finalists = validate.integer(finalists, "finalists", least=0, most=1000)
-        self.passes = validate.integer(passes, "passes", least=1, most=1000)
         self.margin = validate.number(margin, "margin", least=0, most=0.5)
         if reference is not None and reference not in names:
             raise UsageError(f"reference must be one of the candidates {names}, not {reference!r}")
         self.candidates, self.reference = list(candidates), reference
-        #: (policy, timed?, a visit's first step?) per trial step, in order: the search's visits,
-        #: then the confirmation's
-        self.schedule: list[tuple[Any, bool, bool]] = self._visits(self.candidates)
+        #: (policy, warm-up?) per trial step, in order: the search's rounds, then the confirmation's
+        self.schedule: list[tuple[Any, bool]] = self._rounds(self.candidates)
         self.position = 0
         self.times: dict[str, list[float]] = {n: [] for n in names}
         self.means: dict[str, float] = {}
@@ -71,9 +62,9 @@ class Trials:
         self.final: list[Any] = []
         self.picked: Any = None
 
-    def _visits(self, policies: list[Any]) -> list[tuple[Any, bool, bool]]:
-        visit = [False] * self.warmup + [True] * self.steps
-        return [(p, timed, i == 0) for p in policies for i, timed in enumerate(visit)]
+    def _rounds(self, policies: list[Any]) -> list[tuple[Any, bool]]:
+        visit = [True] * self.warmup + [False]
+        return [(p, w) for _ in range(self.rounds) for p in policies for w in visit]
 
     @classmethod
     def settled(cls, policy: Any) -> "Trials":
@@ -93,20 +84,14 @@ class Trials:
             return self.picked
         return self.schedule[min(self.position, len(self.schedule) - 1)][0]
 
-    def starts_visit(self) -> bool:
-        """Whether the next step is a visit's first: the caller drains the GPU before it, so the
-        candidate starts as every other did, not from the queue its predecessor left."""
-        return self.picked is None and not self.exhausted and self.schedule[self.position][2]
-
     def done(self, all_reduced: bool) -> int | None:
-        """The step under :meth:`current` ended; ``all_reduced``: it all-reduced (a step that did
-        not is run again, the same slot of the schedule). Returns the trial step's index when its
-        time counts (hand it to :meth:`record`), else None."""
+        """The step under :meth:`current` ended; ``all_reduced``: it all-reduced. Returns the
+        trial step's index when its time counts (hand it to :meth:`record`), else None."""
         if self.picked is not None or self.exhausted or not all_reduced:
             return None
         index = self.position
         self.position += 1
-        return index if self.schedule[index][1] else None
+        return None if self.schedule[index][1] else index
 
     def record(self, index: int, ms: float) -> None:
         """Trial step ``index`` (from :meth:`done`) took ``ms`` milliseconds."""
@@ -133,8 +118,7 @@ class Trials:
             final = self._finalists()
             if len(final) > 1:
                 self.final = final
-                for i in range(self.passes):  # reversed, then in order, ...: a drift over the trials evens out
-                    self.schedule += self._visits(final[::-1] if i % 2 == 0 else final)
+                self.schedule += self._rounds(final)
                 return None
         pool = {c.name: self.means[c.name] for c in self.final or self.candidates}
         try:
