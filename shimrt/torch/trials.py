@@ -14,7 +14,11 @@ sharing an H200 under MPS, a policy that leaves the SMs to the scheduler (``prio
 compute-heavy); three steps in a row measured one stretch, and the policy kept ran at the other.
 Visits spread over the trials sample each candidate across such stretches, side by side with
 the others, and the mean (what a run's total time follows) counts the slow ones that a median of
-three hides. A step counts only when it all-reduced: a ``no_sync()`` step is run again under the
+three hides. Tried and measured worse (bench torch at 6064483): visits of three warm-up steps and
+three timed ones back to back, each from a drained GPU (the host waiting for the steps before).
+The stretches survive a drain: ``ddp`` ran 57-61 ms in its visits and 70-72 once kept
+(compute-heavy: 1.028x plain DDP), ``priority`` 38 ms in its visits and 44.5 for ten steps once
+kept (balanced). A step counts only when it all-reduced: a ``no_sync()`` step is run again under the
 same candidate. The schedule depends only on the steps' count, never on their times, so every
 rank switches at the same step; the decisions take the times agreed over the ranks (the slowest
 rank's, through ``agree``), so every rank picks the same finalists and keeps the same policy. No
