@@ -10,7 +10,8 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   H200, against 48 ms with both ranks computing at once);
 - all-reduces alone: buckets of the gradients' size through torch.distributed, back to back;
 - plain DDP (ProcessGroupNCCL on its own streams) and DDP on a process group of high-priority
-  streams: the references a user already has;
+  streams: the references a user already has; and ``ddp (hook)``, the same all-reduces through
+  shimrt's hook (auto's reference, what it runs where it keeps ``ddp``);
 - DDP with ``shimrt.torch.overlap`` under each fixed policy of ``--policies`` and auto (its trial
   steps counted apart, what it kept reported).
 
@@ -131,7 +132,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     steps["comm"], _ = _step_ms(torch, comm, args.warmup, args.steps)
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
-    ways: list[tuple[str, Any]] = [("plain DDP", None), ("DDP high priority", "high")]
+    # "ddp (hook)": auto's reference, torch's all-reduce through shimrt's hook (what a kept ddp runs)
+    ways: list[tuple[str, Any]] = [("plain DDP", None), ("DDP high priority", "high"), ("ddp (hook)", "ddp")]
     fixed = [p for p in vocabulary.candidates(args.sms, 1, kinds) if p.overlap and p.comm == "shimrt"]
     # by name: overlap() sizes each policy's channels by the ranks per GPU
     ways += [(p.name, p.name) for p in fixed] + ([("auto", "auto")] if "auto" in kinds else [])

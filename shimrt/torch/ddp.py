@@ -26,9 +26,10 @@ carveout; see :mod:`shimrt.torch.policies`), and times the step for auto.
 ``policy="auto"`` tries every candidate in rounds over the first steps (``ddp`` among them), then
 the fastest few again beside ``ddp``, and keeps the fastest by the slowest rank's mean step time,
 ``ddp`` unless another is more than ``margin`` faster (:mod:`shimrt.torch.trials`). ``ddp`` is
-torch's default DDP hook (``allreduce_hook``: the same all-reduce on the process group, the
-division a pass of its own, a Python future per bucket), as close to hookless DDP as a registered
-hook can be, not hookless DDP itself; bench torch's plain-DDP reference is hookless. 16-bit
+torch.distributed's all-reduce on the DDP's process group, averaged by NCCL where that equals
+DDP's scaling (else DDP's default hook, ``allreduce_hook``, which divides in a pass of its own):
+as close to hookless DDP as a registered hook can be (a Python future per bucket), not hookless
+DDP itself; bench torch's plain-DDP reference is hookless, and its ``ddp (hook)`` way is this. 16-bit
 gradients over a world size that is not a power of two are scaled by 1/size in float before a sum,
 as DDP does (ncclAvg would scale in 16 bits). Not supported: sparse gradients (refused when a
 bucket comes) and ``Join``. ``no_sync()`` steps, DDP's bucket rebuild after the first step,
@@ -258,9 +259,16 @@ class Overlap:
         return buf.element_size() >= 4 or self.size & (self.size - 1) == 0
 
     def _torch_all_reduce(self, bucket: Any) -> Any:
-        """torch.distributed's all-reduce of the bucket (DDP's default hook, ``allreduce_hook``)."""
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-        return allreduce_hook(self.group, bucket)
+        """torch.distributed's all-reduce of the bucket on the DDP's process group, averaged by
+        NCCL (ReduceOp.AVG) where that equals DDP's own scaling (see :meth:`_exact_avg`), so that
+        no pass of its own divides the bucket first, as DDP's default hook (``allreduce_hook``)
+        does; else that hook."""
+        buf = bucket.buffer()
+        if not self._exact_avg(buf):
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            return allreduce_hook(self.group, bucket)
+        work = self._dist.all_reduce(buf, op=self._dist.ReduceOp.AVG, group=self.group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
 
     def _outside_step(self) -> Policy:
         policy = self.trials.current()

@@ -91,13 +91,14 @@ def _diff(out: str) -> tuple[float, str]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("policy", ["priority", "ddp"])  # shimrt's all-reduce; torch's through the hook, ncclAvg
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_shimrts_all_reduce_gives_plain_ddps_parameters_bit_for_bit(device, dtype):
+def test_the_hooks_all_reduce_gives_plain_ddps_parameters_bit_for_bit(device, dtype, policy):
     """Same kernels, same reduction order (two ranks: a/2 + b/2 either way): bit for bit."""
-    out = _launch(device, "--policy", "priority", "--compare", "--steps", "12", "--width", "512", "--layers", "2",
+    out = _launch(device, "--policy", policy, "--compare", "--steps", "12", "--width", "512", "--layers", "2",
                   "--tokens", "256", "--dtype", dtype)
     assert _diff(out) == (0.0, "bit for bit"), out[-2000:]
-    assert "policy: priority" in out
+    assert f"policy: {policy} (" in out
 
 
 @pytest.mark.timeout(300)
