@@ -244,9 +244,9 @@ def _ddp_result():
     way = lambda ms, **more: dict(step_ms=ms, steps_ms=[ms, ms + 1.5, ms - 0.5], hidden=0.5, **more)  # noqa: E731
     return {"model": {"parameters": 537e6}, "gradient_bytes": 2 << 30, "compute_ms": 18.0, "comm_ms": 6.6,
             "ways": {"plain DDP": way(25.0), "DDP high priority": way(24.0, loss_max_diff=0.0),
-                     "priority": way(22.0, loss_max_diff=0.0),
+                     "priority": dict(way(22.0, loss_max_diff=0.0), steps_ms=[22.0, 22.0, 27.6]),
                      "carveout:32": way(float("nan"), failed="DriverError: x"),
-                     "auto": way(21.0, kept="priority", trial_steps=44)}}
+                     "auto": dict(way(21.0, kept="priority", trial_steps=44), steps_ms=[21.0] * 3)}}
 
 
 def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_stand():
@@ -254,10 +254,14 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
     text = report("comm-heavy", _ddp_result())
     assert "compute alone 18.00 ms, all-reduces alone 6.60 ms (no overlap can beat 18.00 ms)" in text
     assert "priority" in text and " 0.880x" in text and "kept priority after 44 trial steps" in text
-    assert re.search(r"plain DDP +25.00 +26.50 +1.000x", text), text  # the median, the slowest step
+    assert re.search(r"plain DDP +25.00 +25.33 +26.50 +1.000x", text), text  # the median, the mean, the slowest
     assert "DriverError: x" in text
-    assert "auto +16.0% below plain DDP" in text and "at most 1% above it: met" in text
-    assert "within 3% of the best way (22.00 ms): met" in text
+    medians, means = text.splitlines()[-2:]
+    assert medians.startswith("goals by the medians: auto +16.0% below plain DDP") and "above it: met" in medians
+    assert "within 3% of the best way (priority, 22.00 ms): met" in medians
+    # by the means, priority's slow step counts (23.87 ms) and plain DDP's too (25.33)
+    assert means.startswith("goals by the means: auto +17.1% below plain DDP") and "above it: met" in means
+    assert "within 3% of the best way (priority, 23.87 ms): met" in means
 
 
 def test_the_ddp_bars_are_drawn(tmp_path):
