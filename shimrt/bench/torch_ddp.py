@@ -17,9 +17,10 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
 
 ``--bucket-view`` gives every DDP ``gradient_as_bucket_view=True``; ``--host-sync`` makes the host
 wait for each step's end, as a loop that reads its loss every step does. A step's time is the
-median of per-step CUDA events after the warm-up; the table gives the slowest rank's, and
-``--json`` every timed step's (the slowest rank's, step by step), so a way whose steps run at two
-speeds shows it. Hidden: (compute alone + all-reduces alone - step) / all-reduces alone. Losses are
+median of per-step CUDA events after the warm-up; the table gives the slowest rank's, the mean
+of the slowest rank's steps (the goals are said by both) and the slowest step, and ``--json``
+every timed step's (the slowest rank's, step by step), so a way whose steps run at two speeds
+shows it. Hidden: (compute alone + all-reduces alone - step) / all-reduces alone. Losses are
 set against plain DDP's, step for step, from the same weights and batches. Rank 0 prints;
 ``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0.
 """
