@@ -101,12 +101,12 @@ def data_pointer(obj: Any) -> int:
 
 _DTYPE_CODES = {"i": 0, "u": 1, "f": 2, "b": 6, "c": 5}  # kDLInt, kDLUInt, kDLFloat, kDLBool, kDLComplex
 _exported: dict[int, tuple] = {}   # address of a DLManagedTensor -> what keeps it and its owner alive
+_lock = threading.Lock()
 
 
 def live_exports() -> int:
     """How many exported tensors no consumer has released yet (each keeps its buffer alive)."""
     return len(_exported)
-_lock = threading.Lock()
 
 
 def _release(address):

@@ -25,6 +25,7 @@ an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost p
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -211,7 +212,7 @@ def comm_alone(torch: Any, comm: NcclBuckets, buckets: GradientBuckets, repeats:
 def comm_hidden(compute_ms: float, comm_ms: float, step_ms: float) -> float:
     """The share of the all-reduces' time (``comm_ms`` alone) a step of ``step_ms`` hides beside
     ``compute_ms`` of compute, clipped to 0..1; NaN for a step that was not measured (NaN)."""
-    if step_ms != step_ms:
+    if math.isnan(step_ms):
         return float("nan")
     return max(0.0, min(1.0, (compute_ms + comm_ms - step_ms) / comm_ms))
 
