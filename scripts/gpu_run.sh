@@ -5,7 +5,8 @@
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
-#   (its three configurations, about 40 s each on the H200); all: every part but latency and ddp (which nccl includes).
+#   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps); all: every part but latency and
+#   ddp (which nccl includes).
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
@@ -62,7 +63,7 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
             "shimrt.bench collectives $lat --json $OUT/latency_2ranks.json" \
             "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json")
     ddp_steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 300 examples/ddp_overlap.py --policy auto --compare" \
-            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --steps 16 --timeout 540 --json $OUT/torch_ddp.json --plots $OUT")
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 590 -m shimrt.bench torch --steps 16 --sms 32,64 --optimizer adamw --loss-every 10 --timeout 570 --json $OUT/torch_ddp.json --plots $OUT")
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;

@@ -115,15 +115,15 @@ def test_bench_torch_without_torch_says_how_to_get_it(capsys):
     assert "bench torch needs PyTorch" in err and "shimrt[torch]" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag", ["--bucket-view", "--host-sync"])
+@pytest.mark.parametrize("flag", [["--bucket-view"], ["--loss-every", "10"], ["--optimizer", "adamw"]])
 def test_the_ddp_only_options_are_refused_with_ranks_in_one_process(capsys, monkeypatch, flag):
     pytest.importorskip("torch")
     from shimrt.bench.__main__ import main
     for name in ("RANK", "WORLD_SIZE", "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         monkeypatch.delenv(name, raising=False)
-    assert main(["torch", flag, "--configs", "balanced"]) == 2
+    assert main(["torch", *flag, "--configs", "balanced"]) == 2
     err = capsys.readouterr().err
-    assert f"{flag} applies to one process per rank (DDP)" in err and "Traceback" not in err
+    assert f"{flag[0]} applies to one process per rank (DDP)" in err and "Traceback" not in err
 
 
 def test_bad_bench_torch_options_are_refused(capsys):
@@ -131,7 +131,8 @@ def test_bad_bench_torch_options_are_refused(capsys):
     for argv, needle in ((["--configs", "huge"], "--configs"), (["--sms", "1"], "--sms"),
                          (["--steps", "0"], "--steps"), (["--local-ranks", "1"], "--local-ranks"),
                          (["--policies", "sequential,fast"], "--policies"), (["--timeout", "0"], "--timeout"),
-                         (["--width", "32"], "--width"), (["--layers", "0"], "--layers")):
+                         (["--width", "32"], "--width"), (["--layers", "0"], "--layers"),
+                         (["--loss-every", "-1"], "--loss-every"), (["--optimizer", "adam"], "--optimizer")):
         assert main(["torch", *argv]) == 2
         err = capsys.readouterr().err
         assert f"argument {needle}" in err and "Traceback" not in err

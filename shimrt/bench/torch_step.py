@@ -47,16 +47,26 @@ if TYPE_CHECKING:
 #: step as communication weighs more (comm-heavy: all-reduces alone about 0.56x compute alone on
 #: the H200). Four wide blocks keep the step GPU-bound: eight blocks of 2048 left the small
 #: configurations waiting on the host, where every policy's time was noise.
-CONFIGS = {"compute-heavy": dict(width=4096, layers=4, batch=2, seq=1024),
+CONFIGS: dict[str, dict[str, Any]] = {"compute-heavy": dict(width=4096, layers=4, batch=2, seq=1024),
            "balanced": dict(width=4096, layers=4, batch=1, seq=1024),
-           "comm-heavy": dict(width=4096, layers=4, batch=1, seq=256)}
+           "comm-heavy": dict(width=4096, layers=4, batch=1, seq=256),
+           # A user's smaller model, whose step waits on the host as much as on the GPU: twelve blocks of
+           # 1024 (215 M parameters) in fp32 under bf16 autocast, so its all-reduces are fp32 (0.8 GiB).
+           "balanced-1024": dict(width=1024, layers=12, batch=4, seq=1024, weights="float32"),
+           "comm-heavy-1024": dict(width=1024, layers=12, batch=1, seq=1024, weights="float32")}
+#: The configurations of one process holding every rank (the host-bound ones are DDP's: here their
+#: policies' times would be the host's noise).
+WIDE = ("compute-heavy", "balanced", "comm-heavy")
+#: What a step's optimizer is (both fused: one pass over weights, gradients and state).
+OPTIMIZERS = ("sgd", "adamw")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``bench torch``."""
-    p.add_argument("--configs", default=",".join(CONFIGS),
+    p.add_argument("--configs", default=None,
                    type=cli.distinct(validate.one_of, "--configs", allowed=tuple(CONFIGS)),
-        help=f"configurations, comma-separated, of {', '.join(CONFIGS)} (default: all)")
+        help=f"configurations, comma-separated, of {', '.join(CONFIGS)} (default: all with one process per rank, "
+             f"{', '.join(WIDE)} with every rank in this one)")
     for flag, least, what in (("--width", 64, "model width"), ("--layers", 1, "blocks")):
         p.add_argument(flag, metavar="N", default=None,
                        type=cli.count(flag, least),
@@ -82,9 +92,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-view", action="store_true",
                    help="one process per rank: every DDP with gradient_as_bucket_view=True (gradients are views "
                         "of DDP's buckets: no copy between them)")
-    p.add_argument("--host-sync", action="store_true",
-                   help="one process per rank: the host waits for the end of every step, as a loop that reads "
-                        "its loss each step does (default: the host runs ahead)")
+    p.add_argument("--loss-every", metavar="N", default=0, type=cli.count("--loss-every", 0),
+                   help="one process per rank: read the loss on the host every N steps, as a training loop that "
+                        "logs it does (1: the host waits for every step's end; default 0: never, the host runs "
+                        "ahead)")
+    p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
+                   help="one process per rank: fused SGD with momentum (default) or fused AdamW")
     p.add_argument("--local-ranks", metavar="N", default=None,
                    type=validate.argument(validate.integer, "--local-ranks", least=2, most=64),
                    help="ranks in this process (default: 2 on one GPU where NCCL can, else one per GPU)")
@@ -349,11 +362,12 @@ def run(args: argparse.Namespace) -> int:
     launch = launch_env()
     if launch.world_size > 1 and args.local_ranks is None:  # one process per rank: DDP and shimrt.torch.overlap
         from . import torch_ddp
-        return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs})
-    for flag in ("bucket_view", "host_sync"):
-        if getattr(args, flag):
+        return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs or CONFIGS})
+    for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd")):
+        if getattr(args, flag) != default:
             raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "
                              "or python -m shimrt.launch --nproc N, without --local-ranks")
+    args.configs = args.configs or list(WIDE)
     dev = Device(launch.device)
     if dev.backend != "cuda" or not torch.cuda.is_available():
         raise UsageError("bench torch needs torch with CUDA on a CUDA device")

@@ -13,37 +13,43 @@
     print(ov.report()["policy"])                       # what auto kept, and its trials
     ov.close()
 
-:func:`overlap` registers a comm hook (``ddp.register_comm_hook``) that all-reduces each of
-DDP's buckets through a shimrt Communicator made from the DDP's process group (same ranks, the
-rendezvous torchrun already did), averaging as DDP does (ncclAvg: each rank's gradient times
-1/world size, then summed; DDP multiplies by 1/world size, then sums), on the policy's stream:
-the hook first makes that stream wait for the stream current when DDP calls it, and returns a
-CUDA-aware future completed on that stream, so DDP's end of backward waits for the all-reduce on
-the GPU, never on the host. ``ov.step()`` applies the policy's compute side around the user's
-forward, backward and optimizer step (shaping through the Interposer, an SM partition, cuBLAS's
-carveout; see :mod:`shimrt.torch.policies`), and times the step for auto.
+Under a shimrt policy, :func:`overlap` registers a comm hook (``ddp.register_comm_hook``) that
+all-reduces each of DDP's buckets through a shimrt Communicator made from the DDP's process group
+(same ranks, the rendezvous torchrun already did), averaging as DDP does (ncclAvg: each rank's
+gradient times 1/world size, then summed; DDP multiplies by 1/world size, then sums), on the
+policy's stream (:class:`~shimrt.torch.hook.Lane`): the stream first waits for the one current
+when DDP calls the hook, and DDP's end of backward waits for the all-reduce on the GPU, never on
+the host. ``ov.step()`` applies the policy's compute side around the user's forward, backward and
+optimizer step (shaping through the Interposer, an SM partition, cuBLAS's carveout; see
+:mod:`shimrt.torch.policies`).
 
-``policy="auto"`` tries every candidate in rounds over the first steps (``ddp`` among them), then
-the fastest few again beside ``ddp``, and keeps the fastest by the slowest rank's mean step time,
-``ddp`` unless another is more than ``margin`` faster (:mod:`shimrt.torch.trials`). ``ddp`` is
-torch.distributed's all-reduce on the DDP's process group, averaged by NCCL where that equals
-DDP's scaling (else DDP's default hook, ``allreduce_hook``, which divides in a pass of its own):
-as close to hookless DDP as a registered hook can be (a Python future per bucket), not hookless
-DDP itself; bench torch's plain-DDP reference is hookless, and its ``ddp (hook)`` way is this. 16-bit
-gradients over a world size that is not a power of two are scaled by 1/size in float before a sum,
-as DDP does (ncclAvg would scale in 16 bits). Not supported: sparse gradients (refused when a
-bucket comes) and ``Join``. ``no_sync()`` steps, DDP's bucket rebuild after the first step,
-``gradient_as_bucket_view`` either way and bf16 or fp32 buckets need nothing more. A collective
-whose peer is gone is aborted by shimrt's watchdog after ``timeout`` seconds; the next bucket,
-``step()``'s end, or :meth:`Overlap.close` raises its :class:`CollectiveError`. For a loop without
-DDP, :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take
-the same policies.
+``ddp`` is plain DDP itself: no hook is registered, and ``ov.step()`` does nothing but count.
+``policy="auto"`` times plain DDP, without any hook, beside every candidate in rounds over the
+first steps, then the fastest few again beside it, and keeps the fastest by the slowest rank's
+mean step time, plain DDP unless another is more than ``margin`` faster
+(:mod:`shimrt.torch.trials`). The candidates run through a twin of the DDP that carries the hook
+(:mod:`shimrt.torch.twin`; one more copy of the gradients in GPU memory until auto decides), so
+that a hook, which DDP can never lose once registered, is registered on the user's DDP only when
+a policy that needs it won; when plain DDP wins, the job runs as if :func:`overlap` had never been
+called. ``ov.report()`` says what auto measured plain DDP at, and the host time per bucket and
+per step of each policy (:class:`~shimrt.torch.hook.HostCost`).
+
+16-bit gradients over a world size that is not a power of two are scaled by 1/size in float
+before a sum, as DDP does (ncclAvg would scale in 16 bits). Not supported: sparse gradients
+(refused when a bucket comes), ``Join``, and a DDP that has a comm hook already; auto also needs
+a DDP its twin can mirror (no ``mixed_precision``, no delayed all-reduces). ``no_sync()`` steps,
+DDP's bucket rebuild after the first step, ``gradient_as_bucket_view`` either way and bf16 or
+fp32 buckets need nothing more. A collective whose peer is gone is aborted by shimrt's watchdog
+after ``timeout`` seconds; the next bucket, ``step()``'s end, or :meth:`Overlap.close` raises its
+:class:`CollectiveError`. For a loop without DDP, :class:`~shimrt.torch.step.GradientBuckets` and
+:class:`~shimrt.torch.step.NcclBuckets` take the same policies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import weakref
 from collections.abc import Iterable
 from typing import Any, Iterator
 
@@ -53,10 +59,12 @@ from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
 from ..stream import Stream
 from . import policies as vocabulary
+from .hook import HostCost, Lane, now
 from .interop import require_torch, sm_carveout
 from .interop import stream as torch_stream
 from .step import Policy, compute_context
 from .trials import Trials
+from .twin import Twin
 
 # The SM partitions the policies run compute on, (GPU index, SMs) -> (kept, rest, rest's stream),
 # made on first use and held for the process (never closed), shared by every overlap in it. DDP
@@ -85,8 +93,17 @@ def _hook(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses annotations othe
     return state.all_reduce(bucket)
 
 
+def _twin_hook(state, bucket):  # noqa: ANN001, ANN202
+    """The twin's comm hook: its state is a weak reference to the Overlap (a reducer's hold on its
+    state is invisible to Python's collector, and the Overlap holds the twin)."""
+    ov = state()
+    if ov is None:
+        raise UsageError("the shimrt Overlap behind this DDP twin is gone")
+    return ov.all_reduce(bucket)
+
+
 class Overlap:
-    """What :func:`overlap` returns: the hook's state, ``step()``, ``report()``, ``close()``."""
+    """What :func:`overlap` returns: ``step()``, ``report()``, ``close()``, and DDP's hook state."""
 
     def __init__(self, ddp: Any, policy: Any, *, sms: Iterable[int], trial_steps: int, margin: float,
                  timeout: float, quiet: bool):
@@ -106,22 +123,27 @@ class Overlap:
         if policy != "auto":
             vocabulary.parse(policy)  # the name's own checks; its channels are sized once the ranks are known
         index = _check_ddp(torch, dist, ddp)
-        # Not the DDP itself: its reducer holds this object as the hook's state, a reference Python's
-        # collector cannot see, so holding the DDP here would keep both (and the model) alive for good.
+        # A weak reference: once the hook is registered, DDP's reducer holds this object as its state,
+        # a reference Python's collector cannot see, so holding the DDP would keep both alive for good.
+        self._ddp = weakref.ref(ddp)
         self.group = ddp.process_group
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.torch_device = torch.device("cuda", index)
         self.device = Device(index)
         self.ranks_per_gpu = self._ranks_per_gpu()
         self._comms: dict = {}        # ctas -> Communicator
-        self._streams: dict = {}      # (ctas, priority) -> (shimrt stream, torch stream)
+        self._lanes: dict = {}        # (ctas, priority) -> Lane
         self._partitions: dict = {}   # sms -> (kept, rest, rest's stream), from _PARTITIONS
         self._interposers: dict = {}  # cap -> Interposer
         self.dropped: dict[str, str] = {}
+        self.cost = HostCost()
         self._active: Policy | None = None
         self._window: Any = None
         self._reduced = False
+        self._counting: list[int] = [0, 0, 0, 0]
         self._timed: list = []        # (trial index, start event, end event) not yet read
+        self._twin: Twin | None = None
+        self.hooked = False           # the hook is registered on the user's DDP
         self.closed = False
         try:
             if policy == "auto":
@@ -136,8 +158,12 @@ class Overlap:
                 if self._usable([fixed]) == []:
                     raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
                 self.auto, self.trials = False, Trials.settled(fixed)
-            self._make_communicators(timeout)
-            ddp.register_comm_hook(self, _hook)  # torch refuses a second hook on one DDP
+            self._make_lanes(timeout)
+            if self.auto and len(self.trials.candidates) > 1:
+                self._twin = Twin(ddp, weakref.ref(self), _twin_hook)
+            elif self.trials.current().comm == "shimrt":
+                ddp.register_comm_hook(self, _hook)
+                self.hooked = True
         except BaseException:
             with contextlib.suppress(Exception):  # the error that matters is the one raised
                 self._close_parts()
@@ -200,81 +226,60 @@ class Overlap:
             self._partitions[sms] = _PARTITIONS[key]
         return self._partitions[sms][2]
 
-    def _make_communicators(self, timeout: float) -> None:
-        """One Communicator per channel setting the policies need, over the DDP's ranks; rank 0's
-        unique ids reach the others through the process group."""
+    def _make_lanes(self, timeout: float) -> None:
+        """One Communicator per channel setting the policies need, over the DDP's ranks (rank 0's
+        unique ids reach the others through the process group), and a Lane per setting and
+        stream priority."""
         from ..nccl import CommOptions, Communicator, unique_id
-        policies = self.trials.candidates
-        settings = sorted({p.ctas for p in policies if p.comm == "shimrt"}, key=lambda c: -1 if c is None else c)
+        policies = [p for p in self.trials.candidates if p.comm == "shimrt"]
+        settings = sorted({p.ctas for p in policies}, key=lambda c: -1 if c is None else c)
+        if not settings:
+            return
         ids: list[Any] = [[unique_id() for _ in settings] if self.rank == 0 else None]
         with self._torch.cuda.device(self.torch_device):
             self._dist.broadcast_object_list(ids, src=self._dist.get_global_rank(self.group, 0), group=self.group)
         for ctas, uid in zip(settings, ids[0], strict=True):
             options = CommOptions(timeout=timeout, min_ctas=ctas, max_ctas=ctas)
             self._comms[ctas] = Communicator(self.device, uid, self.rank, self.size, options=options)
-
-    def _stream_of(self, policy: Policy) -> tuple[Any, Any, Any]:
-        """(communicator, shimrt stream, torch stream) of ``policy``'s all-reduces."""
-        comm = self._comms[policy.ctas]
-        key = (policy.ctas, policy.priority)
-        if key not in self._streams:
-            s = comm.stream if policy.priority == "high" else self.device.stream("low")
-            self._streams[key] = (s, torch_stream(s))
-        return (comm, *self._streams[key])
+        for p in policies:
+            key = (p.ctas, p.priority)
+            if key not in self._lanes:
+                comm = self._comms[p.ctas]
+                owned = p.priority != "high"
+                stream = self.device.stream("low") if owned else comm.stream
+                self._lanes[key] = Lane(self._torch, comm, stream, owned=owned, size=self.size,
+                                        index=self.device.index)
 
     # --- the hook ---
     def all_reduce(self, bucket: Any) -> Any:
         """DDP's comm hook: the average of ``bucket`` over the ranks, as a future (see the
         module's docstring)."""
-        torch = self._torch
+        start = now()
         if self.closed:
             return self._torch_all_reduce(bucket)
         policy = self._active if self._active is not None else self._outside_step()
         self._reduced = True
-        if policy.comm == "torch":
-            return self._torch_all_reduce(bucket)
-        buf = bucket.buffer()
-        if buf.is_sparse:
-            raise UsageError("shimrt.torch.overlap takes dense gradients only (a sparse embedding's bucket came)")
-        comm, stream, ts = self._stream_of(policy)
+        future = self._lanes[policy.ctas, policy.priority].all_reduce(bucket)
         if policy.window and self._window is None:  # cuBLAS leaves NCCL its SMs from the first bucket on
             self._window = sm_carveout(policy.carveout)
             self._window.__enter__()
-        ts.wait_stream(torch.cuda.current_stream(self.torch_device))
-        if self._exact_avg(buf):
-            comm.all_reduce(buf, op="avg", stream=stream)
-        else:  # as DDP: times 1/size in float, rounded once, then summed
-            with torch.cuda.stream(ts):
-                buf.mul_(1.0 / self.size)
-            comm.all_reduce(buf, op="sum", stream=stream)
-        future = torch.futures.Future(devices=[self.torch_device])
-        with torch.cuda.stream(ts):  # DDP's stream waits for this one, not the host for the GPU
-            future.set_result(buf)
+        counts = self._counting
+        counts[0] += now() - start
+        counts[1] += 1
         return future
 
-    def _exact_avg(self, buf: Any) -> bool:
-        """Whether ncclAvg averages ``buf`` as DDP does: it scales by 1/size in the buffer's own
-        type (NCCL's hostToDevRedOp), which for 16-bit floats equals DDP's float scaling only
-        when 1/size is a power of two."""
-        return buf.element_size() >= 4 or self.size & (self.size - 1) == 0
-
     def _torch_all_reduce(self, bucket: Any) -> Any:
-        """torch.distributed's all-reduce of the bucket on the DDP's process group, averaged by
-        NCCL (ReduceOp.AVG) where that equals DDP's own scaling (see :meth:`_exact_avg`), so that
-        no pass of its own divides the bucket first, as DDP's default hook (``allreduce_hook``)
-        does; else that hook."""
-        buf = bucket.buffer()
-        if not self._exact_avg(buf):
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-            return allreduce_hook(self.group, bucket)
-        work = self._dist.all_reduce(buf, op=self._dist.ReduceOp.AVG, group=self.group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
+        """After :meth:`close`: torch.distributed's all-reduce of the bucket on the DDP's process
+        group, as DDP's default hook (``allreduce_hook``) makes it (the hook stays registered)."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        return allreduce_hook(self.group, bucket)
 
     def _outside_step(self) -> Policy:
         policy = self.trials.current()
-        if self.auto or policy.cap is not None or policy.partition is not None or policy.carveout is not None:
-            raise UsageError(f"the policy {'auto' if self.auto else repr(policy.name)} needs each training "
-                             "step inside 'with ov.step():' (forward, backward and the optimizer step)")
+        if policy.cap is not None or policy.partition is not None or policy.carveout is not None:
+            raise UsageError(f"the policy {policy.name!r} needs each training step inside 'with ov.step():' "
+                             "(forward, backward and the optimizer step)")
+        self._counting = self.cost.counters(policy.name)
         return policy
 
     # --- the step ---
@@ -283,46 +288,63 @@ class Overlap:
         """One training step under the policy (auto's trial, or the one kept): its compute side
         around the block, the step timed for auto; yields the policy. Raises the
         :class:`CollectiveError` of a communicator the watchdog aborted."""
-        torch = self._torch
+        start = now()
         if self.closed:
             raise UsageError("the Overlap is closed")
         if self._active is not None:
             raise UsageError("ov.step() blocks do not nest")
         self.check()  # a communicator aborted since: said before the step starts, not from inside DDP
         policy = self.trials.current()
+        counts = self._counting = self.cost.counters(policy.name)
+        if policy.comm == "torch" and self.trials.picked is not None:  # plain DDP kept: nothing to do
+            counts[2] += now() - start
+            counts[3] += 1
+            yield policy
+            return
+        torch = self._torch
         current = torch.cuda.current_stream(self.torch_device)
         timed = self.trials.picked is None
         if timed:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(current)
+            ddp = self._ddp()
+            # A no_sync() step all-reduces nothing: it does not count (plain DDP's steps have no hook to tell).
+            synced = ddp is not None and ddp.require_backward_grad_sync
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(current)
         part = self._partitions[policy.partition][2] if policy.partition is not None else None
         if part is not None:  # the partition's stream starts after what came before, and hands back
             torch_stream(part).wait_stream(current)
         self._active, self._reduced = policy, False
-        try:
-            with compute_context(policy, self._interposers.get(policy.cap), part):
+        with contextlib.ExitStack() as inside:
+            if self._twin is not None and policy.comm == "shimrt":
+                inside.enter_context(self._twin.routed())
+            inside.enter_context(compute_context(policy, self._interposers.get(policy.cap), part))
+            counts[2] += now() - start
+            try:
                 yield policy
-        finally:
-            self._active = None
-            if self._window is not None:
-                window, self._window = self._window, None
-                window.__exit__(None, None, None)
-            if part is not None:
-                current.wait_stream(torch_stream(part))
+            finally:
+                start = now()
+                self._active = None
+                if self._window is not None:
+                    window, self._window = self._window, None
+                    window.__exit__(None, None, None)
+                if part is not None:
+                    current.wait_stream(torch_stream(part))
         self.check()
         if timed:
             end.record(current)
-            index = self.trials.done(self._reduced)
+            index = self.trials.done(synced if policy.comm == "torch" else self._reduced)
             if index is not None:
-                self._timed.append((index, start, end))
+                self._timed.append((index, begin, end))
             if self.trials.exhausted:
                 self._decide()
+        counts[2] += now() - start
+        counts[3] += 1
 
     def _decide(self) -> None:
         torch = self._torch
-        for index, start, end in self._timed:
+        for index, begin, end in self._timed:
             end.synchronize()
-            self.trials.record(index, start.elapsed_time(end))
+            self.trials.record(index, begin.elapsed_time(end))
         self._timed = []
 
         def agree(means: list[float]) -> list[float]:  # the slowest rank's time, on every rank
@@ -330,11 +352,39 @@ class Overlap:
             self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
             return t.tolist()
         picked = self.trials.decide(agree)  # None: the finalists run again first
-        if picked is not None and self.rank == 0 and not self.quiet:
+        if picked is None:
+            return
+        self._settle(picked)
+        if self.rank == 0 and not self.quiet:
             final = {c.name for c in self.trials.final}
             times = ", ".join(f"{n}{'*' if n in final else ''} {t:.2f}" for n, t in self.trials.means.items())
             print(f"shimrt.torch.overlap: auto kept {picked.name} ({picked.describe()}) after "
-                  f"{len(self.trials.schedule)} trial steps; mean step ms (* finalists): {times}", flush=True)
+                  f"{len(self.trials.schedule)} trial steps; mean step ms (* finalists; ddp: plain DDP, no hook): "
+                  f"{times}", flush=True)
+
+    def _settle(self, picked: Policy) -> None:
+        """Auto kept ``picked``: the twin goes; the user's DDP gets the hook where ``picked``
+        needs it, and what no other policy will use is closed."""
+        if self._twin is not None:
+            self._twin.close()
+            self._twin = None
+        unused = [lane for key, lane in self._lanes.items() if key != (picked.ctas, picked.priority)
+                  or picked.comm != "shimrt"]
+        for lane in unused:
+            lane.close()
+        self._lanes = {k: v for k, v in self._lanes.items() if v not in unused}
+        keep = picked.ctas if picked.comm == "shimrt" else object()
+        comms = [c for ctas, c in self._comms.items() if ctas != keep]
+        interposers = [i for cap, i in self._interposers.items() if cap != picked.cap]
+        self._comms = {k: v for k, v in self._comms.items() if k == keep}
+        self._interposers = {k: v for k, v in self._interposers.items() if k == picked.cap}
+        close_each([*comms, *interposers])
+        if picked.comm == "shimrt":
+            ddp = self._ddp()
+            if ddp is None:
+                raise UsageError("the DDP this Overlap serves is gone")
+            ddp.register_comm_hook(self, _hook)
+            self.hooked = True
 
     def check(self) -> None:
         """Raise the CollectiveError of a communicator shimrt's watchdog aborted (a peer gone)."""
@@ -344,23 +394,31 @@ class Overlap:
 
     # --- results and the end ---
     def report(self) -> dict:
-        """The policy in force (None while auto tries), auto's trials, candidates dropped and why."""
+        """The policy in force (None while auto tries), auto's trials and its reference (plain DDP
+        without a hook, timed in the same rounds), the host time per policy (the hook per bucket,
+        ``ov.step()`` per step), candidates dropped and why."""
         policy = self.trials.picked
+        means = self.trials.means if self.auto else {}
         return {"policy": None if policy is None else policy.name,
                 "describe": None if policy is None else policy.describe(),
+                "hooked": self.hooked,
+                "reference": {"policy": "ddp", "what": "plain DDP, no hook, timed in the same rounds",
+                              "mean_ms": means.get("ddp")} if self.auto else None,
                 "trials": self.trials.report() if self.auto else None,
+                "host_us": self.cost.report(),
                 "dropped": dict(self.dropped), "ranks": self.size, "ranks_per_gpu": self.ranks_per_gpu}
 
     def close(self, timeout: float = 120.0) -> None:
         """Wait for the all-reduces and the partitions' work (at most ``timeout`` s each) and close
         what the policies made (not the partitions, which the process keeps: see ``_PARTITIONS``);
-        DDP then all-reduces through torch.distributed again (its hook stays registered)."""
+        a DDP with the hook then all-reduces through torch.distributed again (its hook stays
+        registered)."""
         if self.closed:
             return
         self.closed = True
         try:
-            for s, _ in self._streams.values():
-                s.synchronize(timeout)
+            for lane in self._lanes.values():
+                lane.stream.synchronize(timeout)
             for _, _, s in self._partitions.values():
                 s.synchronize(timeout)
             self.check()
@@ -370,9 +428,11 @@ class Overlap:
     def _close_parts(self) -> None:
         """Close what the policies made, each whatever the others do (the partitions stay: see
         ``_PARTITIONS``)."""
-        things = [s for s, _ in self._streams.values() if not any(s is c.stream for c in self._comms.values())]
-        things += [*self._interposers.values(), *self._comms.values()]
-        self._streams, self._partitions, self._interposers, self._comms = {}, {}, {}, {}
+        if self._twin is not None:
+            self._twin.close()
+            self._twin = None
+        things = [*self._lanes.values(), *self._interposers.values(), *self._comms.values()]
+        self._lanes, self._partitions, self._interposers, self._comms = {}, {}, {}, {}
         close_each(things)
 
     def __enter__(self) -> "Overlap":
@@ -392,6 +452,9 @@ def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:
     if "nccl" not in backend:
         raise UsageError(f"overlap() needs a DDP over NCCL (its process group's backend is {backend!r}): shimrt "
                          "all-reduces GPU buffers with NCCL; init_process_group('nccl')")
+    if getattr(ddp, "_comm_hooks", None):
+        raise UsageError("this DDP has a comm hook already (register_comm_hook): DDP takes one for good, and "
+                         "overlap() registers its own")
     devices = {p.device for p in ddp.module.parameters()}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         raise UsageError(f"overlap() needs every parameter on one CUDA device (one process per GPU), not on "

@@ -80,7 +80,7 @@ class Policy:
 
     def describe(self) -> str:
         parts = ["after backward" if not self.overlap else
-                 "torch.distributed's all-reduce" if self.comm == "torch" else f"{self.priority} priority"]
+                 "plain DDP's own all-reduce, no hook" if self.comm == "torch" else f"{self.priority} priority"]
         if self.cap is not None:
             parts.append(f"compute capped at {self.cap} blocks/SM")
         if self.partition is not None:

@@ -91,14 +91,13 @@ def _diff(out: str) -> tuple[float, str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("policy", ["priority", "ddp"])  # shimrt's all-reduce; torch's through the hook, ncclAvg
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_the_hooks_all_reduce_gives_plain_ddps_parameters_bit_for_bit(device, dtype, policy):
+def test_the_hooks_all_reduce_gives_plain_ddps_parameters_bit_for_bit(device, dtype):
     """Same kernels, same reduction order (two ranks: a/2 + b/2 either way): bit for bit."""
-    out = _launch(device, "--policy", policy, "--compare", "--steps", "12", "--width", "512", "--layers", "2",
+    out = _launch(device, "--policy", "priority", "--compare", "--steps", "12", "--width", "512", "--layers", "2",
                   "--tokens", "256", "--dtype", dtype)
     assert _diff(out) == (0.0, "bit for bit"), out[-2000:]
-    assert f"policy: {policy} (" in out
+    assert "policy: priority (" in out and "with shimrt's hook" in out
 
 
 @pytest.mark.timeout(300)
@@ -116,7 +115,7 @@ def test_every_compute_policy_trains_as_plain_ddp_within_a_different_kernels_rou
 @pytest.mark.timeout(300)
 def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_trials(device):
     out = _launch(device, "--policy", "auto", "--steps", "130", "--width", "1024", "--layers", "2", "--tokens", "512")
-    m = re.search(r"auto kept (\S+) .* mean step ms \(\* finalists\): (.+)$", out, re.M)
+    m = re.search(r"auto kept (\S+) .* mean step ms \(\* finalists; ddp: plain DDP, no hook\): (.+)$", out, re.M)
     assert m, out[-3000:]
     found = re.findall(r"([^\s,*]+)(\*?) ([0-9.]+|inf)(?:,|$)", m.group(2))
     means = {n: (float(t), star == "*") for n, star, t in found}
@@ -143,3 +142,42 @@ def test_a_rank_that_leaves_ends_the_other_with_a_collective_error_within_the_ti
     m = re.search(r"rank 0: CollectiveError ([0-9.]+) s after the peer left: (.*)", out0)
     assert m and procs[0].returncode == 0, out0[-3000:]
     assert float(m.group(1)) <= timeout + 5 and "watchdog aborted" in m.group(2), out0[-3000:]
+
+
+def _one_rank(device, policy: str, margin: float, steps: int) -> dict:
+    """tests/gpu/ddp_one_rank.py in a process of its own: one rank over NCCL (any NCCL will do)."""
+    torch = pytest.importorskip("torch")
+    if device.backend != "cuda" or not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA on a CUDA device")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_DEVICES"):
+        env.pop(name, None)
+    script = str(Path(__file__).with_name("ddp_one_rank.py"))
+    run = subprocess.run([sys.executable, script, policy, str(margin), str(steps)], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert run.returncode == 0, _failure(run.stdout + run.stderr)
+    import json
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+def test_plain_ddp_kept_by_auto_or_asked_for_leaves_the_ddp_without_a_hook(device):
+    """auto (margin 0.5: nothing on one rank is half plain DDP's time) keeps plain DDP: the user's
+    DDP never got a hook (the candidates ran through the twin), the reference was timed, and the
+    parameters are plain DDP's within the rounding of the trials' other kernels; ``ddp`` asked
+    for is plain DDP from the first step, bit for bit."""
+    got = _one_rank(device, "auto", 0.5, 60)
+    assert got["policy"] == "ddp" and not got["hooked"] and got["hooks"] == 0 and got["hooks_during_trials"] == 0
+    assert got["reference"]["mean_ms"] > 0 and got["diff"] <= 1e-5, got
+    fixed = _one_rank(device, "ddp", 0.01, 12)
+    assert fixed["policy"] == "ddp" and fixed["hooks"] == 0 and fixed["diff"] == 0.0, fixed
+
+
+@pytest.mark.timeout(300)
+def test_a_hooked_policy_has_its_hook_on_the_ddp_and_reports_its_host_cost(device):
+    """priority: the hook on the user's DDP from the first step, its host time per bucket and
+    per step counted; one rank's average is the identity either way: bit for bit."""
+    got = _one_rank(device, "priority", 0.01, 12)
+    assert got["policy"] == "priority" and got["hooked"] and got["hooks"] == 1 and got["diff"] == 0.0, got
+    host = got["host_us"]["priority"]
+    assert host["buckets_per_step"] >= 1 and 0 < host["hook_us_per_bucket"] < 10_000 and host["step_us"] > 0, got

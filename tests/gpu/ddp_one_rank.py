@@ -1,0 +1,54 @@
+"""One rank of DDP over NCCL (world size 1) under shimrt.torch.overlap, beside a plain DDP copy
+trained on the same data: what tests/gpu/test_ddp.py's one-rank cases check, printed as JSON.
+
+Usage: python ddp_one_rank.py POLICY MARGIN STEPS
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import shimrt.torch
+
+
+def mlp(device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512),
+                               torch.nn.GELU(), torch.nn.Linear(512, 512)).to(device)
+
+
+def main() -> None:
+    policy, margin, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+    model, plain = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1), DDP(mlp(device), device_ids=[0], bucket_cap_mb=1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
+    ov = shimrt.torch.overlap(model, policy=policy, margin=margin, trial_steps=1, timeout=60, quiet=True)
+    hooks_during_trials = len(model._comm_hooks)
+    for step in range(steps):
+        x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
+        with ov.step():
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        plain(x).pow(2).mean().backward()
+        plain_opt.step()
+        plain_opt.zero_grad()
+    diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), plain.parameters(), strict=True))
+    report = ov.report()
+    ov.close()
+    print(json.dumps({"policy": report["policy"], "hooked": report["hooked"], "hooks": len(model._comm_hooks),
+                      "hooks_during_trials": hooks_during_trials, "reference": report["reference"],
+                      "host_us": report["host_us"], "diff": diff}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
