@@ -47,13 +47,14 @@ if TYPE_CHECKING:
 #: step as communication weighs more (comm-heavy: all-reduces alone about 0.56x compute alone on
 #: the H200). Four wide blocks keep the step GPU-bound: eight blocks of 2048 left the small
 #: configurations waiting on the host, where every policy's time was noise.
-CONFIGS: dict[str, dict[str, Any]] = {"compute-heavy": dict(width=4096, layers=4, batch=2, seq=1024),
-           "balanced": dict(width=4096, layers=4, batch=1, seq=1024),
-           "comm-heavy": dict(width=4096, layers=4, batch=1, seq=256),
-           # A user's smaller model, whose step waits on the host as much as on the GPU: twelve blocks of
-           # 1024 (215 M parameters) in fp32 under bf16 autocast, so its all-reduces are fp32 (0.8 GiB).
-           "balanced-1024": dict(width=1024, layers=12, batch=4, seq=1024, weights="float32"),
-           "comm-heavy-1024": dict(width=1024, layers=12, batch=1, seq=1024, weights="float32")}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "compute-heavy": dict(width=4096, layers=4, batch=2, seq=1024),
+    "balanced": dict(width=4096, layers=4, batch=1, seq=1024),
+    "comm-heavy": dict(width=4096, layers=4, batch=1, seq=256),
+    # A user's smaller model, whose step waits on the host as much as on the GPU: twelve blocks of
+    # 1024 (219 M parameters) in fp32 under bf16 autocast, so its all-reduces are fp32 (0.82 GiB).
+    "balanced-1024": dict(width=1024, layers=12, batch=4, seq=1024, weights="float32"),
+    "comm-heavy-1024": dict(width=1024, layers=12, batch=1, seq=1024, weights="float32")}
 #: The configurations of one process holding every rank (the host-bound ones are DDP's: here their
 #: policies' times would be the host's noise).
 WIDE = ("compute-heavy", "balanced", "comm-heavy")

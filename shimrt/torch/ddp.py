@@ -64,7 +64,7 @@ from .interop import require_torch, sm_carveout
 from .interop import stream as torch_stream
 from .step import Policy, compute_context
 from .trials import Trials
-from .twin import Twin
+from .twin import Twin, unsupported
 
 # The SM partitions the policies run compute on, (GPU index, SMs) -> (kept, rest, rest's stream),
 # made on first use and held for the process (never closed), shared by every overlap in it. DDP
@@ -123,6 +123,8 @@ class Overlap:
         if policy != "auto":
             vocabulary.parse(policy)  # the name's own checks; its channels are sized once the ranks are known
         index = _check_ddp(torch, dist, ddp)
+        if policy == "auto" and (why := unsupported(ddp)) is not None:  # before any collective
+            raise UsageError(f"auto cannot time its policies beside this DDP: {why}; give overlap() a fixed policy")
         # A weak reference: once the hook is registered, DDP's reducer holds this object as its state,
         # a reference Python's collector cannot see, so holding the DDP would keep both alive for good.
         self._ddp = weakref.ref(ddp)

@@ -74,8 +74,7 @@ class Twin:
 
     def __init__(self, ddp: Any, state: Any, hook: Callable[[Any, Any], Any]):
         from torch.nn.parallel import DistributedDataParallel as DDP
-        why = unsupported(ddp)
-        if why is not None:
+        if (why := unsupported(ddp)) is not None:
             raise UsageError(f"auto cannot time its policies beside this DDP: {why}; give overlap() a fixed policy")
         self.ddp = ddp
         self.twin: Any = DDP(ddp.module, **constructor_arguments(ddp, inspect.signature(DDP.__init__)))
