@@ -3,11 +3,50 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 GPU_DIR = Path(__file__).parent / "gpu"
+#: What shimrt names its own entries in the temp folder (MPS folders, torch's file stores).
+OWN_TEMP = "shimrt-"
+
+
+def _own_temp() -> set[str]:
+    roots = {tempfile.gettempdir(), "/tmp"}  # shimrt.mps keeps its sockets' paths short under /tmp
+    return {str(p) for root in roots if Path(root).is_dir() for p in Path(root).glob(OWN_TEMP + "*")}
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_BEFORE] = _own_temp()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No test may leave shimrt's entries in the temp folder, whatever its outcome: a new one
+    fails the run, named (the tests that make them clean up after themselves: see
+    :func:`no_temp_left`; this is the net under them)."""
+    left = sorted(_own_temp() - session.config.stash.get(_BEFORE, set()))
+    if left:
+        session.config.get_terminal_writer().line(f"tests left these in the temp folder: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def no_temp_left():
+    """Entries of shimrt's made in the temp folder during the test are removed after it, whatever
+    its outcome (a launcher killed by the test cannot remove its MPS folder itself)."""
+    before = _own_temp()
+    yield
+    for path in sorted(_own_temp() - before):
+        if Path(path).is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            Path(path).unlink(missing_ok=True)
+
+
+_BEFORE = pytest.StashKey[set]()
 
 
 def pytest_collection_modifyitems(config, items):

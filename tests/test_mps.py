@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,11 @@ OUTER = ("SHIMRT_DEVICES", "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RAN
          "SHIMRT_NCCL_UNIQUE_ID", "SHIMRT_NCCL_UNIQUE_ID_ERROR", "SHIMRT_MPS", "SHIMRT_MPS_CONTROL", "RANK",
          "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 STARTED = re.compile(r"MPS control daemon started \(pid (\d+); pipes in (\S+), logs in (\S+)\)")
+
+
+@pytest.fixture(autouse=True)
+def _no_mps_folder_left(no_temp_left):
+    """Every test here: no MPS folder of its launcher's left behind, whatever its outcome."""
 
 
 @pytest.fixture
@@ -279,17 +285,44 @@ def test_the_timeout_stops_the_ranks_and_then_the_daemon(standin, tmp_path):
     assert_gone(run.stderr, standin)
 
 
+def _with_signal(sig: signal.Signals, disposition: Any):
+    """A ``preexec_fn`` giving the child ``sig`` as ``disposition``: a test that sends the launcher
+    a signal starts it with that signal's default, whatever the test runner inherited (nohup ignores
+    SIGHUP, a background job of a shell SIGINT; the launcher rightly keeps an ignored signal)."""
+    def preexec() -> None:
+        signal.signal(sig, disposition)
+    return preexec
+
+
+def _launch_sleepers(standin, tmp_path, preexec) -> subprocess.Popen:
+    """The launcher with two ranks under --mps that sleep, once both have said where they run."""
+    proc = subprocess.Popen([sys.executable, "-m", "shimrt.launch", "--nproc", "2", "--mps", PROBE, "sleep",
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env_with(standin), start_new_session=True, preexec_fn=preexec)
+    deadline = time.monotonic() + 45
+    while len(list(tmp_path.glob("rank-*.json"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
+def _end(proc: subprocess.Popen, tmp_path) -> None:
+    """Whatever the test's outcome: the launcher's group and its ranks killed."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    for f in tmp_path.glob("rank-*.json"):
+        try:
+            os.kill(json.loads(f.read_text())["rank"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_to_the_launcher_stops_the_ranks_and_then_the_daemon(standin, tmp_path, sig):
-    proc = subprocess.Popen([sys.executable, "-m", "shimrt.launch", "--nproc", "2", "--mps", PROBE, "sleep",
-                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env_with(standin), start_new_session=True)
+    proc = _launch_sleepers(standin, tmp_path, _with_signal(sig, signal.SIG_DFL))
     try:
-        deadline = time.monotonic() + 45
-        while len(list(tmp_path.glob("rank-*.json"))) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
         ranks = [json.loads(f.read_text()) for f in tmp_path.glob("rank-*.json")]
         daemon = ranks[0]["daemon"]
         assert {r["daemon"] for r in ranks} == {daemon} and mps.alive(daemon)
@@ -301,13 +334,25 @@ def test_a_signal_to_the_launcher_stops_the_ranks_and_then_the_daemon(standin, t
         assert not any(mps.alive(r["rank"]) for r in ranks)
         assert_gone(err, standin)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for f in tmp_path.glob("rank-*.json"):
-            try:
-                os.kill(json.loads(f.read_text())["rank"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _end(proc, tmp_path)
+
+
+@pytest.mark.timeout(90)
+def test_a_signal_the_launcher_inherited_as_ignored_stays_ignored(standin, tmp_path):
+    """As under nohup: SIGHUP ignored on the way in is ignored by the launcher and its ranks, which
+    run on; SIGTERM still stops them and the daemon."""
+    proc = _launch_sleepers(standin, tmp_path, _with_signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        ranks = [json.loads(f.read_text()) for f in tmp_path.glob("rank-*.json")]
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert proc.poll() is None and all(mps.alive(r["rank"]) for r in ranks)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM and "got SIGHUP" not in err, err
+        assert_gone(err, standin)
+    finally:
+        _end(proc, tmp_path)
 
 
 @pytest.mark.timeout(60)
