@@ -23,7 +23,7 @@ import re
 import stat
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import includes
@@ -34,10 +34,10 @@ log = logging.getLogger(__name__)
 
 #: Entries larger than this are neither read nor written.
 MAX_ENTRY_BYTES = 256 << 20
-MAGIC = b"SHIMRT-PROGRAM-3\n"
+MAGIC = b"SHIMRT-PROGRAM-4\n"
 _LENGTH = 8
 _DIGEST = 32
-_FIELDS = frozenset({"key", "log", "binary_size", "resources", "params", "reads"})
+_FIELDS = frozenset({"key", "log", "binary_size", "resources", "params", "reads", "names"})
 _RESOURCE_FIELDS = frozenset({"registers", "static_smem", "local_bytes", "spill_bytes", "max_threads_per_block",
                               "extra"})
 _LIMIT = 2**31 - 1  # no register count, size or offset of a kernel comes near it
@@ -57,6 +57,8 @@ class Entry:
     resources: dict[str, KernelResources]
     params: dict[str, tuple[tuple[int, int], ...]]
     reads: dict[str, str]
+    #: name expression -> lowered name (compile's name_expressions)
+    names: dict[str, str] = field(default_factory=dict)
 
 
 def warn_once(folder: object, problem: str, message: str) -> bool:
@@ -120,7 +122,7 @@ def store(folder: Path, key: str, entry: Entry) -> None:
     meta = json.dumps({"key": key, "log": entry.log, "binary_size": len(entry.binary),
                        "resources": {k: v.to_dict() for k, v in entry.resources.items()},
                        "params": {k: [list(p) for p in v] for k, v in entry.params.items()},
-                       "reads": entry.reads}).encode()
+                       "reads": entry.reads, "names": entry.names}).encode()
     body = MAGIC + len(meta).to_bytes(_LENGTH, "little") + meta + entry.binary
     if len(body) + _DIGEST > MAX_ENTRY_BYTES:
         warn_once(folder, "program-too-large", f"shimrt: a compiled program of {len(body)} bytes is larger than the "
@@ -202,8 +204,11 @@ def _entry(meta: dict, binary: bytes) -> Entry:
             isinstance(p, str) and os.path.isabs(p) and isinstance(d, str) and _SHA256.fullmatch(d)
             for p, d in reads.items()):
         raise ValueError("reads must map absolute paths to SHA-256 digests")
+    names = meta["names"]
+    if not isinstance(names, dict) or not all(isinstance(k, str) and k and v in resources for k, v in names.items()):
+        raise ValueError("names must map name expressions to kernels of the program")
     return Entry(binary, meta["log"], {k: _resources(k, v) for k, v in resources.items()},
-                 {k: _layout(k, v) for k, v in params.items()}, dict(reads))
+                 {k: _layout(k, v) for k, v in params.items()}, dict(reads), dict(names))
 
 
 def _resources(kernel: str, value: object) -> KernelResources:

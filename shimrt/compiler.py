@@ -13,6 +13,12 @@ such as ``-Xcudafe``) compiles without the cache, with one warning.
 
 Entries are written atomically and carry a SHA-256, their own key and metadata checked field by
 field (:mod:`shimrt.cache`); anything else is recompiled and rewritten, never trusted.
+
+C++ kernels keep mangled names: ``name_expressions`` (``["k<float>", "ns::scale"]``) asks the
+compiler to instantiate and lower them, and the Program maps each back (``program.kernel(e)``,
+``module[e]``). A source that defines ``__global__`` functions none of which the Program can reach
+by a plain name (no ``extern "C"``, no name expression: a template that was never instantiated
+yields no kernel at all) compiles with a warning saying so.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -39,18 +46,20 @@ _ARCH_OPTION = re.compile(r"^--?(gpu-architecture|arch|offload-arch|cuda-gpu-arc
 
 def compile(source: str, target: "str | Target", *, options: Iterable[str] = (), name: str = "kernel.cu",
             include_dirs: "str | os.PathLike | Iterable[str | os.PathLike] | None" = None,
-            cache: bool | None = None) -> Program:
+            cache: bool | None = None, name_expressions: Iterable[str] = ()) -> Program:
     """Compile ``source`` for ``target`` (a :class:`Target` or a name such as "sm_90", "H200").
 
     ``options``: a list of compiler options (not the architecture: ``target`` sets it).
     ``include_dirs``: one folder or a list of folders, each of which must exist; ``kernels_src/``
     is on the include path unless this replaces it. No GPU is needed. ``cache``: True or False,
-    or None to follow ``SHIMRT_DISABLE_CACHE``. Raises :class:`CompileError` with the log, and
-    :class:`UsageError` for a bad argument.
+    or None to follow ``SHIMRT_DISABLE_CACHE``. ``name_expressions``: C++ names of kernels
+    (``"k<float>"``) to instantiate and reach by that name (``program.kernel``, ``module[...]``).
+    Raises :class:`CompileError` with the log, and :class:`UsageError` for a bad argument.
     """
     source = validate.text(source, "source")
     name = validate.text(name, "name")
     options = _options(options)
+    expressions = _expressions(name_expressions)
     if cache is not None:
         cache = validate.boolean(cache, "cache")
     target = targets.get(target)
@@ -59,22 +68,26 @@ def compile(source: str, target: "str | Target", *, options: Iterable[str] = (),
     full = tuple(backend.default_options(target.arch)) + tuple(f"-I{d}" for d in dirs) + options
     cfg = settings()
     use_cache = cfg.cache_enabled if cache is None else cache
-    job = _Job(backend, source, target, name, full, backend.version())
-    return job.cached(cfg.cache_dir) if use_cache else job.program(*backend.compile_source(*job.args))
+    job = _Job(backend, source, target, name, full, backend.version(), expressions)
+    program = job.cached(cfg.cache_dir) if use_cache else job.program(*backend.compile_source(*job.args))
+    _warn_unreachable(source, program)
+    return program
 
 
 class _Job:
     """One compile: its inputs, the backend that runs it, and the way through the cache."""
 
     def __init__(self, backend: Any, source: str, target: Target, name: str, options: tuple[str, ...],
-                 compiler: str):
+                 compiler: str, expressions: tuple[str, ...] = ()):
         self.backend, self.source, self.target, self.name = backend, source, target, name
-        self.options, self.compiler = options, compiler
-        self.args = (source, target.arch, list(options), name)
+        self.options, self.compiler, self.expressions = options, compiler, expressions
+        self.args = (source, target.arch, list(options), name, expressions)
 
-    def program(self, binary: bytes, log: str, resources: dict, params: dict, *, from_cache: bool = False) -> Program:
+    def program(self, binary: bytes, log: str, resources: dict, params: dict, names: dict, *,
+                from_cache: bool = False) -> Program:
         return Program(binary=binary, log=log, target=self.target, resources=resources, name=self.name,
-                       options=self.options, compiler=self.compiler, params=params, from_cache=from_cache)
+                       options=self.options, compiler=self.compiler, params=params, names=names,
+                       from_cache=from_cache)
 
     def cached(self, folder: Path) -> Program:
         search = self.backend.include_search(list(self.options), self.name)
@@ -87,21 +100,23 @@ class _Job:
         entry = disk.load(folder, key)
         if entry is not None and all(includes.file_digest(p) == d for p, d in entry.reads.items()):
             try:
-                return self.program(entry.binary, entry.log, entry.resources, entry.params, from_cache=True)
+                return self.program(entry.binary, entry.log, entry.resources, entry.params, entry.names,
+                                    from_cache=True)
             except UsageError as exc:  # what the cache checks cannot see, the Program refuses
                 disk.warn_once(folder, "invalid", f"shimrt: ignoring the compile cache entry {key}: {exc}")
-        binary, log, resources, params, read = self.backend.compile_with_reads(*self.args)
-        program = self.program(binary, log, resources, params)
+        binary, log, resources, params, names, read = self.backend.compile_with_reads(*self.args)
+        program = self.program(binary, log, resources, params, names)
         # A header changed while the compiler read it: the key may not describe this binary.
         if includes.scan(self.source, search).digest() == before.digest():
             reads = _reported(read, before)
             if reads is not None:
-                disk.store(folder, key, disk.Entry(binary, log, resources, params, reads))
+                disk.store(folder, key, disk.Entry(binary, log, resources, params, reads, names))
         return program
 
     def key(self, scan: includes.Scan) -> str:
         blob = json.dumps({"format": disk.MAGIC.decode(), "source": self.source, "name": self.name,
                            "options": list(self.options), "arch": self.target.arch,
+                           "name_expressions": list(self.expressions),
                            "compiler": [self.compiler, _library_stamp(self.backend.library_path())],
                            "headers": scan.digest()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
@@ -133,6 +148,36 @@ def _library_stamp(path: str | None) -> list:
     except OSError:
         return [path]
     return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+
+
+#: A __global__ function's definition (its declaration's name is the word before the first "(").
+_GLOBAL = re.compile(r"__global__[^;{(]*?\b(\w+)\s*\(")
+
+
+def _warn_unreachable(source: str, program: Program) -> None:
+    """Warn where ``source`` defines __global__ functions and ``program`` has no kernel reachable by
+    a plain name: every one mangled (C++ linkage) and no name expression given, or none at all (a
+    template never instantiated)."""
+    defined = _GLOBAL.findall(re.sub(r"//[^\n]*|/\*.*?\*/", " ", source, flags=re.S))
+    if not defined or program.names or any(not k.startswith("_Z") for k in program.kernels):
+        return
+    found = f"only mangled names ({', '.join(program.kernels[:4])})" if program.kernels else "no kernel at all"
+    warnings.warn(f"shimrt.compile: {program.name} defines __global__ {', '.join(sorted(set(defined))[:4])} but "
+                  f"the program has {found}: declare kernels extern \"C\" (or SHIMRT_KERNEL), or pass "
+                  f"name_expressions=[\"{defined[0]}<...>\"] to instantiate and reach C++ and template kernels",
+                  stacklevel=3)
+
+
+def _expressions(expressions: Any) -> tuple[str, ...]:
+    """``name_expressions`` as a tuple of distinct non-empty strings."""
+    if isinstance(expressions, (str, bytes)) or not isinstance(expressions, (list, tuple)):
+        raise UsageError(f"name_expressions must be a list of C++ kernel names such as ['k<float>'], not "
+                         f"{validate.shown(expressions)}")
+    for e in expressions:
+        validate.text(e, "each name expression")
+    if len(set(expressions)) != len(expressions):
+        raise UsageError(f"name_expressions must list each name once, not {list(expressions)!r:.200}")
+    return tuple(expressions)
 
 
 def _options(options) -> tuple[str, ...]:

@@ -47,16 +47,19 @@ class Module(Owning):
                 raise UsageError("the module is closed")
             if not isinstance(name, str) or not name or "\0" in name:  # the driver would stop at a NUL
                 raise UsageError(f"kernel name must be one of {', '.join(self.program.kernels)}, not {name!r}")
+            lowered = self.program.names.get(name, name)  # a name expression ("k<float>") of the compile
             self.device.activate()
-            fn = self.device.driver.module_function(self._handle, name)
+            fn = self.device.driver.module_function(self._handle, lowered)
             if fn is None:
                 raise UsageError(f"no kernel {name!r} in {self.program.name}; it has: {', '.join(self.program.kernels)}"
-                                 " (kernels need extern \"C\" or SHIMRT_KERNEL to keep their names)")
-            kernel = self._kernels[name] = Kernel(self, name, fn)
+                                 " (kernels need extern \"C\" or SHIMRT_KERNEL to keep their names, or compile(..., "
+                                 "name_expressions=[...]) for C++ names)")
+            kernel = self._kernels.get(lowered) or Kernel(self, lowered, fn)
+            self._kernels[name] = self._kernels[lowered] = kernel
         return kernel
 
     def __contains__(self, name: str) -> bool:
-        return isinstance(name, str) and name in self.program.resources
+        return isinstance(name, str) and self.program.names.get(name, name) in self.program.resources
 
     @property
     def kernels(self) -> list[str]:

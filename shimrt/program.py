@@ -72,6 +72,8 @@ class Program:
     # kernel -> ((offset, size), ...) of its explicit parameters, where the compiler's metadata
     # says (AMDGPU code objects); CUDA asks the driver instead (cuFuncGetParamInfo).
     params: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    #: name expression given to compile() ("k<float>") -> the kernel's lowered (mangled) name
+    names: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A Program is loaded as it is (Device.load): what is not a binary for ``target`` must not get there.
@@ -90,11 +92,27 @@ class Program:
         if not isinstance(self.options, tuple) or not all(isinstance(o, str) for o in self.options):
             raise UsageError(f"Program.options must be a tuple of strings, not {self.options!r}")
         object.__setattr__(self, "params", _layouts(self.params))
+        if not isinstance(self.names, dict) or not all(
+                isinstance(k, str) and k and v in self.resources for k, v in self.names.items()):
+            raise UsageError(f"Program.names must be a dict of name expression -> a kernel of the program, "
+                             f"not {self.names!r:.200}")
 
     @property
     def kernels(self) -> list[str]:
         """Names of the kernels (entry functions) in the program."""
         return sorted(self.resources)
+
+    def kernel(self, name: str) -> str:
+        """The name in the binary of kernel ``name``: a kernel's own name, or a name expression
+        given to ``compile(..., name_expressions=...)`` (``"k<float>"``) mapped to its lowered
+        name. UsageError naming what the program has."""
+        if isinstance(name, str) and name in self.names:
+            return self.names[name]
+        if isinstance(name, str) and name in self.resources:
+            return name
+        known = ", ".join([*self.kernels, *(f"{e} ({n})" for e, n in self.names.items())]) or "no kernels"
+        raise UsageError(f"kernel must be a kernel or name expression of {self.name}, not {name!r:.100}; it has: "
+                         f"{known}")
 
 
 def _layouts(params: object) -> dict[str, tuple[tuple[int, int], ...]]:

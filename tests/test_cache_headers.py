@@ -239,7 +239,7 @@ def test_options_the_cache_cannot_follow_compile_without_it(target, option, cach
 def test_hiprtc_reports_what_it_read_and_the_entry_checks_it(hiprtc, cache_dir, tmp_path, monkeypatch):
     inc = tmp_path / "inc"
     header(inc / "size.h", 64)
-    code, _, _, _, read = hiprtc.compile_with_reads(kernel("#include <size.h>"), "gfx90a",
+    code, _, _, _, _, read = hiprtc.compile_with_reads(kernel("#include <size.h>"), "gfx90a",
                                                     ["--offload-arch=gfx90a", f"-I{inc}"], "k.cu")
     assert read == (str(inc / "size.h"),)  # comgr's temporary copies are left out
     # A folder the compiler searches and the scan does not know (as the host's system folders are):
@@ -250,7 +250,7 @@ def test_hiprtc_reports_what_it_read_and_the_entry_checks_it(hiprtc, cache_dir, 
 
 
 def test_nvrtc_reports_nothing(cache_dir):
-    binary, _, resources, _, read = nvrtc.compile_with_reads(kernel("#define SIZE 64"), "sm_90",
+    binary, _, resources, _, _, read = nvrtc.compile_with_reads(kernel("#define SIZE 64"), "sm_90",
                                                              nvrtc.default_options("sm_90"), "k.cu")
     assert binary and resources["k"].static_smem == 4 * 64 and read is None
 

@@ -62,7 +62,7 @@ class _Device:
 def _kernel(layout=((0, 8),), max_threads=256) -> tuple[Module, Kernel, list]:
     """(module, its kernel ``k`` with the fast path built, the launches recorded)."""
     drv = _Driver(list(layout), max_threads)
-    program = types.SimpleNamespace(name="stand-in", kernels=["k"], resources={}, params={})
+    program = types.SimpleNamespace(name="stand-in", kernels=["k"], resources={}, params={}, names={})
     module = Module(_Device(drv), "handle", program)
     kernel = module["k"]
     assert hasattr(kernel.launch, "source")  # the specialised function, not the general method

@@ -65,24 +65,30 @@ def include_search(options: list[str], name: str) -> includes.SearchPath:
                                 alt_suffixes=(".stdh",))
 
 
-def compile_with_reads(source: str, arch: str, options: list[str],
-                       name: str) -> tuple[bytes, str, dict, dict, tuple[str, ...] | None]:
+def compile_with_reads(source: str, arch: str, options: list[str], name: str, expressions: tuple[str, ...] = ()
+                       ) -> tuple[bytes, str, dict, dict, dict, tuple[str, ...] | None]:
     """:func:`compile_source`, and the files the compiler read: None, since NVRTC cannot say."""
-    return (*compile_source(source, arch, options, name), None)
+    return (*compile_source(source, arch, options, name, expressions), None)
 
 
 def _text(buf) -> str:
     return bytes(buf).rstrip(b"\0").decode(errors="replace")
 
 
-def compile_source(source: str, arch: str, options: list[str], name: str) -> tuple[bytes, str, dict, dict]:
-    """Compile ``source`` for ``arch``; return (cubin, log, {kernel: KernelResources}, {}).
+def compile_source(source: str, arch: str, options: list[str], name: str,
+                   expressions: tuple[str, ...] = ()) -> tuple[bytes, str, dict, dict, dict]:
+    """Compile ``source`` for ``arch``; return (cubin, log, {kernel: KernelResources}, {},
+    {name expression: its lowered name}). ``expressions`` are C++ names of kernels (``k<float>``,
+    ``ns::k``) that NVRTC instantiates and whose lowered (mangled) names it reports
+    (nvrtcAddNameExpression, nvrtcGetLoweredName).
 
     The last item, parameter layouts, stays empty: the CUDA driver reports them at load time.
     """
     nvrtc = nvrtc_bindings()
     prog = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
+        for expression in expressions:
+            check(nvrtc.nvrtcAddNameExpression(prog, expression.encode()), "nvrtcAddNameExpression")
         opts = [o.encode() for o in options]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
@@ -102,6 +108,7 @@ def compile_source(source: str, arch: str, options: list[str], name: str) -> tup
         size = check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
         ptx = b" " * size
         check(nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+        lowered = {e: _lowered(e, nvrtc.nvrtcGetLoweredName(prog, e.encode())) for e in expressions}
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     resources = _parse_resources(log, _text(ptx))
@@ -110,7 +117,18 @@ def compile_source(source: str, arch: str, options: list[str], name: str) -> tup
         raise CompileError(f"ptxas reported no resources for {', '.join(missing)} (is -Xptxas=-v "
                            "overridden, or did a compiler cache skip ptxas?)",
                            log=log, options=tuple(options), name=name)
-    return bytes(cubin), log, resources, {}
+    return bytes(cubin), log, resources, {}, lowered
+
+
+def _lowered(expression: str, result: tuple) -> str:
+    """nvrtcGetLoweredName's answer as text; CompileError naming an expression NVRTC could not
+    resolve (no such kernel, or not a __global__ function)."""
+    err, value = result
+    if int(err) != 0:
+        ename, _, _ = describe(err)
+        raise CompileError(f"NVRTC could not resolve the name expression {expression!r}: {ename} (it must name a "
+                           "__global__ function, with its template arguments)", log="", options=(), name=expression)
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _parse_resources(log: str, ptx: str) -> dict[str, KernelResources]:

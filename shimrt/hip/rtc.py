@@ -70,20 +70,24 @@ def include_search(options: list[str], name: str) -> includes.SearchPath:
     return includes.search_path(list(options) + env, flags=_INCLUDE_FLAGS, untracked=_UNTRACKED, main_folder=None)
 
 
-def compile_source(source: str, arch: str, options: list[str], name: str) -> tuple[bytes, str, dict, dict]:
+def compile_source(source: str, arch: str, options: list[str], name: str,
+                   expressions: tuple[str, ...] = ()) -> tuple[bytes, str, dict, dict, dict]:
     """Compile ``source`` for ``arch``; return (code object, log, {kernel: KernelResources},
-    {kernel: ((offset, size), ...)})."""
-    return _compile(source, arch, options, name, [])
+    {kernel: ((offset, size), ...)}, {name expression: its lowered name}). ``expressions`` are
+    C++ names of kernels (``k<float>``) hipRTC instantiates and lowers (hiprtcAddNameExpression,
+    hiprtcGetLoweredName)."""
+    return _compile(source, arch, options, name, [], expressions)
 
 
-def compile_with_reads(source: str, arch: str, options: list[str],
-                       name: str) -> tuple[bytes, str, dict, dict, tuple[str, ...] | None]:
+def compile_with_reads(source: str, arch: str, options: list[str], name: str, expressions: tuple[str, ...] = ()
+                       ) -> tuple[bytes, str, dict, dict, dict, tuple[str, ...] | None]:
     """:func:`compile_source`, and the files the compiler read (clang's -MD -MF): absolute paths,
     comgr's own temporary copies left out; None if hipRTC wrote no list."""
     with tempfile.TemporaryDirectory(prefix="shimrt-deps-") as tmp:
         depfile = os.path.join(tmp, "reads.d")
-        code, log, resources, params = _compile(source, arch, options, name, ["-MD", "-MF", depfile])
-        return code, log, resources, params, _reads(depfile)
+        code, log, resources, params, lowered = _compile(source, arch, options, name, ["-MD", "-MF", depfile],
+                                                         expressions)
+        return code, log, resources, params, lowered, _reads(depfile)
 
 
 def _reads(depfile: str) -> tuple[str, ...] | None:
@@ -107,12 +111,15 @@ def _reads(depfile: str) -> tuple[str, ...] | None:
     return tuple(p for p in paths[1:] if os.path.isabs(p) and not (internal and p.startswith(comgr + os.sep)))
 
 
-def _compile(source: str, arch: str, options: list[str], name: str, extra: list[str]) -> tuple[bytes, str, dict, dict]:
+def _compile(source: str, arch: str, options: list[str], name: str, extra: list[str],
+             expressions: tuple[str, ...] = ()) -> tuple[bytes, str, dict, dict, dict]:
     """compile_source() with ``extra`` options that errors do not show (they are shimrt's, not the caller's)."""
     _, hiprtc = bindings()
     prog = loaded(lambda: check(hiprtc.hiprtcCreateProgram(source.encode(), name.encode(), 0, None, None),
                                 "hiprtcCreateProgram"))
     try:
+        for expression in expressions:
+            check(hiprtc.hiprtcAddNameExpression(prog, expression.encode()), "hiprtcAddNameExpression")
         opts = [o.encode() for o in list(options) + extra]
         (err,) = hiprtc.hiprtcCompileProgram(prog, len(opts), opts)
         size = check(hiprtc.hiprtcGetProgramLogSize(prog), "hiprtcGetProgramLogSize")
@@ -127,6 +134,7 @@ def _compile(source: str, arch: str, options: list[str], name: str, extra: list[
         size = check(hiprtc.hiprtcGetCodeSize(prog), "hiprtcGetCodeSize")
         raw_code = bytearray(size)
         check(hiprtc.hiprtcGetCode(prog, raw_code), "hiprtcGetCode")
+        lowered = {e: _lowered(e, hiprtc.hiprtcGetLoweredName(prog, e.encode())) for e in expressions}
     finally:
         hiprtc.hiprtcDestroyProgram(prog.createRef())  # takes hiprtcProgram*
     code = bytes(raw_code)
@@ -134,7 +142,18 @@ def _compile(source: str, arch: str, options: list[str], name: str, extra: list[
     if built != arch:
         raise CompileError(f"hipRTC built for {built}, not {arch}", log=log, options=tuple(options), name=name)
     resources, params = _parse_metadata(code)
-    return code, log, resources, params
+    return code, log, resources, params, lowered
+
+
+def _lowered(expression: str, result: tuple) -> str:
+    """hiprtcGetLoweredName's answer as text (hip-python gives a CStr); CompileError naming an
+    expression hipRTC could not resolve."""
+    err, value = result
+    if int(err) != 0 or value is None:
+        ename = describe(err)[0] if int(err) != 0 else "no name"
+        raise CompileError(f"hipRTC could not resolve the name expression {expression!r}: {ename} (it must name a "
+                           "__global__ function, with its template arguments)", log="", options=(), name=expression)
+    return value.decode() if hasattr(value, "decode") else str(value)
 
 
 def metadata(code: bytes) -> dict:
