@@ -36,7 +36,7 @@ class Device(Owning):
         if backend is not None:
             validate.one_of(backend, "backend", backends.NAMES)
         requested = backend or settings().backend
-        reasons = []
+        reasons, absent = [], []
         for name in ([requested] if requested else list(backends.NAMES)):
             try:
                 drv = backends.load(name, "driver")
@@ -46,9 +46,16 @@ class Device(Owning):
                     raise NoDeviceError(f"the {name} driver reports no device")
                 break
             except NoDeviceError as exc:
-                reasons.append(f"{name}: {exc}")
+                if exc.missing and not requested:  # a backend not installed is not why this GPU is missing
+                    absent.append(name)
+                else:
+                    reasons.append(f"{name}: {exc}")
         else:
-            raise NoDeviceError("no GPU available (" + "; ".join(reasons) + ")")
+            if not reasons:
+                raise NoDeviceError(f"no GPU backend is installed ({', '.join(absent)}): pip install 'shimrt[cuda]' "
+                                    "for NVIDIA GPUs, 'shimrt[hip]' for AMD ones", missing=True)
+            raise NoDeviceError("no GPU available (" + "; ".join(reasons + [f"{n}: not installed" for n in absent])
+                                + ")")
         if index >= count:
             raise NoDeviceError(f"device {index} does not exist: the {name} driver reports {count} device(s)")
         self.index = index

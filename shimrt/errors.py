@@ -48,7 +48,12 @@ class CompileError(ShimrtError):
 
 
 class NoDeviceError(ShimrtError):
-    """No usable GPU: no driver, no device, or a device index that does not exist."""
+    """No usable GPU: no driver, no device, or a device index that does not exist. ``missing``:
+    the backend's Python binding itself is not installed (a backend the user may not want)."""
+
+    def __init__(self, message: str = "", *, missing: bool = False):
+        super().__init__(message)
+        self.missing = missing
 
 
 class CollectiveError(ShimrtError):

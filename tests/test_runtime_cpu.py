@@ -57,6 +57,26 @@ def test_no_gpu_is_a_one_line_no_device_error():
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
+@pytest.mark.parametrize("hidden, says", [
+    (["hip"], "hip: not installed)"),  # one word, not hip-python's install advice
+    (["hip", "cuda"], "no GPU backend is installed (cuda, hip): pip install 'shimrt[cuda]' for NVIDIA GPUs, "
+                      "'shimrt[hip]' for AMD ones"),
+])
+def test_the_no_gpu_message_speaks_of_the_backends_installed(hidden, says):
+    """A backend whose binding cannot be imported (made so for real: sys.modules says None) is
+    named, not advised on; asked for by name, it gets the advice."""
+    hide = "; ".join(f"sys.modules[{m!r}] = None" for m in hidden)
+    code = (f"import sys; {hide}; import shimrt\n"
+            "for backend in (None, 'hip'):\n"
+            "    try: shimrt.Device(backend=backend)\n"
+            "    except shimrt.NoDeviceError as e: print(e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    default, asked = run.stdout.splitlines()
+    assert says in default and "Debian" not in default and "apt-get" not in default, default
+    assert "hip-python is not installed" in asked and "apt-get" in asked, asked
+
+
 def test_selftest_runs_environment_and_compile_sections(tmp_path, request):
     env = {**__import__("os").environ, "SHIMRT_CACHE_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-m", "shimrt.selftest", "--json", "--quiet"], capture_output=True,

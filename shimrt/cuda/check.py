@@ -20,7 +20,8 @@ def bindings():
     try:
         from cuda.bindings import driver, nvrtc
     except ImportError as exc:  # the package itself is absent
-        raise NoDeviceError("cuda-python is not installed (pip install 'shimrt[cuda]'): " + str(exc)) from None
+        raise NoDeviceError("cuda-python is not installed (pip install 'shimrt[cuda]'): " + str(exc),
+                            missing=True) from None
     return driver, nvrtc
 
 

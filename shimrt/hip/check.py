@@ -22,7 +22,7 @@ def bindings():
     try:
         from hip import hip, hiprtc
     except ImportError as exc:
-        raise NoDeviceError(f"hip-python is not installed ({exc}): {INSTALL_HINT}") from None
+        raise NoDeviceError(f"hip-python is not installed ({exc}): {INSTALL_HINT}", missing=True) from None
     return hip, hiprtc
 
 
