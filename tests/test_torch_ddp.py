@@ -308,3 +308,23 @@ def test_the_ddp_example_refuses_bad_options_and_a_run_without_a_launcher(argv, 
     env = {k: v for k, v in os.environ.items() if k not in launchers}
     out = subprocess.run([sys.executable, str(script), *argv], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_the_ddp_example_ends_with_one_line_on_a_machine_without_a_gpu():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHIMRT_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env["PYTHONPATH"] = str(root)
+    run = subprocess.run([sys.executable, "-m", "shimrt.launch", "--nproc", "2", "--timeout", "60",
+                          str(root / "examples" / "ddp_overlap.py")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    lines = (run.stdout + run.stderr).strip().splitlines()
+    assert run.returncode == 2 and "Traceback" not in run.stdout + run.stderr, lines
+    assert lines == ["[rank 0] ddp_overlap.py: needs a CUDA GPU and torch built with CUDA (torch "
+                     f"{torch.__version__} sees none)", "shimrt.launch: rank 0 exited with code 2"], lines
