@@ -26,7 +26,7 @@ def timeout_seconds(value: Any, what: str = "timeout") -> float:
     """``value`` as a wait in seconds: a positive, finite number (never a bool) up to MAX_TIMEOUT."""
     seconds = validate.number(value, what, positive=True)
     if seconds > MAX_TIMEOUT:
-        raise UsageError(f"{what} must be a positive number of seconds up to {MAX_TIMEOUT:.0f}, not {value!r}")
+        raise UsageError(f"{what} must be a finite positive number of seconds up to {MAX_TIMEOUT:.0f}, not {value!r}")
     return seconds
 
 

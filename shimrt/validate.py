@@ -58,7 +58,7 @@ def number(value: Any, what: str, *, positive: bool = False, least: float | None
            most: float | None = None) -> float:
     """``value`` as a finite float (an int or float, Python or numpy, never a bool); ``positive``
     refuses 0 and below."""
-    allowed = ("a positive number" if positive else "a finite number") + _range(least, most)
+    allowed = ("a finite positive number" if positive else "a finite number") + _range(least, most)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise UsageError(f"{what} must be {allowed}, not {shown(value)}")
     try:

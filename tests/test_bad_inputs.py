@@ -295,7 +295,7 @@ def test_bools_are_not_ints(site, value):
 @pytest.mark.parametrize("value", [True, False, np.bool_(True)])
 @pytest.mark.parametrize("site", sorted(NUMBERS))
 def test_bools_are_not_numbers(site, value):
-    refused(NUMBERS[site], value, "must be a (positive|finite) number")
+    refused(NUMBERS[site], value, "must be a (finite positive|finite) number")
 
 
 @pytest.mark.parametrize("value", [1.5, 2.0, np.float32(3), "5", "", b"5", ["4"], {}, object(), 1j])
@@ -310,13 +310,13 @@ def test_non_ints_are_refused(site, value):
 def test_non_numbers_are_refused(site, value):
     if value is None and ("synchronize" in site or "wait" in site or "link_gbps" in site):
         pytest.skip("None is the default there (an unbounded wait, an unpaced link)")
-    refused(NUMBERS[site], value, "must be a (positive|finite) number")
+    refused(NUMBERS[site], value, "must be a (finite positive|finite) number")
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, np.float64("nan"), np.float32("inf")])
 @pytest.mark.parametrize("site", sorted(NUMBERS))
 def test_nan_and_infinity_are_refused(site, value):
-    refused(NUMBERS[site], value, "must be a (positive|finite) number")
+    refused(NUMBERS[site], value, "must be a (finite positive|finite) number")
 
 
 @pytest.mark.parametrize("site", sorted(INTS))
@@ -333,7 +333,7 @@ def test_ints_out_of_range_are_refused(site):
 @pytest.mark.parametrize("value", [0, -1, -0.5, np.int64(-3)])
 @pytest.mark.parametrize("site", sorted(POSITIVE))
 def test_numbers_must_be_positive(site, value):
-    refused(POSITIVE[site], value, "must be a positive number")
+    refused(POSITIVE[site], value, "must be a finite positive number")
 
 
 @pytest.mark.parametrize("site", sorted(FINITE))
@@ -377,7 +377,7 @@ def test_timeouts_are_positive_finite_numbers_only(site, value):
     if value is None:
         if "synchronize" in site or "wait" in site:
             pytest.skip("None is the unbounded wait there")
-    refused(TIMEOUTS[site], value, "must be a positive number")
+    refused(TIMEOUTS[site], value, "must be a finite positive number")
 
 
 def test_timeouts_take_numpy_numbers_and_ints():
@@ -539,7 +539,7 @@ def test_include_dirs_must_be_existing_folders(bad, cache_dir, tmp_path):
 def test_comm_options_validate_every_field_at_construction():
     cases = {
         "blocking": (["no", 0, 1, None, "False"], "blocking must be True or False"),
-        "timeout": ([True, math.inf, math.nan, 0, -1, "5", None], "timeout must be a positive number"),
+        "timeout": ([True, math.inf, math.nan, 0, -1, "5", None], "timeout must be a finite positive number"),
         "min_ctas": ([0, 65, True, 2.0, "4"], "min_ctas must be an int in 1..64"),
         "max_ctas": ([0, 65, False, 8.5, "8"], "max_ctas must be an int in 1..64"),
         "cta_policy": (["fast", "", 0, True], "cta_policy must be one of default, efficiency, zero"),
@@ -772,7 +772,7 @@ def test_kernel_resources_and_programs_are_checked():
 def test_ints_beyond_any_float_are_refused_not_overflowed(call, value):
     """float(10**400) raises OverflowError: the check refuses the value instead, and names it even
     where Python will not print it (more than 4300 digits)."""
-    with pytest.raises(UsageError, match=r"must be a (positive|finite) number.*, not (-?10000000|an int of about)"):
+    with pytest.raises(UsageError, match=r"must be a (finite positive|finite) number.*, not (-?10000000|an int of about)"):
         call(value)
 
 
@@ -840,10 +840,10 @@ def test_values_beyond_what_any_gpu_or_c_int_takes_are_refused():
                                                                                "0..4294967295"),
         (lambda v: Problem(H200, RES, 256, NCCL_2_28_SM90, v), 2**31, "comm_blocks must be an int in 1..2147483647"),
         (lambda v: Spec(1 << 20, dynamic_smem=v), 2**32, "dynamic_smem .*0..4294967295"),
-        (lambda v: Spec(1 << 20, link_gbps=v), 1e308, r"link_gbps .*positive number in 0.001..1000000.0"),
-        (lambda v: Spec(1 << 20, link_gbps=v), 1e-300, r"link_gbps .*positive number in 0.001..1000000.0"),
+        (lambda v: Spec(1 << 20, link_gbps=v), 1e308, r"link_gbps .*finite positive number in 0.001..1000000.0"),
+        (lambda v: Spec(1 << 20, link_gbps=v), 1e-300, r"link_gbps .*finite positive number in 0.001..1000000.0"),
         (lambda v: H200.with_(num_sms=v), 2**31, "Target.num_sms must be an int in 1..2147483647"),
-        (lambda v: planner.estimate(PROBLEM, v, v), 1e308, r"t_comp \(ms\) must be a positive number <= "),
+        (lambda v: planner.estimate(PROBLEM, v, v), 1e308, r"t_comp \(ms\) must be a finite positive number <= "),
         (lambda v: buffer_counts("all_reduce", v, 2), 2**64, "count must be an int in 0..18446744073709551615"),
         (lambda v: buffer_counts("all_reduce", 8, v), 2**31, "size must be an int in 1..2147483647"),
         (lambda v: Device(v), 2**31, "device index must be an int in 0..2147483647"),

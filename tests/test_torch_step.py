@@ -128,7 +128,7 @@ def test_the_ddp_only_options_are_refused_with_ranks_in_one_process(capsys, monk
 
 def test_bad_bench_torch_options_are_refused(capsys):
     from shimrt.bench.__main__ import main
-    for argv, needle in ((["--configs", "huge"], "--configs"), (["--sms", "1"], "--sms"),
+    for argv, needle in ((["--configs", "huge"], "--configs"), (["--sms", "0"], "--sms"), (["--sms", "32,32"], "--sms"),
                          (["--steps", "0"], "--steps"), (["--local-ranks", "1"], "--local-ranks"),
                          (["--policies", "sequential,fast"], "--policies"), (["--timeout", "0"], "--timeout"),
                          (["--width", "32"], "--width"), (["--layers", "0"], "--layers"),
@@ -355,7 +355,7 @@ def test_attach_puts_the_views_back_and_backward_fills_them():
 def test_the_trainer_refuses_a_learning_rate_that_is_none(lr):
     from shimrt.torch.step import GradientBuckets, Trainer
     torch, model = _model()
-    with pytest.raises(UsageError, match="lr must be a positive number"):
+    with pytest.raises(UsageError, match="lr must be a finite positive number"):
         Trainer(model, (torch.ones(2, 4),), GradientBuckets(model, 1 << 20), lr=lr)
 
 

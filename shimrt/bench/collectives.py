@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch", action="store_true",
                    help="also time torch.distributed, one rank per process, on the same NCCL, and the latency of "
                         "back-to-back all_reduces (shimrt one-off and prepared against torch)")
-    p.add_argument("--latency-calls", metavar="N", default=200,
+    p.add_argument("--latency-calls", metavar="N", default=None,
                    type=cli.count("--latency-calls", 1),
                    help="back-to-back calls per latency measurement with --torch, at least 1 (default 200)")
     p.add_argument("--mixed-nccl", action="store_true",
@@ -87,6 +87,12 @@ def check(args: argparse.Namespace) -> None:
     sizes(args.min_bytes, args.max_bytes, args.factor)
     if args.torch and importlib.util.find_spec("torch") is None:
         raise UsageError("--torch needs torch (pip install 'shimrt[torch]')")
+    for option, given in (("--latency-calls", args.latency_calls is not None), ("--mixed-nccl", args.mixed_nccl)):
+        if given and not args.torch:
+            raise UsageError(f"{option} applies with --torch only (it sets how torch.distributed is timed): add "
+                             f"--torch or leave {option} out")
+    if args.latency_calls is None:
+        args.latency_calls = 200
 
 
 def sizes(min_bytes: Any, max_bytes: Any, factor: int = 2) -> list[int]:

@@ -32,7 +32,6 @@ from .. import choose, cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
-from ..targets import MAX_SMS
 from ..torch import policies as policies_mod
 from . import torch_measure
 from .progress import Progress
@@ -75,12 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for flag, default, least, what in (("--steps", 8, 1, "timed steps per policy"),
                                        ("--warmup", 2, 1, "untimed steps before them (the first teaches the "
                                                           "interposer the kernels)"),
-                                       ("--trial-steps", 3, 1, "steps auto times each choice for"),
+                                       ("--trial-steps", None, 1, "steps auto times each choice for, with auto in "
+                                                                  "--policies (default 3)"),
                                        ("--bucket-mb", 25, 1, "gradient bucket size in MiB (DDP's default: 25)")):
         p.add_argument(flag, metavar="N", default=default,
                        type=cli.count(flag, least),
-                       help=f"{what}, at least {least} (default {default})")
-    p.add_argument("--sms", default="32,48,64", type=cli.distinct(validate.integer, "--sms", least=2, most=MAX_SMS),
+                       help=f"{what}, at least {least}" + (f" (default {default})" if default is not None else ""))
+    p.add_argument("--sms", default="32,48,64", type=cli.distinct(validate.integer, "--sms", **policies_mod.SMS_BOUNDS),
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
     p.add_argument("--policies", default=",".join(KINDS),
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
@@ -114,6 +114,11 @@ def check(args: argparse.Namespace) -> None:
     configuration was measured)."""
     if args.plots is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]' (or leave --plots out)")
+    if args.trial_steps is not None and "auto" not in args.policies:
+        raise UsageError("--trial-steps applies with auto in --policies only (it sets auto's trials): add auto to "
+                         "--policies or leave --trial-steps out")
+    if args.trial_steps is None:
+        args.trial_steps = 3
 
 
 #: What --policies takes (shimrt.torch.policies' kinds but ``ddp``: one process here holds every

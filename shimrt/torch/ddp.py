@@ -115,13 +115,17 @@ class Overlap:
         # The plain arguments first (no GPU, no collective), then the DDP.
         self.quiet = validate.boolean(quiet, "quiet")
         timeout = CommOptions(timeout=timeout).timeout
-        if isinstance(sms, (str, bytes)) or not isinstance(sms, Iterable):
-            raise UsageError(f"sms must be a list of SM counts, not {validate.shown(sms)}")
-        sms = [validate.integer(k, "sms", least=1) for k in sms]
+        sms = vocabulary.kept_sms(sms, "sms")
         trial_steps = validate.integer(trial_steps, "trial_steps", least=1, most=1000)
         margin = validate.number(margin, "margin", least=0, most=0.5)
+        if not isinstance(policy, (str, Policy)):  # before any comparison: a numpy array compares elementwise
+            raise UsageError(f"policy must be 'auto', a policy's name or a Policy, not {validate.shown(policy)}")
+        policy = policy if isinstance(policy, Policy) else str(policy)
         if policy != "auto":
-            vocabulary.parse(policy)  # the name's own checks; its channels are sized once the ranks are known
+            # The name's own checks; its channels are sized once the ranks are known.
+            if not vocabulary.parse(policy).overlap:
+                raise UsageError(f"policy {vocabulary.parse(policy).name!r} all-reduces after backward, which DDP's "
+                                 "hook cannot defer; under DDP the no-overlap reference is 'ddp'")
         index = _check_ddp(torch, dist, ddp)
         if policy == "auto" and (why := unsupported(ddp)) is not None:  # before any collective
             raise UsageError(f"auto cannot time its policies beside this DDP: {why}; give overlap() a fixed policy")
@@ -154,9 +158,6 @@ class Overlap:
                 self.auto, self.trials = True, Trials(candidates, steps=trial_steps, margin=margin, reference="ddp")
             else:
                 fixed = vocabulary.parse(policy, self.ranks_per_gpu)
-                if not fixed.overlap:
-                    raise UsageError(f"policy {fixed.name!r} all-reduces after backward, which DDP's hook cannot "
-                                     "defer; under DDP the no-overlap reference is 'ddp'")
                 if self._usable([fixed]) == []:
                     raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
                 self.auto, self.trials = False, Trials.settled(fixed)

@@ -31,6 +31,22 @@ KINDS = ("sequential", "ddp", "low-priority", "priority", "shaping", "partition"
          "windowed-carveout", "auto")
 #: Kinds that take a number after a colon: the cap, or the SMs kept for NCCL.
 NUMBERED = ("shaping", "partition", "carveout", "windowed-carveout")
+#: The bounds of an SM count kept for NCCL, wherever one enters (a policy's name, overlap()'s
+#: ``sms``, bench torch's ``--sms``).
+SMS_BOUNDS = {"least": 1, "most": MAX_SMS}
+
+
+def kept_sms(values: Any, what: str = "sms") -> list[int]:
+    """``values`` as a list of distinct SM counts kept for NCCL (:data:`SMS_BOUNDS`)."""
+    import numpy as np
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range, np.ndarray)):
+        raise UsageError(f"{what} must be a list of SM counts such as [32, 64], not {validate.shown(values)}")
+    out = [validate.integer(k, what, **SMS_BOUNDS) for k in list(values)]
+    if len(set(out)) != len(out):
+        raise UsageError(f"{what} must list each SM count once, not {out}")
+    if not out:
+        raise UsageError(f"{what} must list at least one SM count, not an empty list")
+    return out
 
 
 def channels(sms: int, ranks_per_gpu: int) -> int:
@@ -54,7 +70,8 @@ def make(kind: str, number: int | None = None, ranks_per_gpu: int = 1) -> Policy
         return Policy(kind, priority="high" if kind == "priority" else "low")
     if number is None:
         raise UsageError(f"policy {kind!r} needs a number: {kind}:N (e.g. {kind}:{2 if kind == 'shaping' else 48})")
-    n = validate.integer(number, f"{kind}'s number", least=1, most=64 if kind == "shaping" else MAX_SMS)
+    n = validate.integer(number, f"{kind}'s number", least=1, most=64) if kind == "shaping" else \
+        validate.integer(number, f"{kind}'s number", **SMS_BOUNDS)
     if kind == "shaping":
         return Policy(f"shaping:{n}", cap=n)
     ctas = channels(n, ranks_per_gpu)
@@ -67,6 +84,8 @@ def parse(text: Any, ranks_per_gpu: int = 1) -> Policy:
     """The policy a name such as ``"priority"`` or ``"partition:48"`` stands for."""
     if isinstance(text, Policy):
         return text
+    if type(text) is not str and isinstance(text, str):  # a str subclass (numpy's str_) is its text
+        text = str(text)
     allowed = (f"a Policy, or one of {', '.join(k + (':N' if k in NUMBERED else '') for k in KINDS[:-1])}")
     if not isinstance(text, str):
         raise UsageError(f"policy must be {allowed}, not {validate.shown(text)}")

@@ -40,7 +40,7 @@ def test_every_wait_takes_a_positive_finite_timeout(device, timeout):
     with device.stream() as s:
         event = s.record()
         for call in (device.synchronize, s.synchronize, event.synchronize):
-            refused(call, timeout, "timeout must be a positive number")
+            refused(call, timeout, "timeout must be a finite positive number")
         event.close()
     device.synchronize(np.float64(5))
 
@@ -145,5 +145,5 @@ def test_communicators_refuse_bad_ranks_ids_and_timeouts(device):
             nccl.Communicator(device, bad, 0, 1)
     with nccl.Communicator(device, uid, np.int32(0), np.int64(1), options=nccl.CommOptions(timeout=30)) as comm:
         for bad in (True, math.inf, math.nan, 0, -1, "5"):
-            refused(lambda v: comm.wait(timeout=v), bad, "timeout must be a positive number")
+            refused(lambda v: comm.wait(timeout=v), bad, "timeout must be a finite positive number")
         comm.wait(timeout=np.float32(30))
