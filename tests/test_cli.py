@@ -176,7 +176,8 @@ def test_a_timeout_beyond_what_a_thread_can_wait_is_refused(capsys, ran, command
     refused(capsys, ran, bench.main, [command, "--timeout", value], "--timeout must be a finite positive number <= ")
 
 
-@pytest.mark.parametrize("value, says", [(v, "must be a finite positive number") for v in ["0", "-1", "nan", "inf", "1e9"]]
+@pytest.mark.parametrize("value, says", [(v, "must be a finite positive number")
+                                         for v in ["0", "-1", "nan", "inf", "1e9"]]
                          + [("x", "must be a number, not 'x'")])
 def test_a_bad_collective_timeout_is_refused(capsys, ran, value, says):
     refused(capsys, ran, bench.main, ["torch", "--comm-timeout", value], f"--comm-timeout {says}")
