@@ -125,6 +125,12 @@ def test_choice_cache_round_trip_and_isolation(tmp_path):
     assert auto.ChoiceCache(tmp_path, "NVIDIA A100|sm_80").get("w") is None  # another device
     cache.path.write_text("{not json")
     assert cache.get("w") is None  # a damaged file means: measure again
+    for wrong in ('{"device": "NVIDIA H200|sm_90", "choices": ["w"]}', '{"device": "NVIDIA H200|sm_90", "choices": 3}',
+                  "[1, 2]", "[" * 100000):
+        cache.path.write_text(wrong)
+        assert cache.get("w") is None, wrong  # not this version's file: measure again
+        cache.put("w", c)  # and rewrite it
+        assert cache.get("w") == c
 
 
 def test_pick_takes_the_fastest_and_refuses_nothing_to_pick():

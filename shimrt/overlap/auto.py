@@ -38,11 +38,16 @@ class ChoiceCache:
         self.device_key = device_key
 
     def _read(self) -> dict:
+        """The file's content when it is this device's and well formed (a "choices" object);
+        else nothing: a file of another device, version or hand is measured again and rewritten."""
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return {}
-        return data if isinstance(data, dict) and data.get("device") == self.device_key else {}
+        if not isinstance(data, dict) or data.get("device") != self.device_key \
+                or not isinstance(data.get("choices", {}), dict):
+            return {}
+        return data
 
     def get(self, key: str) -> Choice | None:
         entry = self._read().get("choices", {}).get(key)
