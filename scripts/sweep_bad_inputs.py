@@ -709,6 +709,70 @@ def cases() -> list[Case]:
         cmd("plot: results not UTF-8", "json", *plot, setup=results(raw=b"\xff\xfe{")),
         cmd("plot: --out a file", "--out", *plot, "--out", "{results}", setup=results()),
     ]
+    # Issue 33: the torch overlap's arguments (checked before the DDP: object() stands where it would go),
+    # options that mean something only with another, name expressions, the choice cache, timeouts.
+    ov = "import numpy as np, shimrt.torch\nshimrt.torch.overlap(object(), {})"
+    for label, arg, needle in (
+            ("policy np.array of two", "policy=np.array(['priority', 'ddp'])", "policy"),
+            ("policy np.array(['auto'])", "policy=np.array(['auto'])", "policy"),
+            ("policy bytes", "policy=b'auto'", "policy"), ("policy None", "policy=None", "policy"),
+            ("policy 3", "policy=3", "policy"), ("policy sequential", "policy='sequential'", "sequential"),
+            ("policy auto:2", "policy='auto:2'", "policy"), ("policy partition:0", "policy='partition:0'", "partition"),
+            ("policy partition:10**6", "policy='partition:1000000'", "partition"),
+            ("policy shaping:65", "policy='shaping:65'", "shaping"),
+            ("policy carveout:-1", "policy='carveout:-1'", "carveout"),
+            ("policy priority:2", "policy='priority:2'", "priority"),
+            ("policy ' priority'", "policy=' priority'", "policy"),
+            ("sms [32, 32]", "sms=[32, 32]", "sms"), ("sms [10**6]", "sms=[10**6]", "sms"),
+            ("sms [0]", "sms=[0]", "sms"), ("sms []", "sms=[]", "sms"), ("sms '32'", "sms='32'", "sms"),
+            ("sms [True]", "sms=[True]", "sms"), ("sms [1.5]", "sms=[1.5]", "sms"), ("sms 32", "sms=32", "sms"),
+            ("sms {32: 1}", "sms={32: 1}", "sms"), ("sms np.array 2-D", "sms=np.array([[32]])", "sms"),
+            ("trial_steps 0", "trial_steps=0", "trial_steps"),
+            ("trial_steps 10**6", "trial_steps=10**6", "trial_steps"),
+            ("trial_steps 1.5", "trial_steps=1.5", "trial_steps"),
+            ("trial_steps True", "trial_steps=True", "trial_steps"),
+            ("margin nan", "margin=float('nan')", "margin"), ("margin inf", "margin=float('inf')", "margin"),
+            ("margin -0.1", "margin=-0.1", "margin"), ("margin 0.6", "margin=0.6", "margin"),
+            ("margin '0.1'", "margin='0.1'", "margin"),
+            ("timeout inf", "timeout=float('inf')", "timeout"), ("timeout nan", "timeout=float('nan')", "timeout"),
+            ("timeout 0", "timeout=0", "timeout"), ("timeout -1", "timeout=-1", "timeout"),
+            ("timeout '5'", "timeout='5'", "timeout"), ("timeout True", "timeout=True", "timeout"),
+            ("timeout 10**400", "timeout=10**400", "timeout"), ("quiet 'yes'", "quiet='yes'", "quiet"),
+            ("ddp object()", "policy='priority'", "DistributedDataParallel")):
+        c.append(api(f"overlap {label}", needle, ov.format(arg)))
+    bench = ("-m", "shimrt.bench")
+    c += [
+        cmd("bench collectives --mixed-nccl without --torch", ("--mixed-nccl", "--torch"),
+            *bench, "collectives", "--mixed-nccl"),
+        cmd("bench collectives --latency-calls without --torch", ("--latency-calls", "--torch"),
+            *bench, "collectives", "--latency-calls", "10"),
+        cmd("bench torch --trial-steps without auto", "--trial-steps", *bench, "torch", "--trial-steps", "2",
+            "--policies", "priority"),
+        cmd("bench torch --sms 32,32", "--sms", *bench, "torch", "--sms", "32,32"),
+        cmd("bench torch --sms 0", "--sms", *bench, "torch", "--sms", "0"),
+        cmd("bench torch --sms 10**6", "--sms", *bench, "torch", "--sms", "1000000"),
+        cmd("bench torch --loss-every -1", "--loss-every", *bench, "torch", "--loss-every", "-1"),
+        cmd("bench torch --loss-every x", "--loss-every", *bench, "torch", "--loss-every", "x"),
+        cmd("bench torch --optimizer adam", "--optimizer", *bench, "torch", "--optimizer", "adam"),
+        cmd("bench torch --configs comm-heavy,comm-heavy", "--configs", *bench, "torch", "--configs",
+            "comm-heavy,comm-heavy"),
+        cmd("bench torch --bucket-mb 0", "--bucket-mb", *bench, "torch", "--bucket-mb", "0"),
+        cmd("bench torch --loss-every 2 with ranks in one process", "--loss-every", *bench, "torch", "--loss-every",
+            "2", "--local-ranks", "2"),
+    ]
+    src = "import shimrt\nsrc = 'template <typename T> __global__ void k(T* x) {}'\n"
+    for label, arg, needle in (
+            ("a str", "'k<float>'", "name_expressions"), ("None", "None", "name_expressions"),
+            ("a set", "{'k<float>'}", "name_expressions"), ("twice", "['k<float>', 'k<float>']", "once"),
+            ("empty", "['']", "name expression"), ("NUL", "['k\\0']", "name expression"),
+            ("bytes", "[b'k<float>']", "name expression"), ("lone surrogate", "['k\\ud800']", "name expression"),
+            ("no such kernel", "['nothing<int>']", "nothing<int>")):
+        c.append(api(f"compile name_expressions {label}", needle,
+                     src + f"shimrt.compile(src, 'sm_90', name_expressions={arg}, cache=False)"))
+    prog = src + "p = shimrt.compile(src, 'sm_90', name_expressions=['k<float>'], cache=False)\n"
+    c += [api("Program.kernel unknown expression", "k<int>", prog + "p.kernel('k<int>')"),
+          api("Program.kernel None", "kernel", prog + "p.kernel(None)"),
+          api("Program.kernel a list", "kernel", prog + "p.kernel(['k<float>'])")]
     return c
 
 

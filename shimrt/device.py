@@ -195,6 +195,13 @@ class Device(Owning):
         finished."""
         return self.driver.stream_query(self.stream_ref(stream))
 
+    def stream_wait(self, stream: Any, event: Event) -> None:
+        """Make later work on ``stream`` (a shimrt Stream, or another library's stream of this
+        device) wait for ``event``, without the host waiting."""
+        if not isinstance(event, Event):
+            raise UsageError(f"stream_wait() takes a shimrt Event, not {event!r:.100}")
+        self.driver.stream_wait_event(self.stream_ref(stream), event.ref())
+
     def stream_ref(self, stream: Any) -> Any:
         """The backend's handle of ``stream`` (any form :meth:`stream_handle` takes), for driver
         calls: part of the seam the device's kernels, buffers and streams use, with :attr:`driver`."""

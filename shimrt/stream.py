@@ -7,6 +7,7 @@ what did not finish instead of hanging.
 
 from __future__ import annotations
 
+import datetime
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,10 @@ MAX_TIMEOUT = float(threading.TIMEOUT_MAX)
 
 
 def timeout_seconds(value: Any, what: str = "timeout") -> float:
-    """``value`` as a wait in seconds: a positive, finite number (never a bool) up to MAX_TIMEOUT."""
+    """``value`` as a wait in seconds: a positive, finite number (never a bool) up to MAX_TIMEOUT,
+    or a ``datetime.timedelta`` (what torch.distributed takes)."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
     seconds = validate.number(value, what, positive=True)
     if seconds > MAX_TIMEOUT:
         raise UsageError(f"{what} must be a finite positive number of seconds up to {MAX_TIMEOUT:.0f}, not {value!r}")

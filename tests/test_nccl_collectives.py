@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import inspect
 import os
+import re
 import threading
 
 import pytest
@@ -104,7 +105,8 @@ def test_bad_arguments_of_the_rule_are_refused(call, message):
 
 # --- the table -------------------------------------------------------------------------------
 
-NOT_COLLECTIVES = {"collective", "prepare", "group", "wait", "abort", "close", "local", "async_error"}
+NOT_COLLECTIVES = {"collective", "prepare", "group", "wait", "abort", "close", "local", "async_error",
+                   "all_to_all", "barrier"}  # these two are made of rows: sends and receives, an all_reduce
 
 
 def test_the_table_covers_exactly_the_communicators_collectives():
@@ -120,7 +122,7 @@ class Recording(Communicator):
         self.calls = []
 
     def collective(self, name, send, recv=None, **kw):
-        self.calls.append((name, send, recv, {k: v for k, v in kw.items() if v is not None}))
+        self.calls.append((name, send, recv, {k: v for k, v in kw.items() if v is not None and k != "async_op"}))
 
 
 def test_every_named_method_is_one_call_of_its_row():
@@ -294,3 +296,52 @@ def test_prepare_group_takes_only_prepared_calls():
     for bad in ((), (lambda: None,), (42,)):
         with pytest.raises(UsageError, match="prepare_group\\(\\) takes calls made by Communicator.prepare"):
             prepare_group(*bad)
+
+
+def _comm_stand_in(nccl, size):
+    """What alltoall.block_calls reads of a Communicator: its size, stream, device's stream handle,
+    state (its ncclComm_t) and library (whose functions the calls bind; none is called)."""
+    import types
+    device = types.SimpleNamespace(stream_handle=lambda s: 0x77)
+    state = types.SimpleNamespace(handle=ctypes.c_void_p(0x55), dead=lambda: CollectiveError("dead"))
+    return types.SimpleNamespace(size=size, stream="own", device=device, state=state, lib=nccl)
+
+
+def test_all_to_all_is_a_send_and_a_receive_of_one_block_per_peer(nccl):
+    from shimrt.nccl import alltoall
+    comm = _comm_stand_in(nccl, 4)
+    calls = alltoall.block_calls(comm, DeviceArray(16, ptr=0x1000), DeviceArray(16, ptr=0x9000), None)
+    got = [(q.name, q.args[0], q.args[1], q.args[3]) for q in calls]  # function, buffer, count, peer
+    assert got == [(kind, base + peer * 4 * 4, 4, peer) for peer in range(4)
+                   for kind, base in (("ncclSend", 0x1000), ("ncclRecv", 0x9000))]
+    assert all(q.stream == "own" and q.stream_handle == 0x77 and q.what == "all_to_all" for q in calls)
+
+
+@pytest.mark.parametrize("send, recv, says", [
+    (DeviceArray(16), DeviceArray(12, ptr=0x9000), "same count, a multiple of the 4 ranks, not 16 and 12"),
+    (DeviceArray(10), DeviceArray(10, ptr=0x9000), "a multiple of the 4 ranks, not 10 and 10"),
+    (DeviceArray(16), DeviceArray(16, "<i4", 0x9000), "send is float32 but receive is int32"),
+    (DeviceArray(16, ptr=0x1000), DeviceArray(16, ptr=0x1020), "must not overlap"),
+    ("x", DeviceArray(16), "all_to_all: send buffer"),
+])
+def test_all_to_all_refuses_buffers_that_do_not_split_into_blocks(nccl, send, recv, says):
+    from shimrt.nccl import alltoall
+    with pytest.raises(UsageError, match=re.escape(says)):
+        alltoall.block_calls(_comm_stand_in(nccl, 4), send, recv, None)
+
+
+def test_torch_reduce_ops_and_timedeltas_are_taken():
+    torch = pytest.importorskip("torch")
+    import datetime
+
+    from shimrt.stream import timeout_seconds
+    dist = torch.distributed
+    row = COLLECTIVES["all_reduce"]
+    for op, name in ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.PRODUCT, "prod"), (dist.ReduceOp.MAX, "max"),
+                     (dist.ReduceOp.MIN, "min"), (dist.ReduceOp.AVG, "avg")):
+        assert comm_mod.op_of("all_reduce", row, op) == library.REDOPS[name]
+    with pytest.raises(UsageError, match="not ReduceOp.BAND"):
+        comm_mod.op_of("all_reduce", row, dist.ReduceOp.BAND)
+    assert timeout_seconds(datetime.timedelta(minutes=2)) == 120.0
+    with pytest.raises(UsageError, match="timeout must be a finite positive number, not 0.0"):
+        timeout_seconds(datetime.timedelta(0))

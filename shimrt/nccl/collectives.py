@@ -147,12 +147,29 @@ def op_of(name: str, row: Collective, op: str | None) -> int | None:
         if op is not None:
             raise UsageError(f"{name} takes no op (it reduces nothing)")
         return None
-    op = "sum" if op is None else op
+    op = "sum" if op is None else _torch_op(op)
     code = library.REDOPS.get(op) if isinstance(op, str) else None  # str subclasses too (np.str_)
     if code is None:
         validate.one_of(op, "op", library.REDOPS)  # refuses it, naming what is allowed
         code = library.REDOPS[op]
     return code
+
+
+#: torch.distributed.ReduceOp's names -> shimrt's (no torch import: its enum says its name).
+_TORCH_OPS = {"SUM": "sum", "PRODUCT": "prod", "MAX": "max", "MIN": "min", "AVG": "avg"}
+
+
+def _torch_op(op: Any) -> Any:
+    """A ``torch.distributed.ReduceOp`` (its enum, ``ReduceOp.SUM``) as shimrt's name; anything
+    else as it is (UsageError for ops NCCL's table here lacks: BAND, BOR, BXOR, PREMUL_SUM)."""
+    kind = type(op).__name__
+    if kind not in ("RedOpType", "ReduceOp") or not hasattr(op, "name"):
+        return op
+    name = str(op.name).upper()
+    if name not in _TORCH_OPS:
+        raise UsageError(f"op must be one of {', '.join(library.REDOPS)} or torch's ReduceOp."
+                         f"{', ReduceOp.'.join(_TORCH_OPS)}, not ReduceOp.{name}")
+    return _TORCH_OPS[name]
 
 
 def rank_of(name: str, row: Collective, size: int, root: int | None, peer: int | None) -> int | None:

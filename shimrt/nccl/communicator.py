@@ -15,6 +15,12 @@ collective outlives the timeout, :meth:`Communicator.wait` is bounded, and a fai
 communicator's next use raises :class:`CollectiveError`. ``CommOptions(blocking=False)`` makes
 non-blocking communicators, whose every call that answers ``ncclInProgress`` is polled within
 the timeout (NCCL then starts a host thread per call: see :class:`CommOptions`).
+
+What torch.distributed's users look for is here too: ``async_op=True`` on every collective (a
+:class:`~shimrt.nccl.work.Work` to wait on), ``barrier()``, ``all_to_all`` (grouped sends and
+receives, :mod:`shimrt.nccl.alltoall`), ``datetime.timedelta`` timeouts and
+``torch.distributed.ReduceOp`` ops. The named methods, one per collective as torch.distributed
+has them, take this module past the house's ~400 lines.
 """
 
 from __future__ import annotations
@@ -24,17 +30,20 @@ import ctypes
 import time
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from .. import validate, waiting
 from ..config import settings
 from ..device import Device
 from ..errors import CollectiveError, UsageError
 from ..stream import Event, timeout_seconds
-from . import library
+from . import alltoall, library
 from .collectives import MAX_RANKS, buffers_of, datatype_of, nccl_count, op_of, rank_of, row_of
 from .config import MIN_VERSION, CommOptions, check_shared_gpu
 from .group import Queued, bounded, enqueue, group, open_calls, run, settle
 from .prepared import PreparedCall
 from .watchdog import CommState, watchdog
+from .work import Work
 
 
 def unique_id(lib: library.Library | None = None, *, backend: str | None = None) -> bytes:
@@ -118,6 +127,7 @@ class Communicator:
         self.options = options or CommOptions()
         self._clique = bytes(uid)
         self.stream = device.stream("high")
+        self._barrier: Any = None  # barrier()'s one element, made on its first call
 
         def record(event: Event, stream: Any) -> None:
             device.activate()  # the watchdog's thread has no context of its own
@@ -257,22 +267,31 @@ class Communicator:
                              rank_of(name, row, self.size, root, peer), handle, ctypes.c_void_p(stream_handle))
         return Queued(self, target, stream_handle, row.function, args, handle, name)
 
-    def collective(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
-                   peer: int | None = None, stream: Any = None) -> None:
+    def collective(self, name: str, send: Any, recv: Any = None, *, op: Any = None, root: int | None = None,
+                   peer: int | None = None, stream: Any = None, async_op: bool = False) -> Work | None:
         """Enqueue collective ``name`` (a key of :data:`COLLECTIVES`) on ``stream`` (default:
         ``comm.stream``). ``send`` is the send buffer, or the one buffer of send and recv;
-        ``recv`` None runs in place where the collective allows it. ``op`` (default "sum") only
-        for reducing collectives, ``root`` (default 0) only for broadcast and reduce, ``peer``
-        for send and recv. Everything is checked before NCCL sees it; inside :func:`group` the
-        call is queued for the group."""
+        ``recv`` None runs in place where the collective allows it. ``op`` (default "sum", or a
+        ``torch.distributed.ReduceOp``) only for reducing collectives, ``root`` (default 0) only
+        for broadcast and reduce, ``peer`` for send and recv. Everything is checked before NCCL
+        sees it; inside :func:`group` the call is queued for the group. ``async_op``: return a
+        :class:`~shimrt.nccl.work.Work` to wait on (outside a group)."""
+        async_op = validate.boolean(async_op, "async_op")
         q = self._queued(name, send, recv, op, root, peer, stream)
         calls = open_calls()
-        if calls is None:
-            run(q)
-        else:
+        if calls is not None:
+            if async_op:
+                raise UsageError(f"{name}: async_op=True outside a group only (a group's calls are made at its end; "
+                                 "wait on the streams after it)")
             enqueue(calls, q)
+            return None
+        run(q)
+        return self._work(q.stream, name) if async_op else None
 
-    def prepare(self, name: str, send: Any, recv: Any = None, *, op: str | None = None, root: int | None = None,
+    def _work(self, stream: Any, what: str) -> Work:
+        return Work(self, self.device.event(timing=False).record(stream), stream, what)
+
+    def prepare(self, name: str, send: Any, recv: Any = None, *, op: Any = None, root: int | None = None,
                 peer: int | None = None, stream: Any = None) -> PreparedCall:
         """:meth:`collective`'s arguments checked and packed once: a function of no arguments
         (a :class:`~shimrt.nccl.prepared.PreparedCall`) that makes the call (queued inside
@@ -283,33 +302,68 @@ class Communicator:
         q = self._queued(name, send, recv, op, root, peer, stream)
         return PreparedCall(q, [send, recv], q.stream)
 
-    def all_reduce(self, send: Any, recv: Any = None, *, op: str = "sum", stream: Any = None) -> None:
+    def all_reduce(self, send: Any, recv: Any = None, *, op: Any = "sum", stream: Any = None,
+                   async_op: bool = False) -> Work | None:
         """recv = op over all ranks of send (in place when recv is None)."""
-        self.collective("all_reduce", send, recv, op=op, stream=stream)
+        return self.collective("all_reduce", send, recv, op=op, stream=stream, async_op=async_op)
 
-    def broadcast(self, send: Any, recv: Any = None, *, root: int = 0, stream: Any = None) -> None:
+    def broadcast(self, send: Any, recv: Any = None, *, root: int = 0, stream: Any = None,
+                  async_op: bool = False) -> Work | None:
         """recv on every rank = send of ``root`` (in place when recv is None)."""
-        self.collective("broadcast", send, recv, root=root, stream=stream)
+        return self.collective("broadcast", send, recv, root=root, stream=stream, async_op=async_op)
 
-    def reduce(self, send: Any, recv: Any = None, *, op: str = "sum", root: int = 0, stream: Any = None) -> None:
+    def reduce(self, send: Any, recv: Any = None, *, op: Any = "sum", root: int = 0, stream: Any = None,
+               async_op: bool = False) -> Work | None:
         """recv on ``root`` = op over all ranks of send (in place when recv is None)."""
-        self.collective("reduce", send, recv, op=op, root=root, stream=stream)
+        return self.collective("reduce", send, recv, op=op, root=root, stream=stream, async_op=async_op)
 
-    def all_gather(self, send: Any, recv: Any, *, stream: Any = None) -> None:
+    def all_gather(self, send: Any, recv: Any, *, stream: Any = None, async_op: bool = False) -> Work | None:
         """recv = the send buffers of ranks 0..size-1, one after the other."""
-        self.collective("all_gather", send, recv, stream=stream)
+        return self.collective("all_gather", send, recv, stream=stream, async_op=async_op)
 
-    def reduce_scatter(self, send: Any, recv: Any, *, op: str = "sum", stream: Any = None) -> None:
+    def reduce_scatter(self, send: Any, recv: Any, *, op: Any = "sum", stream: Any = None,
+                       async_op: bool = False) -> Work | None:
         """recv on rank i = op over all ranks of block i of send (size blocks of recv's count)."""
-        self.collective("reduce_scatter", send, recv, op=op, stream=stream)
+        return self.collective("reduce_scatter", send, recv, op=op, stream=stream, async_op=async_op)
 
-    def send(self, buf: Any, peer: int, *, stream: Any = None) -> None:
+    def send(self, buf: Any, peer: int, *, stream: Any = None, async_op: bool = False) -> Work | None:
         """Send buf to ``peer`` (pair with its recv, inside :meth:`group` for exchanges)."""
-        self.collective("send", buf, peer=peer, stream=stream)
+        return self.collective("send", buf, peer=peer, stream=stream, async_op=async_op)
 
-    def recv(self, buf: Any, peer: int, *, stream: Any = None) -> None:
+    def recv(self, buf: Any, peer: int, *, stream: Any = None, async_op: bool = False) -> Work | None:
         """Receive into buf from ``peer``."""
-        self.collective("recv", buf, peer=peer, stream=stream)
+        return self.collective("recv", buf, peer=peer, stream=stream, async_op=async_op)
+
+    def all_to_all(self, send: Any, recv: Any, *, stream: Any = None, async_op: bool = False) -> Work | None:
+        """Block j of ``send`` (its count / size elements) goes to rank j, whose block i of
+        ``recv`` it fills (i: this rank), for every pair at once: NCCL sends and receives in one
+        group, as torch.distributed's all_to_all_single does. Equal counts, a multiple of size."""
+        async_op = validate.boolean(async_op, "async_op")
+        calls = alltoall.block_calls(self, send, recv, stream)
+        outer = open_calls()
+        if outer is not None:
+            if async_op:
+                raise UsageError("all_to_all: async_op=True outside a group only (a group's calls are made at its end)")
+            for q in calls:
+                enqueue(outer, q)
+            return None
+        with group(self):
+            inner = open_calls()
+            for q in calls:
+                enqueue(inner if inner is not None else [], q)
+        return self._work(calls[0].stream, "all_to_all") if async_op else None
+
+    def barrier(self, timeout: Any = None) -> None:
+        """Return once every rank has called it: a one-element all-reduce the host waits for, at
+        most ``timeout`` seconds (a number or a ``datetime.timedelta``; default the options'),
+        as torch.distributed.barrier. CollectiveError, the communicator aborted, when a peer
+        does not come."""
+        if self._barrier is None:
+            self._barrier = self.device.empty((1,), np.float32)
+        if open_calls() is not None:
+            raise UsageError("barrier() waits for the other ranks: call it outside a group")
+        self.all_reduce(self._barrier)
+        self._work(self.stream, "barrier").wait(timeout=timeout)
 
     @contextlib.contextmanager
     def group(self) -> Iterator[Communicator]:
@@ -367,6 +421,8 @@ class Communicator:
                         lib.check(result, "ncclCommDestroy")
         finally:
             self.stream.close()
+            if self._barrier is not None:
+                self._barrier.free()
 
     def __enter__(self) -> Communicator:
         return self
