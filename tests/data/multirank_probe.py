@@ -83,6 +83,49 @@ def every_collective(comms: list, count: int = COUNT) -> list[str]:
         c.send(b[0], (c.rank + 1) % n, stream=c.stream)
         c.recv(b[1], (c.rank - 1) % n, stream=c.stream)
     run("send/recv ring", send_and_out, ring, lambda r: xs[(r - 1) % n])
+    # all_to_all: block j of rank i's send lands in block i of rank j's receive.
+    run("all_to_all", send_and_out, lambda c, b: c.all_to_all(b[0], b[1], stream=c.stream),
+        lambda r: np.concatenate([xs[q][r * block:(r + 1) * block] for q in range(n)]))
+    try:
+        from torch.distributed import ReduceOp
+    except ImportError:  # torch's ops are checked where torch is
+        return done
+    run("all_reduce ReduceOp.MAX", send_and_out,
+        lambda c, b: c.all_reduce(b[0], b[1], op=ReduceOp.MAX, stream=c.stream),
+        lambda r: np.max(stacked, axis=0).astype(np.float32))
+    return done
+
+
+def waited(comm) -> list[str]:
+    """One rank per process: async_op handles (waited on the host with a timedelta, and on a
+    stream), barrier(), each output checked against numpy."""
+    import datetime
+    n, count = comm.size, COUNT
+    xs = {r: inputs(r, count) for r in range(n)}
+    stacked = np.stack([xs[r] for r in range(n)])
+    done = []
+    send, out = comm.device.to_device(xs[comm.rank]), comm.device.to_device(np.full(count, -99.0, np.float32))
+    work = comm.all_reduce(send, out, async_op=True)
+    assert work.wait(timeout=datetime.timedelta(seconds=60)) and work.is_completed()
+    assert np.array_equal(out.numpy(), np.sum(stacked, axis=0).astype(np.float32)), "async all_reduce"
+    done.append("async all_reduce, host wait")
+    gathered = comm.device.to_device(np.full(count * n, -99.0, np.float32))
+    other = comm.device.stream("low")
+    work = comm.all_gather(send, gathered, async_op=True)
+    work.wait(stream=other)  # the other stream waits on the GPU; its own end is then the gather's
+    other.synchronize(60)
+    assert np.array_equal(gathered.numpy(), np.concatenate([xs[q] for q in range(n)])), "async all_gather"
+    other.close()
+    done.append("async all_gather, stream wait")
+    block = count // n
+    work = comm.all_to_all(send, out, async_op=True)
+    work.wait(timeout=60)
+    want = np.concatenate([xs[q][comm.rank * block:(comm.rank + 1) * block] for q in range(n)])
+    assert np.array_equal(out.numpy(), want), "async all_to_all"
+    done.append("async all_to_all")
+    for _ in range(3):
+        comm.barrier(timeout=datetime.timedelta(seconds=30))
+    done.append("barrier")
     return done
 
 
@@ -120,7 +163,7 @@ def main() -> None:
         from shimrt.launch import init
         comm = init()
         try:
-            for name in every_collective([comm]):
+            for name in every_collective([comm]) + waited(comm):
                 print(f"OK {comm.rank} {name}", flush=True)
         finally:
             comm.close()

@@ -58,7 +58,7 @@ def ranks(device, request):
 
 def test_every_collective_of_two_ranks_in_one_process_equals_numpy(ranks):
     done = probe.every_collective(ranks)
-    assert len(done) == 11, done
+    assert len(done) == 13, done  # all_to_all and torch's ReduceOp.MAX among them
 
 
 def test_a_grouped_call_is_settled_and_right(ranks):
@@ -144,7 +144,7 @@ def test_every_collective_of_two_processes_equals_numpy(device):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for rank in (0, 1):
         ok = re.findall(rf"^\[rank {rank}\] OK {rank} (.+)$", run.stdout, re.M)
-        assert len(ok) == 11, run.stdout[-3000:]
+        assert len(ok) == 17, run.stdout[-3000:]  # every collective, the async handles and barrier
 
 
 @pytest.mark.timeout(120)
