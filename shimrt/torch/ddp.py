@@ -338,10 +338,10 @@ class Overlap:
             index = self.trials.done(synced if policy.comm == "torch" else self._reduced)
             if index is not None:
                 self._timed.append((index, begin, end))
-            if self.trials.exhausted:
-                self._decide()
         counts[2] += now() - start
         counts[3] += 1
+        if timed and self.trials.exhausted:  # auto's decision: once, not a step's own cost
+            self._decide()
 
     def _decide(self) -> None:
         torch = self._torch

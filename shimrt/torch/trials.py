@@ -34,8 +34,12 @@ from typing import Any, Callable, Sequence
 from .. import choose, validate
 from ..errors import ShimrtError, UsageError
 
-#: ``agree``: this rank's mean per candidate (in candidate order) to the ranks' common ones.
+#: ``agree``: this rank's mean (or standard error) per candidate, in candidate order, to the ranks'
+#: common ones (their maximum).
 Agree = Callable[[list[float]], list[float]]
+#: How many standard errors of the difference a candidate must beat the reference by, beyond the
+#: margin: a gain within the trials' own noise keeps the reference.
+SIGNIFICANCE = 2.0
 
 
 class Trials:
@@ -62,6 +66,8 @@ class Trials:
         self.position = 0
         self.times: dict[str, list[float]] = {n: [] for n in names}
         self.means: dict[str, float] = {}
+        #: the standard error of each mean (the ranks' largest), once decided
+        self.errors: dict[str, float] = {}
         #: the candidates of the confirmation, once the search is decided (empty: none held)
         self.final: list[Any] = []
         self.picked: Any = None
@@ -118,6 +124,9 @@ class Trials:
         if len(agreed) != len(mine):
             raise UsageError(f"agree must give one time per candidate ({len(mine)}), not {len(agreed)}")
         self.means = {c.name: float(t) for c, t in zip(self.candidates, agreed, strict=True)}
+        spread = [self._standard_error(c.name) for c in self.candidates]
+        agreed = list(agree(spread)) if agree is not None else spread
+        self.errors = {c.name: float(e) for c, e in zip(self.candidates, agreed, strict=True)}
         if not self.final:
             final = self._finalists()
             if len(final) > 1:
@@ -125,12 +134,24 @@ class Trials:
                 self.schedule += self._rounds(final)
                 return None
         pool = {c.name: self.means[c.name] for c in self.final or self.candidates}
+        reference = self.reference if self.reference in pool else None
         try:
-            name = choose.fastest(pool, self.reference if self.reference in pool else None, self.margin)
+            name = choose.fastest(pool, reference, self.margin)
         except ShimrtError:
             raise UsageError("auto timed no candidate: no trial step all-reduced") from None
+        if reference is not None and name != reference and math.isfinite(pool[reference]):
+            # Faster by the margin, but also by more than the noise: SIGNIFICANCE standard errors
+            # of the difference of the two means (each the slowest rank's), or the reference stays.
+            noise = SIGNIFICANCE * math.hypot(self.errors[name], self.errors[reference])
+            if pool[reference] - pool[name] <= noise:
+                name = reference
         self.picked = next(c for c in self.candidates if c.name == name)
         return self.picked
+
+    def _standard_error(self, name: str) -> float:
+        """The standard error of candidate ``name``'s mean step (0 with fewer than two steps)."""
+        times = self.times[name]
+        return statistics.stdev(times) / math.sqrt(len(times)) if len(times) > 1 else 0.0
 
     def _finalists(self) -> list[Any]:
         """The reference and the ``finalists`` fastest others by the search's agreed means (those
@@ -144,5 +165,6 @@ class Trials:
         """The trials: each candidate's timed steps (ms) and the agreed means, the finalists, what
         was kept."""
         return {"candidates": [c.name for c in self.candidates], "times_ms": self.times, "means_ms": self.means,
+                "standard_errors_ms": self.errors, "significance": SIGNIFICANCE,
                 "finalists": [c.name for c in self.final], "picked": None if self.picked is None else self.picked.name,
                 "reference": self.reference, "margin": self.margin, "trial_steps": len(self.schedule)}
