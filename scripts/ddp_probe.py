@@ -61,6 +61,10 @@ def main() -> None:
     p.add_argument("--profile", default=None)
     p.add_argument("--micro", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--rounds", type=int, default=0,
+                   help="instead: every way built at once, visited in turn (a warm-up step, then --visit steps "
+                        "timed as a whole), for this many rounds; mean and spread per way against plain")
+    p.add_argument("--visit", type=int, default=3)
     args = p.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev_index = int(os.environ.get("SHIMRT_DEVICES", str(local)).split(",")[local]) if "SHIMRT_DEVICES" in os.environ \
@@ -109,6 +113,16 @@ def main() -> None:
         f.set_result(bucket.buffer())
         return f
 
+    if args.micro and rank == 0 and args.rounds:
+        results["micro_us"] = micro(device)
+        say(json.dumps(results["micro_us"], indent=1))
+    if args.rounds:
+        results["rounds"] = rounds(args, fresh, data, device, say)
+        if args.json and rank == 0:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        dist.destroy_process_group()
+        return
     import warnings
     for way in args.ways.split(","):
         warnings.resetwarnings()
@@ -219,6 +233,69 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def rounds(args, fresh, data, device, say) -> dict:
+    """Every way of --ways at once (a model, DDP and optimizer each), visited in turn per round:
+    what a two-speed GPU does to one way's run, it does to every way's alike."""
+    import shimrt.torch
+    built = {}
+    for way in dict.fromkeys(args.ways.split(",")):
+        ddp, opt = fresh()
+        ov = None
+        if way == "minimal":
+            pg = dist.distributed_c10d._get_default_group()
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.AVG
+            ddp.register_comm_hook(_State(pg, opts), lambda st, b: st.pg.allreduce([b.buffer()], st.opts)
+                                   .get_future().then(lambda f: f.value()[0]))
+        elif way == "builtin":
+            ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        elif way != "plain":
+            ov = shimrt.torch.overlap(ddp, policy=way, quiet=True, timeout=120)
+        built[way] = (ddp, opt, ov)
+    times: dict = {w: [] for w in built}
+
+    def step(i, ddp, opt, ov):
+        x, y = data[i % len(data)]
+        with (ov.step() if ov is not None else _null()):
+            loss = ddp(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        if i % 10 == 9:
+            loss.item()
+    i = 0
+    for _ in range(args.rounds):
+        for way, (ddp, opt, ov) in built.items():
+            step(i, ddp, opt, ov)  # the warm-up: a switch of model's first step
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.visit):
+                i += 1
+                step(i, ddp, opt, ov)
+            torch.cuda.synchronize()
+            t = torch.tensor([(time.perf_counter() - t0) * 1e3 / args.visit], device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            times[way].append(t.item())
+    out = {}
+    base = statistics.fmean(times["plain"]) if "plain" in times else None
+    for way, ts in times.items():
+        mean, sd = statistics.fmean(ts), statistics.stdev(ts) if len(ts) > 1 else 0.0
+        ov = built[way][2]
+        host = ov.report()["host_us"].get(way) if ov is not None else None
+        out[way] = {"mean_ms": mean, "stdev_ms": sd, "visits_ms": ts, "host_us": host}
+        say(f"{way:16s} mean {mean:7.2f} ms  sd {sd:5.2f}  "
+            f"{'' if base is None else f'{mean / base:.3f}x plain'}  host {host}")
+    return out
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
 def micro(device) -> dict:
     """Host microseconds per call of what a hook does."""
     from torch._jit_internal import _extract_tensors
@@ -272,6 +349,23 @@ def micro(device) -> dict:
         bench("shimrt all_reduce avg (one-off)", lambda: comm.all_reduce(buf, op="avg", stream=s))
         call = comm.prepare("all_reduce", buf, op="avg", stream=s)
         bench("shimrt prepared all_reduce", call)
+        from shimrt.torch.hook import Lane
+        lane = Lane(torch, comm, s, owned=False, size=1, index=device.index)
+
+        class Bucket:  # what the hook reads of DDP's GradBucket
+            def buffer(self):
+                return buf
+
+            def index(self):
+                return 0
+        b = Bucket()
+        bench("Lane.all_reduce (the hook's whole path)", lambda: lane.all_reduce(b))
+        pg = dist.distributed_c10d._get_default_group()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.AVG
+        bench("ProcessGroupNCCL allreduce (hookless DDP's call)", lambda: pg.allreduce([buf], opts))
+        bench("pg.allreduce + get_future().then", lambda: pg.allreduce([buf], opts).get_future().then(
+            lambda f: f.value()[0]))
         s.synchronize()
         comm.close()
         s.close()
