@@ -235,10 +235,24 @@ def main() -> None:
 
 def rounds(args, fresh, data, device, say) -> dict:
     """Every way of --ways at once (a model, DDP and optimizer each), visited in turn per round:
-    what a two-speed GPU does to one way's run, it does to every way's alike."""
+    what a two-speed GPU does to one way's run, it does to every way's alike. ``pg-high`` and
+    ``pg-ctasN``: no hook, DDP on a process group of high-priority streams (and NCCL held to N
+    CTAs, ProcessGroupNCCL.Options.config), the way a policy could run at DDP's own host cost."""
     import shimrt.torch
     built = {}
     for way in dict.fromkeys(args.ways.split(",")):
+        if way.startswith("pg-"):
+            opts = dist.ProcessGroupNCCL.Options()
+            opts.is_high_priority_stream = True
+            if way.startswith("pg-ctas"):
+                opts.config.min_ctas = opts.config.max_ctas = int(way[len("pg-ctas"):])
+            pg = dist.new_group(list(range(dist.get_world_size())), backend="nccl", pg_options=opts)
+            torch.manual_seed(0)
+            m = Decoder(args.width, args.layers, args.width // 64, 32768, args.seq).to(device)
+            ddp = DDP(m, device_ids=[device.index], process_group=pg,
+                      **({} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}))
+            built[way] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4, fused=True), None)
+            continue
         ddp, opt = fresh()
         ov = None
         if way == "minimal":
