@@ -15,6 +15,7 @@ steps after ``--warmup`` and is timed as a whole (synchronize before and after),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -155,20 +156,7 @@ def main() -> None:
 
         def step(i, ddp=ddp, opt=opt, step_ctx=step_ctx):
             x, y = data[i % len(data)]
-            if step_ctx is not None:
-                with step_ctx():
-                    loss = ddp(x, y)
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad()
-            else:
-                loss = ddp(x, y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-            if i % 10 == 9:
-                loss.item()
-            return loss
+            return _train(i, ddp, opt, step_ctx() if step_ctx is not None else contextlib.nullcontext(), x, y)
 
         trial = 0
         while ov is not None and ov.report()["policy"] is None:  # auto's trials, apart
@@ -270,13 +258,7 @@ def rounds(args, fresh, data, device, say) -> dict:
 
     def step(i, ddp, opt, ov):
         x, y = data[i % len(data)]
-        with (ov.step() if ov is not None else _null()):
-            loss = ddp(x, y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        if i % 10 == 9:
-            loss.item()
+        _train(i, ddp, opt, ov.step() if ov is not None else contextlib.nullcontext(), x, y)
     i = 0
     for _ in range(args.rounds):
         for way, (ddp, opt, ov) in built.items():
@@ -302,12 +284,16 @@ def rounds(args, fresh, data, device, say) -> dict:
     return out
 
 
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+def _train(i, ddp, opt, context, x, y):
+    """One training step inside ``context``; the loss read on the host every 10th step."""
+    with context:
+        loss = ddp(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    if i % 10 == 9:
+        loss.item()
+    return loss
 
 
 def micro(device) -> dict:

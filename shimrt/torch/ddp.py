@@ -123,9 +123,10 @@ class Overlap:
         policy = policy if isinstance(policy, Policy) else str(policy)
         if policy != "auto":
             # The name's own checks; its channels are sized once the ranks are known.
-            if not vocabulary.parse(policy).overlap:
-                raise UsageError(f"policy {vocabulary.parse(policy).name!r} all-reduces after backward, which DDP's "
-                                 "hook cannot defer; under DDP the no-overlap reference is 'ddp'")
+            named = vocabulary.parse(policy)
+            if not named.overlap:
+                raise UsageError(f"policy {named.name!r} all-reduces after backward, which DDP's hook cannot defer; "
+                                 "under DDP the no-overlap reference is 'ddp'")
         index = _check_ddp(torch, dist, ddp)
         if policy == "auto" and (why := unsupported(ddp)) is not None:  # before any collective
             raise UsageError(f"auto cannot time its policies beside this DDP: {why}; give overlap() a fixed policy")
