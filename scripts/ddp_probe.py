@@ -225,21 +225,32 @@ def rounds(args, fresh, data, device, say) -> dict:
     """Every way of --ways at once (a model, DDP and optimizer each), visited in turn per round:
     what a two-speed GPU does to one way's run, it does to every way's alike. ``pg-high`` and
     ``pg-ctasN``: no hook, DDP on a process group of high-priority streams (and NCCL held to N
-    CTAs, ProcessGroupNCCL.Options.config), the way a policy could run at DDP's own host cost."""
+    CTAs, ProcessGroupNCCL.Options.config), the way a policy could run at DDP's own host cost;
+    ``WAY+carveout:N`` (WAY plain or pg-...): cuBLAS leaves N SMs free during the step, no hook."""
     import shimrt.torch
     built = {}
+    from shimrt.torch.interop import sm_carveout
+    carve: dict = {}
     for way in dict.fromkeys(args.ways.split(",")):
-        if way.startswith("pg-"):
+        base, _, extra = way.partition("+")  # "+carveout:N": cuBLAS leaves N SMs free, no hook
+        if extra:
+            if not extra.startswith("carveout:") or base == "minimal" or base == "builtin":
+                raise SystemExit(f"--ways: {way!r}: only plain or pg-... take +carveout:N")
+            carve[way] = int(extra[len("carveout:"):])
+        if base.startswith("pg-"):
             opts = dist.ProcessGroupNCCL.Options()
             opts.is_high_priority_stream = True
-            if way.startswith("pg-ctas"):
-                opts.config.min_ctas = opts.config.max_ctas = int(way[len("pg-ctas"):])
+            if base.startswith("pg-ctas"):
+                opts.config.min_ctas = opts.config.max_ctas = int(base[len("pg-ctas"):])
             pg = dist.new_group(list(range(dist.get_world_size())), backend="nccl", pg_options=opts)
             torch.manual_seed(0)
             m = Decoder(args.width, args.layers, args.width // 64, 32768, args.seq).to(device)
             ddp = DDP(m, device_ids=[device.index], process_group=pg,
                       **({} if args.bucket_mb is None else {"bucket_cap_mb": args.bucket_mb}))
             built[way] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-4, fused=True), None)
+            continue
+        if extra:
+            built[way] = (*fresh(), None)
             continue
         ddp, opt = fresh()
         ov = None
@@ -256,18 +267,20 @@ def rounds(args, fresh, data, device, say) -> dict:
         built[way] = (ddp, opt, ov)
     times: dict = {w: [] for w in built}
 
-    def step(i, ddp, opt, ov):
+    def step(i, way, ddp, opt, ov):
         x, y = data[i % len(data)]
-        _train(i, ddp, opt, ov.step() if ov is not None else contextlib.nullcontext(), x, y)
+        context = ov.step() if ov is not None else sm_carveout(carve[way]) if way in carve \
+            else contextlib.nullcontext()
+        _train(i, ddp, opt, context, x, y)
     i = 0
     for _ in range(args.rounds):
         for way, (ddp, opt, ov) in built.items():
-            step(i, ddp, opt, ov)  # the warm-up: a switch of model's first step
+            step(i, way, ddp, opt, ov)  # the warm-up: a switch of model's first step
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(args.visit):
                 i += 1
-                step(i, ddp, opt, ov)
+                step(i, way, ddp, opt, ov)
             torch.cuda.synchronize()
             t = torch.tensor([(time.perf_counter() - t0) * 1e3 / args.visit], device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
