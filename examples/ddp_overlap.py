@@ -99,8 +99,8 @@ def main() -> None:
               f"give more --steps")
     elif rank == 0:
         median = sorted(kept)[len(kept) // 2] * 1e3
-        hook = "with shimrt's hook" if report["hooked"] else "plain DDP, no hook"
-        print(f"policy: {report['policy']} ({report['describe']}; {hook}); median step {median:.2f} ms over the "
+        print(f"policy: {report['policy']} ({report['describe']}; process group: {report['process_group']}); "
+              f"median step {median:.2f} ms over the "
               f"last {len(kept)} steps; ranks {report['ranks']}, {report['ranks_per_gpu']} per GPU")
         if report["dropped"]:
             print(f"dropped: {report['dropped']}")

@@ -194,7 +194,7 @@ def main() -> None:
             f"{entry['hook_us_median']}  per step {entry['hook_us_per_step']}")
         if ov is not None:
             rep = entry["report"]
-            say(f"    kept {rep['policy']} hooked {rep['hooked']} after {trial} trial steps; reference "
+            say(f"    kept {rep['policy']} ({rep['process_group']}) after {trial} trial steps; reference "
                 f"{rep['reference']}; host us {rep['host_us'].get(rep['policy'])}")
         if args.profile and way in ("plain", "priority", "python", "carveout:32") and f"{way}.json" not in os.listdir(
                 args.profile):
@@ -362,17 +362,6 @@ def micro(device) -> dict:
         bench("shimrt all_reduce avg (one-off)", lambda: comm.all_reduce(buf, op="avg", stream=s))
         call = comm.prepare("all_reduce", buf, op="avg", stream=s)
         bench("shimrt prepared all_reduce", call)
-        from shimrt.torch.hook import Lane
-        lane = Lane(torch, comm, s, owned=False, size=1, index=device.index)
-
-        class Bucket:  # what the hook reads of DDP's GradBucket
-            def buffer(self):
-                return buf
-
-            def index(self):
-                return 0
-        b = Bucket()
-        bench("Lane.all_reduce (the hook's whole path)", lambda: lane.all_reduce(b))
         pg = dist.distributed_c10d._get_default_group()
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.AVG

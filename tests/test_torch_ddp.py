@@ -263,14 +263,14 @@ def test_overlap_refuses_a_ddp_without_nccl():
 
 def _ddp_result():
     way = lambda ms, **more: dict(step_ms=ms, steps_ms=[ms, ms + 1.5, ms - 0.5], hidden=0.5, **more)  # noqa: E731
-    host = {"hook_us_per_bucket": 12.25, "buckets_per_step": 36.0, "hook_us_per_step": 441.0, "step_us": 20.0}
+    host = {"step_us": 20.4, "steps": 16}
     return {"model": {"parameters": 537e6}, "gradient_bytes": 2 << 30, "compute_ms": 18.0, "comm_ms": 6.6,
             "optimizer": "adamw", "loss_every": 10,
-            "ways": {"plain DDP": way(25.0), "DDP high priority": way(24.0, loss_max_diff=0.0),
-                     "priority": dict(way(22.0, loss_max_diff=0.0, hooked=True, host_us=host),
+            "ways": {"plain DDP": way(25.0), "carveout:64": way(24.0, loss_max_diff=0.0),
+                     "priority": dict(way(22.0, loss_max_diff=0.0, host_us=host),
                                       steps_ms=[22.0, 22.0, 27.6]),
                      "carveout:32": way(float("nan"), failed="DriverError: x"),
-                     "auto": dict(way(21.0, kept="priority", trial_steps=44, hooked=True, host_us=host),
+                     "auto": dict(way(21.0, kept="priority", trial_steps=44, host_us=host),
                                   steps_ms=[21.0] * 3),
                      "plain DDP again": dict(way(25.5), steps_ms=[25.5, 26.0, 26.0])}}
 
@@ -281,7 +281,7 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
     assert "(adamw, loss read every 10 step(s))" in text
     assert "compute alone 18.00 ms, all-reduces alone 6.60 ms (no overlap can beat 18.00 ms)" in text
     assert "priority" in text and " 0.880x" in text and "kept priority after 44 trial steps" in text
-    assert "hook 12.2 us/bucket x 36" in text
+    assert "ov.step() 20 us/step" in text
     assert re.search(r"plain DDP +25.00 +25.33 +26.50 +1.000x", text), text  # the median, the mean, the slowest
     assert "DriverError: x" in text
     noise, medians, means = text.splitlines()[-3:]

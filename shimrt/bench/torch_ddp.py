@@ -9,11 +9,12 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   sharing a GPU that drift apart compute partly alone: compute-heavy measured 25 ms so on the
   H200, against 48 ms with both ranks computing at once);
 - all-reduces alone: buckets of the gradients' size through torch.distributed, back to back;
-- plain DDP (ProcessGroupNCCL on its own streams, no hook) and DDP on a process group of
-  high-priority streams: the references a user already has; plain DDP runs first and again last,
-  and the two set the run's noise;
+- plain DDP (ProcessGroupNCCL on its own streams): the reference a user already has; it runs
+  first and again last, and the two set the run's noise;
 - DDP with ``shimrt.torch.overlap`` under each fixed policy of ``--policies`` and auto (its trial
-  steps counted apart, what it kept reported), with the hook's host microseconds per bucket.
+  steps counted apart, what it kept reported), with ``ov.step()``'s host microseconds per step
+  (``priority`` is DDP on a process group of high-priority streams, what a user could make with
+  ``pg_options``).
 
 The loop is a user's: ``--optimizer`` (fused SGD or fused AdamW), the loss read on the host every
 ``--loss-every`` steps (1: the host waits for each step's end), ``--bucket-mb`` (DDP's
@@ -45,7 +46,7 @@ from .torch_measure import comm_hidden, step_times_ms
 GOAL_BELOW = {"comm-heavy-1024": 0.08, "balanced": 0.15, "balanced-1024": 0.15}
 GOAL_BEST = 0.03
 #: The ways that are not shimrt's: references, set apart in the goals.
-REFERENCES = ("plain DDP", "DDP high priority", "plain DDP again")
+REFERENCES = ("plain DDP", "plain DDP again")
 
 
 def _step_ms(torch: Any, step: Callable[[int], Any], warmup: int, steps: int) -> tuple[list[float], list[float]]:
@@ -70,8 +71,6 @@ class _Rank:
         if self.size < 2:
             raise ShimrtError("bench torch with one process per rank needs 2 or more ranks (torchrun, or python -m "
                               "shimrt.launch --nproc 2)")
-        from ..torch import process_group_options
-        self.high = dist.new_group(list(range(self.size)), backend="nccl", pg_options=process_group_options(True))
 
     def slowest(self, values: list[float]) -> list[float]:
         """Each value's maximum over the ranks."""
@@ -112,7 +111,7 @@ def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any]
 
 def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     """Every way of configuration ``name`` (``kinds``: --policies; ``sequential`` has no place
-    under DDP's hook and is left out) on this rank; times are the slowest rank's."""
+    under DDP and is left out) on this rank; times are the slowest rank's."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ..torch import overlap
@@ -141,7 +140,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     steps["comm"], _ = _step_ms(torch, comm, args.warmup, args.steps)
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
-    ways: list[tuple[str, Any]] = [("plain DDP", None), ("DDP high priority", "high")]
+    ways: list[tuple[str, Any]] = [("plain DDP", None)]
     fixed = [p for p in vocabulary.candidates(args.sms, 1, kinds) if p.overlap and p.comm == "shimrt"]
     # by name: overlap() sizes each policy's channels by the ranks per GPU
     ways += [(p.name, p.name) for p in fixed] + ([("auto", "auto")] if "auto" in kinds else [])
@@ -149,13 +148,12 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     reference = None
     for way, policy in ways:
         model, data, opt = r.fresh(size)
-        group = r.high if policy == "high" else None
-        ddp = DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb, process_group=group,
+        ddp = DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb,
                   gradient_as_bucket_view=args.bucket_view)
         entry: dict = {}
         ov = step = None
         try:
-            if policy not in (None, "high"):
+            if policy is not None:
                 ov = overlap(ddp, policy, sms=args.sms, trial_steps=args.trial_steps, quiet=True,
                              timeout=args.comm_timeout)
                 entry["ranks_per_gpu"] = ov.ranks_per_gpu
@@ -171,7 +169,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             if ov is not None:
                 report = ov.report()
                 entry.update(kept=report["policy"], choice=report["describe"], dropped=report["dropped"],
-                             hooked=report["hooked"], host_us=report["host_us"].get(report["policy"]))
+                             process_group=report["process_group"], host_us=report["host_us"].get(report["policy"]))
                 ov.close()
         except (ShimrtError, RuntimeError) as exc:  # one way that cannot run here: said, the rest go on
             entry["failed"] = f"{type(exc).__name__}: {exc}"
@@ -212,8 +210,8 @@ def noise(r: dict) -> float:
 
 
 def report(name: str, r: dict) -> str:
-    """Configuration ``name``'s table (each way's median step, mean step and slowest step, the
-    hook's host time per bucket) and how its goals stand, by the medians and by the means (what a
+    """Configuration ``name``'s table (each way's median step, mean step and slowest step,
+    ``ov.step()``'s host time per step) and how its goals stand, by the medians and by the means (what a
     run's total time follows: a way whose steps run at two speeds has a median that depends on the
     stretch the run caught)."""
     ways, base = r["ways"], r["ways"]["plain DDP"]["step_ms"]
@@ -227,10 +225,8 @@ def report(name: str, r: dict) -> str:
         notes = e.get("failed") or (f"kept {e['kept']} after {e['trial_steps']} trial steps" if way == "auto" else
                                     f"loss max diff {e['loss_max_diff']:.3g}" if "loss_max_diff" in e else "")
         host = e.get("host_us") or {}
-        if host.get("hook_us_per_bucket") is not None:
-            notes += f"; hook {host['hook_us_per_bucket']:.1f} us/bucket x {host['buckets_per_step']:.0f}"
-        elif "hooked" in e and not e["hooked"]:
-            notes += "; no hook (plain DDP kept)"
+        if host.get("step_us") is not None:
+            notes += f"; ov.step() {host['step_us']:.0f} us/step"
         lines.append(f"{way:24s} {e['step_ms']:8.2f} {means[way]:8.2f} {max(e['steps_ms']):8.2f} "
                      f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%}  {notes}")
     if "auto" in ways and not math.isnan(ways["auto"]["step_ms"]):

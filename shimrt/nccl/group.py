@@ -25,7 +25,14 @@ if TYPE_CHECKING:
     from .communicator import Communicator
 
 # The open group of this thread (see group()): ``calls`` is None outside one.
-_GROUP = threading.local()
+class _Open(threading.local):
+    """This thread's open group: ``calls`` (None outside one), read with no AttributeError
+    raised and caught on every call outside a group (400 ns a call, measured)."""
+    calls: list | None = None
+
+
+_GROUP = _Open()
+_monotonic = time.monotonic
 
 
 class Queued:
@@ -124,10 +131,12 @@ def settle(comms: list["Communicator"], result: int, call: str, *, abort_every: 
 def run(q: Queued) -> None:
     """Make the one call ``q`` (outside any group), settle it and follow it."""
     state = q.state
-    with state.lock:
+    lock = state.lock
+    lock.acquire()  # acquire/release rather than with: a loop's whole host cost is this function's
+    try:
         if state.handle is not q.handle or state.error is not None:
             raise state.dead()
-        start = time.monotonic()
+        start = _monotonic()
         state.call, state.entered = q.name, start
         try:
             result = q.function(*q.args)
@@ -136,11 +145,13 @@ def run(q: Queued) -> None:
         finally:
             state.entered = 0.0
         state.follow(q.stream, q.what, start)  # counted from the call: its settling is part of the wait
+    finally:
+        lock.release()
 
 
 def open_calls() -> list | None:
     """The calls queued in this thread's open :func:`group`, or None outside one."""
-    return getattr(_GROUP, "calls", None)
+    return _GROUP.calls
 
 
 def enqueue(calls: list, q: Queued) -> None:

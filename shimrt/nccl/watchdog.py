@@ -97,7 +97,8 @@ class CommState:
         (:meth:`flush`), covers it, counted from when it was enqueued. Called with the lock held."""
         tail = self.tail
         if stream is self.own and now - self.last_record < GAP:
-            self.tail = (stream, tail[1] if tail is not None else now, what)
+            if tail is None:  # the tail is on the own stream only: its oldest call is what it reports
+                self.tail = (stream, now, what)
             return
         since = tail[1] if tail is not None and tail[0] is stream else now
         if tail is not None and tail[0] is stream:

@@ -11,8 +11,9 @@ SM partitions, and cuBLAS told how many SMs to leave free.
   a stream of the greatest priority, for users who keep ProcessGroupNCCL (or DDP) rather than a
   shimrt Communicator;
 - :class:`shimrt.overlap.interpose.Interposer` shapes torch's kernels themselves;
-- :func:`overlap`: a DistributedDataParallel's all-reduces through shimrt, beside its compute,
-  under a policy or auto (:mod:`shimrt.torch.ddp`; the policies: :mod:`shimrt.torch.policies`).
+- :func:`overlap`: a DistributedDataParallel's all-reduces beside its compute under a policy or
+  auto: the policy's process group (stream priority, NCCL channels) and its compute side
+  (:mod:`shimrt.torch.ddp`; the policies: :mod:`shimrt.torch.policies`).
 
 torch is imported when a function is called, never at shimrt's import.
 """

@@ -1,4 +1,5 @@
-"""Overlap in a DDP training loop: shimrt as DistributedDataParallel's communication hook.
+"""Overlap in a DDP training loop: a policy's compute side around each step, its all-reduces on a
+process group of its own, and auto, which keeps plain DDP unless a policy is measured faster.
 
 ::
 
@@ -13,36 +14,33 @@
     print(ov.report()["policy"])                       # what auto kept, and its trials
     ov.close()
 
-Under a shimrt policy, :func:`overlap` registers a comm hook (``ddp.register_comm_hook``) that
-all-reduces each of DDP's buckets through a shimrt Communicator made from the DDP's process group
-(same ranks, the rendezvous torchrun already did), averaging as DDP does (ncclAvg: each rank's
-gradient times 1/world size, then summed; DDP multiplies by 1/world size, then sums), on the
-policy's stream (:class:`~shimrt.torch.hook.Lane`): the stream first waits for the one current
-when DDP calls the hook, and DDP's end of backward waits for the all-reduce on the GPU, never on
-the host. ``ov.step()`` applies the policy's compute side around the user's forward, backward and
-optimizer step (shaping through the Interposer, an SM partition, cuBLAS's carveout; see
-:mod:`shimrt.torch.policies`).
+A policy (:mod:`shimrt.torch.policies`) has two sides. Its communication runs where DDP's
+reducer already sends it, through a process group, with nothing of shimrt's on the path: the
+DDP is pointed at a ProcessGroupNCCL over the same ranks made with the policy's options, NCCL on
+streams of the greatest priority and held to the channels (SMs) the policy keeps for it
+(:mod:`shimrt.torch.groups`). No comm hook is registered, so DDP keeps its C++ path, its
+gradient scaling into the buckets, and its host cost. Its compute side is applied by ``ov.step()``
+around the user's forward, backward and optimizer step: every kernel shaped through the
+Interposer, torch's compute on an SM partition, or cuBLAS leaving SMs free (for the step, or for
+``windowed-carveout`` from the first gradient DDP buckets on: a post-accumulate-grad hook on the
+parameter registered last, whose gradient DDP expects first).
 
-``ddp`` is plain DDP itself: no hook is registered, and ``ov.step()`` does nothing but count.
-``policy="auto"`` times plain DDP, without any hook, beside every candidate in rounds over the
-first steps, then the fastest few again beside it, and keeps the fastest by the slowest rank's
-mean step time, plain DDP unless another is more than ``margin`` faster
-(:mod:`shimrt.torch.trials`). The candidates run through a twin of the DDP that carries the hook
-(:mod:`shimrt.torch.twin`; one more copy of the gradients in GPU memory until auto decides), so
-that a hook, which DDP can never lose once registered, is registered on the user's DDP only when
-a policy that needs it won; when plain DDP wins, the job runs as if :func:`overlap` had never been
-called. ``ov.report()`` says what auto measured plain DDP at, and the host time per bucket and
-per step of each policy (:class:`~shimrt.torch.hook.HostCost`).
+``ddp`` is plain DDP itself: its own process group, and ``ov.step()`` does nothing but count.
+``policy="auto"`` times plain DDP beside every candidate in rounds over the first steps, moving
+the DDP from group to group between steps, then the fastest few again beside it, and keeps the
+fastest by the slowest rank's mean step time: plain DDP unless another is more than ``margin``
+faster and faster beyond the trials' noise (:mod:`shimrt.torch.trials`). The groups it does not
+keep are destroyed; when plain DDP wins, the job runs as if :func:`overlap` had never been called.
+``ov.report()`` says what auto measured plain DDP at, and each policy's host time per step.
 
-16-bit gradients over a world size that is not a power of two are scaled by 1/size in float
-before a sum, as DDP does (ncclAvg would scale in 16 bits). Not supported: sparse gradients
-(refused when a bucket comes), ``Join``, and a DDP that has a comm hook already; auto also needs
-a DDP its twin can mirror (no ``mixed_precision``, no delayed all-reduces). ``no_sync()`` steps,
-DDP's bucket rebuild after the first step, ``gradient_as_bucket_view`` either way and bf16 or
-fp32 buckets need nothing more. A collective whose peer is gone is aborted by shimrt's watchdog
-after ``timeout`` seconds; the next bucket, ``step()``'s end, or :meth:`Overlap.close` raises its
-:class:`CollectiveError`. For a loop without DDP, :class:`~shimrt.torch.step.GradientBuckets` and
-:class:`~shimrt.torch.step.NcclBuckets` take the same policies.
+A collective whose peer is gone ends as plain DDP's does: torch's NCCL watchdog after the group's
+timeout (``timeout`` for the groups shimrt makes). Not supported: a DDP with a comm hook (its
+all-reduces run in the hook, out of a group's reach) or one whose reducer cannot change its
+process group (:func:`shimrt.torch.groups.moveable`). ``no_sync()`` steps (not timed by auto),
+DDP's bucket rebuild, ``gradient_as_bucket_view``, ``mixed_precision``, sparse gradients and
+``Join`` are DDP's own and need nothing more. For a loop without DDP,
+:class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
+same policies through shimrt's own Communicators.
 """
 
 from __future__ import annotations
@@ -58,20 +56,20 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
 from ..stream import Stream
+from . import groups as pgs
 from . import policies as vocabulary
-from .hook import HostCost, Lane, now
+from .cost import HostCost, now
 from .interop import require_torch, sm_carveout
 from .interop import stream as torch_stream
 from .step import Policy, compute_context
 from .trials import Trials
-from .twin import Twin, unsupported
 
 # The SM partitions the policies run compute on, (GPU index, SMs) -> (kept, rest, rest's stream),
-# made on first use and held for the process (never closed), shared by every overlap in it. DDP
-# waits for a hook's future on the step's stream, so torch's caching allocator records that stream
-# on DDP's buckets and records an event on it whenever a bucket is freed: at the DDP's collection
-# or the interpreter's end, after anything shimrt could close. An event recorded on a destroyed
-# stream aborts the process (seen on the H200); a live idle partition costs next to nothing.
+# made on first use and held for the process (never closed), shared by every overlap in it: torch's
+# caching allocator records the step's stream on tensors made there, and records an event on it
+# whenever one is freed, at the model's collection or the interpreter's end, after anything shimrt
+# could close. An event recorded on a destroyed stream aborts the process (seen on the H200); a
+# live idle partition costs next to nothing.
 _PARTITIONS: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
 
@@ -82,28 +80,15 @@ def overlap(ddp: Any, policy: Any = "auto", *, sms: Iterable[int] = (32, 48, 64)
     ``sms``: the SMs auto's partition and carveout candidates keep for NCCL; ``trial_steps``: the
     rounds of auto's search and of its confirmation (a round: one warm-up step and one timed step
     per candidate); ``margin``: how much faster than plain DDP auto's pick must be; ``timeout``:
-    seconds a collective may take before it is aborted; ``quiet``: rank 0 says nothing when auto
-    decides. Collective over the DDP's ranks: every rank calls it, with the same arguments."""
+    seconds a collective of shimrt's process groups may take before torch's watchdog ends it;
+    ``quiet``: rank 0 says nothing when auto decides. Collective over the DDP's ranks: every rank
+    calls it, with the same arguments."""
     require_torch()
     return Overlap(ddp, policy, sms=sms, trial_steps=trial_steps, margin=margin, timeout=timeout, quiet=quiet)
 
 
-def _hook(state, bucket):  # noqa: ANN001, ANN202 - DDP refuses annotations other than its own classes
-    """DDP's comm hook (a plain function, as ``register_comm_hook`` takes it)."""
-    return state.all_reduce(bucket)
-
-
-def _twin_hook(state, bucket):  # noqa: ANN001, ANN202
-    """The twin's comm hook: its state is a weak reference to the Overlap (a reducer's hold on its
-    state is invisible to Python's collector, and the Overlap holds the twin)."""
-    ov = state()
-    if ov is None:
-        raise UsageError("the shimrt Overlap behind this DDP twin is gone")
-    return ov.all_reduce(bucket)
-
-
 class Overlap:
-    """What :func:`overlap` returns: ``step()``, ``report()``, ``close()``, and DDP's hook state."""
+    """What :func:`overlap` returns: ``step()``, ``report()``, ``close()``."""
 
     def __init__(self, ddp: Any, policy: Any, *, sms: Iterable[int], trial_steps: int, margin: float,
                  timeout: float, quiet: bool):
@@ -125,36 +110,34 @@ class Overlap:
             # The name's own checks; its channels are sized once the ranks are known.
             named = vocabulary.parse(policy)
             if not named.overlap:
-                raise UsageError(f"policy {named.name!r} all-reduces after backward, which DDP's hook cannot defer; "
+                raise UsageError(f"policy {named.name!r} all-reduces after backward, which DDP does not do; "
                                  "under DDP the no-overlap reference is 'ddp'")
         index = _check_ddp(torch, dist, ddp)
-        if policy == "auto" and (why := unsupported(ddp)) is not None:  # before any collective
-            raise UsageError(f"auto cannot time its policies beside this DDP: {why}; give overlap() a fixed policy")
-        # A weak reference: once the hook is registered, DDP's reducer holds this object as its state,
-        # a reference Python's collector cannot see, so holding the DDP would keep both alive for good.
+        if (policy == "auto" or vocabulary.parse(policy).comm != "torch") and (why := pgs.moveable(ddp)):
+            raise UsageError(f"policy {policy!r} moves this DDP's all-reduces to process groups of its own, and "
+                             f"they cannot move: {why}; policy='ddp' leaves the DDP as it is")
+        # A weak reference: the window's gradient hook holds this object, the parameter holds the hook.
         self._ddp = weakref.ref(ddp)
         self.group = ddp.process_group
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.torch_device = torch.device("cuda", index)
         self.device = Device(index)
         self.ranks_per_gpu = self._ranks_per_gpu()
-        self._comms: dict = {}        # ctas -> Communicator
-        self._lanes: dict = {}        # (ctas, priority) -> Lane
+        self._groups = pgs.Groups(dist, self.group, timeout)
         self._partitions: dict = {}   # sms -> (kept, rest, rest's stream), from _PARTITIONS
         self._interposers: dict = {}  # cap -> Interposer
         self.dropped: dict[str, str] = {}
         self.cost = HostCost()
         self._active: Policy | None = None
+        self._wanted: int | None = None  # the SMs a window will carve out at the first gradient
         self._window: Any = None
-        self._reduced = False
-        self._counting: list[int] = [0, 0, 0, 0]
+        self._window_hook: Any = None
         self._timed: list = []        # (trial index, start event, end event) not yet read
-        self._twin: Twin | None = None
-        self.hooked = False           # the hook is registered on the user's DDP
         self.closed = False
         try:
             if policy == "auto":
-                kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto")]
+                # low-priority under DDP would be plain DDP's own streams and channels again.
+                kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto", "low-priority")]
                 candidates = self._usable(vocabulary.candidates(sms, self.ranks_per_gpu, kinds))
                 self.auto, self.trials = True, Trials(candidates, steps=trial_steps, margin=margin, reference="ddp")
             else:
@@ -162,12 +145,12 @@ class Overlap:
                 if self._usable([fixed]) == []:
                     raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
                 self.auto, self.trials = False, Trials.settled(fixed)
-            self._make_lanes(timeout)
-            if self.auto and len(self.trials.candidates) > 1:
-                self._twin = Twin(ddp, weakref.ref(self), _twin_hook)
-            elif self.trials.current().comm == "shimrt":
-                ddp.register_comm_hook(self, _hook)
-                self.hooked = True
+            for p in self.trials.candidates:  # every group now, in the same order on every rank
+                self._group_of(p)
+            if any(p.window for p in self.trials.candidates):
+                self._window_hook = _first_gradient_hook(ddp, weakref.ref(self))
+            if not self.auto:
+                pgs.use(ddp, self._group_of(self.trials.current()))
         except BaseException:
             with contextlib.suppress(Exception):  # the error that matters is the one raised
                 self._close_parts()
@@ -230,117 +213,79 @@ class Overlap:
             self._partitions[sms] = _PARTITIONS[key]
         return self._partitions[sms][2]
 
-    def _make_lanes(self, timeout: float) -> None:
-        """One Communicator per channel setting the policies need, over the DDP's ranks (rank 0's
-        unique ids reach the others through the process group), and a Lane per setting and
-        stream priority."""
-        from ..nccl import CommOptions, Communicator, unique_id
-        policies = [p for p in self.trials.candidates if p.comm == "shimrt"]
-        settings = sorted({p.ctas for p in policies}, key=lambda c: -1 if c is None else c)
-        if not settings:
-            return
-        ids: list[Any] = [[unique_id() for _ in settings] if self.rank == 0 else None]
-        with self._torch.cuda.device(self.torch_device):
-            self._dist.broadcast_object_list(ids, src=self._dist.get_global_rank(self.group, 0), group=self.group)
-        for ctas, uid in zip(settings, ids[0], strict=True):
-            options = CommOptions(timeout=timeout, min_ctas=ctas, max_ctas=ctas)
-            self._comms[ctas] = Communicator(self.device, uid, self.rank, self.size, options=options)
-        for p in policies:
-            key = (p.ctas, p.priority)
-            if key not in self._lanes:
-                comm = self._comms[p.ctas]
-                owned = p.priority != "high"
-                stream = self.device.stream("low") if owned else comm.stream
-                self._lanes[key] = Lane(self._torch, comm, stream, owned=owned, size=self.size,
-                                        index=self.device.index)
+    def _group_of(self, policy: Policy) -> Any:
+        """The process group ``policy``'s all-reduces run on: the DDP's own for plain DDP, else
+        the one of its stream priority and NCCL channels."""
+        if policy.comm == "torch":
+            return self.group
+        return self._groups.get((policy.priority, policy.ctas))
 
-    # --- the hook ---
-    def all_reduce(self, bucket: Any) -> Any:
-        """DDP's comm hook: the average of ``bucket`` over the ranks, as a future (see the
-        module's docstring)."""
-        start = now()
-        if self.closed:
-            return self._torch_all_reduce(bucket)
-        policy = self._active if self._active is not None else self._outside_step()
-        self._reduced = True
-        future = self._lanes[policy.ctas, policy.priority].all_reduce(bucket)
-        if policy.window and self._window is None:  # cuBLAS leaves NCCL its SMs from the first bucket on
-            self._window = sm_carveout(policy.carveout)
+    def _live_ddp(self) -> Any:
+        ddp = self._ddp()
+        if ddp is None:
+            raise UsageError("the DDP this Overlap serves is gone")
+        return ddp
+
+    def open_window(self) -> None:
+        """The first gradient of a ``windowed-carveout`` step is accumulated: cuBLAS leaves the
+        policy's SMs free from here to the end of ``ov.step()`` (called by the gradient hook)."""
+        if self._wanted is not None and self._window is None:
+            self._window = sm_carveout(self._wanted)
             self._window.__enter__()
-        counts = self._counting
-        counts[0] += now() - start
-        counts[1] += 1
-        return future
-
-    def _torch_all_reduce(self, bucket: Any) -> Any:
-        """After :meth:`close`: torch.distributed's all-reduce of the bucket on the DDP's process
-        group, as DDP's default hook (``allreduce_hook``) makes it (the hook stays registered)."""
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-        return allreduce_hook(self.group, bucket)
-
-    def _outside_step(self) -> Policy:
-        policy = self.trials.current()
-        if policy.cap is not None or policy.partition is not None or policy.carveout is not None:
-            raise UsageError(f"the policy {policy.name!r} needs each training step inside 'with ov.step():' "
-                             "(forward, backward and the optimizer step)")
-        self._counting = self.cost.counters(policy.name)
-        return policy
 
     # --- the step ---
     @contextlib.contextmanager
     def step(self) -> Iterator[Policy]:
         """One training step under the policy (auto's trial, or the one kept): its compute side
-        around the block, the step timed for auto; yields the policy. Raises the
-        :class:`CollectiveError` of a communicator the watchdog aborted."""
+        around the block, the DDP on the policy's process group, the step timed for auto; yields
+        the policy."""
         start = now()
         if self.closed:
             raise UsageError("the Overlap is closed")
         if self._active is not None:
             raise UsageError("ov.step() blocks do not nest")
-        self.check()  # a communicator aborted since: said before the step starts, not from inside DDP
         policy = self.trials.current()
-        counts = self._counting = self.cost.counters(policy.name)
-        if policy.comm == "torch" and self.trials.picked is not None:  # plain DDP kept: nothing to do
-            counts[2] += now() - start
-            counts[3] += 1
+        counts = self.cost.counters(policy.name)
+        timed = self.trials.picked is None
+        if policy.comm == "torch" and not timed:  # plain DDP kept: nothing to do
+            counts[0] += now() - start
+            counts[1] += 1
             yield policy
             return
         torch = self._torch
+        ddp = self._live_ddp()
         current = torch.cuda.current_stream(self.torch_device)
-        timed = self.trials.picked is None
         if timed:
-            ddp = self._ddp()
-            # A no_sync() step all-reduces nothing: it does not count (plain DDP's steps have no hook to tell).
-            synced = ddp is not None and ddp.require_backward_grad_sync
+            pgs.use(ddp, self._group_of(policy))  # between steps, at the same step on every rank
+            # A no_sync() step all-reduces nothing: it does not count.
+            synced = ddp.require_backward_grad_sync
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(current)
         part = self._partitions[policy.partition][2] if policy.partition is not None else None
         if part is not None:  # the partition's stream starts after what came before, and hands back
             torch_stream(part).wait_stream(current)
-        self._active, self._reduced = policy, False
+        self._active = policy
+        self._wanted = policy.carveout if policy.window else None
         with contextlib.ExitStack() as inside:
-            if self._twin is not None and policy.comm == "shimrt":
-                inside.enter_context(self._twin.routed())
             inside.enter_context(compute_context(policy, self._interposers.get(policy.cap), part))
-            counts[2] += now() - start
+            counts[0] += now() - start
             try:
                 yield policy
             finally:
                 start = now()
-                self._active = None
+                self._active, self._wanted = None, None
                 if self._window is not None:
                     window, self._window = self._window, None
                     window.__exit__(None, None, None)
                 if part is not None:
                     current.wait_stream(torch_stream(part))
-        self.check()
         if timed:
             end.record(current)
-            index = self.trials.done(synced if policy.comm == "torch" else self._reduced)
+            index = self.trials.done(synced)
             if index is not None:
                 self._timed.append((index, begin, end))
-        counts[2] += now() - start
-        counts[3] += 1
+        counts[0] += now() - start
+        counts[1] += 1
         if timed and self.trials.exhausted:  # auto's decision: once, not a step's own cost
             self._decide()
 
@@ -363,81 +308,67 @@ class Overlap:
             final = {c.name for c in self.trials.final}
             times = ", ".join(f"{n}{'*' if n in final else ''} {t:.2f}" for n, t in self.trials.means.items())
             print(f"shimrt.torch.overlap: auto kept {picked.name} ({picked.describe()}) after "
-                  f"{len(self.trials.schedule)} trial steps; mean step ms (* finalists; ddp: plain DDP, no hook): "
+                  f"{len(self.trials.schedule)} trial steps; mean step ms (* finalists; ddp: plain DDP): "
                   f"{times}", flush=True)
 
     def _settle(self, picked: Policy) -> None:
-        """Auto kept ``picked``: the twin goes; the user's DDP gets the hook where ``picked``
-        needs it, and what no other policy will use is closed."""
-        if self._twin is not None:
-            self._twin.close()
-            self._twin = None
-        unused = [lane for key, lane in self._lanes.items() if key != (picked.ctas, picked.priority)
-                  or picked.comm != "shimrt"]
-        for lane in unused:
-            lane.close()
-        self._lanes = {k: v for k, v in self._lanes.items() if v not in unused}
-        keep = picked.ctas if picked.comm == "shimrt" else object()
-        comms = [c for ctas, c in self._comms.items() if ctas != keep]
+        """Auto kept ``picked``: the DDP stays on its group, and what no other step will use goes."""
+        group = self._group_of(picked)
+        pgs.use(self._live_ddp(), group)
+        self._groups.close(keep=group)
         interposers = [i for cap, i in self._interposers.items() if cap != picked.cap]
-        self._comms = {k: v for k, v in self._comms.items() if k == keep}
         self._interposers = {k: v for k, v in self._interposers.items() if k == picked.cap}
-        close_each([*comms, *interposers])
-        if picked.comm == "shimrt":
-            ddp = self._ddp()
-            if ddp is None:
-                raise UsageError("the DDP this Overlap serves is gone")
-            ddp.register_comm_hook(self, _hook)
-            self.hooked = True
-
-    def check(self) -> None:
-        """Raise the CollectiveError of a communicator shimrt's watchdog aborted (a peer gone)."""
-        for comm in self._comms.values():
-            if comm.state.error is not None:
-                raise comm.state.error
+        if not picked.window and self._window_hook is not None:
+            self._window_hook.remove()
+            self._window_hook = None
+        close_each(interposers)
 
     # --- results and the end ---
     def report(self) -> dict:
-        """The policy in force (None while auto tries), auto's trials and its reference (plain DDP
-        without a hook, timed in the same rounds), the host time per policy (the hook per bucket,
-        ``ov.step()`` per step), candidates dropped and why."""
+        """The policy in force (None while auto tries), its process group, auto's trials and its
+        reference (plain DDP, timed in the same rounds), ``ov.step()``'s host time per step per
+        policy, candidates dropped and why."""
         policy = self.trials.picked
         means = self.trials.means if self.auto else {}
         return {"policy": None if policy is None else policy.name,
                 "describe": None if policy is None else policy.describe(),
-                "hooked": self.hooked,
-                "reference": {"policy": "ddp", "what": "plain DDP, no hook, timed in the same rounds",
+                "process_group": None if policy is None else _group_said(policy),
+                "reference": {"policy": "ddp", "what": "plain DDP, timed in the same rounds",
                               "mean_ms": means.get("ddp")} if self.auto else None,
                 "trials": self.trials.report() if self.auto else None,
                 "host_us": self.cost.report(),
                 "dropped": dict(self.dropped), "ranks": self.size, "ranks_per_gpu": self.ranks_per_gpu}
 
     def close(self, timeout: float = 120.0) -> None:
-        """Wait for the all-reduces and the partitions' work (at most ``timeout`` s each) and close
-        what the policies made (not the partitions, which the process keeps: see ``_PARTITIONS``);
-        a DDP with the hook then all-reduces through torch.distributed again (its hook stays
-        registered)."""
+        """Wait for the partitions' work (at most ``timeout`` s each), put the DDP back on its own
+        process group (it trains on as plain DDP) and close what the policies made (not the
+        partitions, which the process keeps: see ``_PARTITIONS``)."""
         if self.closed:
             return
         self.closed = True
         try:
-            for lane in self._lanes.values():
-                lane.stream.synchronize(timeout)
             for _, _, s in self._partitions.values():
                 s.synchronize(timeout)
-            self.check()
         finally:
             self._close_parts()
 
     def _close_parts(self) -> None:
-        """Close what the policies made, each whatever the others do (the partitions stay: see
-        ``_PARTITIONS``)."""
-        if self._twin is not None:
-            self._twin.close()
-            self._twin = None
-        things = [*self._lanes.values(), *self._interposers.values(), *self._comms.values()]
-        self._lanes, self._partitions, self._interposers, self._comms = {}, {}, {}, {}
-        close_each(things)
+        """Put the DDP back on its group and close what the policies made, each whatever the
+        others do (the partitions stay: see ``_PARTITIONS``)."""
+        ddp = self._ddp()
+        try:
+            if ddp is not None and getattr(ddp, "process_group", None) is not self.group:
+                pgs.use(ddp, self.group)
+        finally:
+            hook, self._window_hook = self._window_hook, None
+            if hook is not None:
+                hook.remove()
+            things = [*self._interposers.values()]
+            self._partitions, self._interposers = {}, {}
+            try:
+                self._groups.close()
+            finally:
+                close_each(things)
 
     def __enter__(self) -> "Overlap":
         return self
@@ -446,19 +377,41 @@ class Overlap:
         self.close()
 
 
+def _group_said(policy: Policy) -> str:
+    if policy.comm == "torch":
+        return "the DDP's own"
+    channels = "NCCL's own channels" if policy.ctas is None else f"NCCL held to {policy.ctas} channels"
+    return f"ProcessGroupNCCL, {policy.priority}-priority streams, {channels}"
+
+
+def _first_gradient_hook(ddp: Any, overlap: Any) -> Any:
+    """A post-accumulate-grad hook on the parameter of ``ddp`` registered last (DDP's first
+    bucket starts with it: its gradient is expected first) that opens the window of the step in
+    force; ``overlap`` is a weak reference to the Overlap. Its removable handle."""
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    if not params:
+        raise UsageError("this DDP's module has no parameter with requires_grad=True")
+
+    def opened(_param: Any) -> None:
+        ov = overlap()
+        if ov is not None:
+            ov.open_window()
+    return params[-1].register_post_accumulate_grad_hook(opened)
+
+
 def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:
-    """The CUDA device index of ``ddp``'s parameters; UsageError for what the hook cannot take."""
+    """The CUDA device index of ``ddp``'s parameters; UsageError for what overlap() cannot take."""
     if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
         raise UsageError(f"overlap() takes a torch.nn.parallel.DistributedDataParallel, not {validate.shown(ddp)}")
     if not dist.is_initialized():
         raise UsageError("torch.distributed is not initialised: call torch.distributed.init_process_group first")
     backend = str(dist.get_backend(ddp.process_group)).lower()
     if "nccl" not in backend:
-        raise UsageError(f"overlap() needs a DDP over NCCL (its process group's backend is {backend!r}): shimrt "
-                         "all-reduces GPU buffers with NCCL; init_process_group('nccl')")
+        raise UsageError(f"overlap() needs a DDP over NCCL (its process group's backend is {backend!r}): the "
+                         "policies' process groups are NCCL's; init_process_group('nccl')")
     if getattr(ddp, "_comm_hooks", None):
-        raise UsageError("this DDP has a comm hook already (register_comm_hook): DDP takes one for good, and "
-                         "overlap() registers its own")
+        raise UsageError("this DDP has a comm hook (register_comm_hook): its all-reduces run in the hook, where "
+                         "a policy's process group does not reach; overlap() needs a DDP without one")
     devices = {p.device for p in ddp.module.parameters()}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         raise UsageError(f"overlap() needs every parameter on one CUDA device (one process per GPU), not on "

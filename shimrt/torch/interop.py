@@ -60,15 +60,15 @@ def sm_carveout(sms: int | None) -> Iterator[None]:
             prefer(previous_blas)
 
 
-def process_group_options(high_priority: bool = True) -> Any:
+def process_group_options(high_priority: bool = True, ctas: int | None = None) -> Any:
     """Options for ``torch.distributed.init_process_group("nccl", pg_options=...)`` (or
     ``new_group``) that put ProcessGroupNCCL's collectives on streams of the greatest priority
-    (its ``is_high_priority_stream``), as shimrt's Communicator does by default."""
+    (its ``is_high_priority_stream``), as shimrt's Communicator does by default, and hold NCCL to
+    ``ctas`` channels (None: NCCL's choice), as a policy's process group under DDP does."""
     require_torch()
     high_priority = validate.boolean(high_priority, "high_priority")
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_nccl_available():
         raise UsageError("this torch has no NCCL process group (torch.distributed with NCCL)")
-    options = dist.ProcessGroupNCCL.Options()
-    options.is_high_priority_stream = high_priority
-    return options
+    from .groups import options
+    return options(dist, "high" if high_priority else "low", ctas)

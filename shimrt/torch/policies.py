@@ -5,16 +5,20 @@ A policy is a :class:`~shimrt.torch.step.Policy`. Its name says what it does:
 
 - ``ddp``: torch.distributed's own all-reduce, as plain DDP does it (ProcessGroupNCCL, its
   stream): the reference, and one of auto's candidates, so auto never keeps anything slower;
-- ``priority``: shimrt's all-reduce on a stream of the greatest priority, NCCL's own channels;
+- ``priority``: the all-reduces on streams of the greatest priority, NCCL's own channels;
 - ``low-priority``: the same at default priority (what a second stream alone gives);
 - ``shaping:N``: every torch kernel capped at N blocks per SM (launch interposition), room left
   for NCCL's blocks;
 - ``partition:K``: torch's compute on an SM partition of all but K SMs, NCCL's channels sized to
   the K kept;
 - ``carveout:K``: cuBLAS leaves K SMs free for the whole step; ``windowed-carveout:K`` only from
-  the first bucket's all-reduce on (to the end of backward in bench torch's one-process mode, to
+  the first bucket's gradients on (to the end of backward in bench torch's one-process mode, to
   the end of ``ov.step()`` under DDP: the optimizer's step runs no cuBLAS matmul, so the two agree);
 - ``sequential``: every all-reduce after backward (no overlap; a bench baseline).
+
+Who all-reduces: in bench torch's one-process mode and :class:`~shimrt.torch.step.NcclBuckets`,
+shimrt's Communicators with the policy's priority and channels; under DDP, DDP's own reducer on a
+ProcessGroupNCCL made with them (:mod:`shimrt.torch.groups`).
 """
 
 from __future__ import annotations

@@ -30,11 +30,13 @@ def main() -> None:
     model, plain = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1), DDP(mlp(device), device_ids=[0], bucket_cap_mb=1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
+    own = model.process_group
     ov = shimrt.torch.overlap(model, policy=policy, margin=margin, trial_steps=1, timeout=60, quiet=True)
-    hooks_during_trials = len(model._comm_hooks)
+    groups_seen = set()
     for step in range(steps):
         x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
         with ov.step():
+            groups_seen.add(id(model.process_group))
             model(x).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
@@ -43,10 +45,13 @@ def main() -> None:
         plain_opt.zero_grad()
     diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), plain.parameters(), strict=True))
     report = ov.report()
+    group = model.process_group
+    high = group._get_backend(device).options.is_high_priority_stream
     ov.close()
-    print(json.dumps({"policy": report["policy"], "hooked": report["hooked"], "hooks": len(model._comm_hooks),
-                      "hooks_during_trials": hooks_during_trials, "reference": report["reference"],
-                      "host_us": report["host_us"], "diff": diff}), flush=True)
+    print(json.dumps({"policy": report["policy"], "process_group": report["process_group"],
+                      "own_group": group is own, "high_priority": high, "groups_seen": len(groups_seen),
+                      "own_group_after_close": model.process_group is own, "hooks": len(model._comm_hooks),
+                      "reference": report["reference"], "host_us": report["host_us"], "diff": diff}), flush=True)
     dist.destroy_process_group()
 
 

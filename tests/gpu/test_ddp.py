@@ -92,12 +92,13 @@ def _diff(out: str) -> tuple[float, str]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_the_hooks_all_reduce_gives_plain_ddps_parameters_bit_for_bit(device, dtype):
-    """Same kernels, same reduction order (two ranks: a/2 + b/2 either way): bit for bit."""
+def test_priority_on_its_process_group_gives_plain_ddps_parameters_bit_for_bit(device, dtype):
+    """DDP's own reducer on a group of high-priority streams: the same kernels, the same reduction
+    (two ranks: a/2 + b/2 either way), bit for bit."""
     out = _launch(device, "--policy", "priority", "--compare", "--steps", "12", "--width", "512", "--layers", "2",
                   "--tokens", "256", "--dtype", dtype)
     assert _diff(out) == (0.0, "bit for bit"), out[-2000:]
-    assert "policy: priority (" in out and "with shimrt's hook" in out
+    assert "policy: priority (" in out and "process group: ProcessGroupNCCL, high-priority streams" in out
 
 
 @pytest.mark.timeout(300)
@@ -115,7 +116,7 @@ def test_every_compute_policy_trains_as_plain_ddp_within_a_different_kernels_rou
 @pytest.mark.timeout(300)
 def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_trials(device):
     out = _launch(device, "--policy", "auto", "--steps", "130", "--width", "1024", "--layers", "2", "--tokens", "512")
-    m = re.search(r"auto kept (\S+) .* mean step ms \(\* finalists; ddp: plain DDP, no hook\): (.+)$", out, re.M)
+    m = re.search(r"auto kept (\S+) .* mean step ms \(\* finalists; ddp: plain DDP\): (.+)$", out, re.M)
     assert m, out[-3000:]
     found = re.findall(r"([^\s,*]+)(\*?) ([0-9.]+|inf)(?:,|$)", m.group(2))
     means = {n: (float(t), star == "*") for n, star, t in found}
@@ -125,7 +126,10 @@ def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_t
 
 
 @pytest.mark.timeout(200)
-def test_a_rank_that_leaves_ends_the_other_with_a_collective_error_within_the_timeout(device):
+def test_a_rank_that_leaves_ends_the_other_within_the_timeout_as_plain_ddp_does(device):
+    """Rank 1 exits mid-training under ``priority``: rank 0's all-reduce on shimrt's group never
+    completes, and torch's NCCL watchdog ends rank 0 after the group's timeout (8 s), saying so, as
+    it ends a plain DDP rank; nothing waits for the default group's 120 s."""
     lib, indices = _two_ranks(device)
     timeout = 8
     env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
@@ -139,9 +143,10 @@ def test_a_rank_that_leaves_ends_the_other_with_a_collective_error_within_the_ti
         for p in procs:
             p.kill()
             p.wait()
-    m = re.search(r"rank 0: CollectiveError ([0-9.]+) s after the peer left: (.*)", out0)
-    assert m and procs[0].returncode == 0, out0[-3000:]
-    assert float(m.group(1)) <= timeout + 5 and "watchdog aborted" in m.group(2), out0[-3000:]
+    assert "rank 0: the peer left" in out0 and procs[0].returncode != 0, out0[-3000:]
+    alive = [int(n) for n in re.findall(r"rank 0: alive ([0-9]+) s after the peer left", out0)]
+    assert max(alive, default=0) <= timeout + 10, out0[-3000:]
+    assert re.search(r"[Tt]imed? ?out|[Ww]atchdog", out0), out0[-3000:]
 
 
 def _one_rank(device, policy: str, margin: float, steps: int) -> dict:
@@ -161,23 +166,26 @@ def _one_rank(device, policy: str, margin: float, steps: int) -> dict:
 
 
 @pytest.mark.timeout(300)
-def test_plain_ddp_kept_by_auto_or_asked_for_leaves_the_ddp_without_a_hook(device):
-    """auto (margin 0.5: nothing on one rank is half plain DDP's time) keeps plain DDP: the user's
-    DDP never got a hook (the candidates ran through the twin), the reference was timed, and the
-    parameters are plain DDP's within the rounding of the trials' other kernels; ``ddp`` asked
-    for is plain DDP from the first step, bit for bit."""
+def test_plain_ddp_kept_by_auto_or_asked_for_leaves_the_ddp_on_its_own_group(device):
+    """auto (margin 0.5: nothing on one rank is half plain DDP's time) keeps plain DDP: the trials
+    moved the DDP over its candidates' groups and back to its own, no hook was ever registered,
+    the reference was timed, and the parameters are plain DDP's within the rounding of the trials'
+    other kernels; ``ddp`` asked for is plain DDP from the first step, bit for bit."""
     got = _one_rank(device, "auto", 0.5, 60)
-    assert got["policy"] == "ddp" and not got["hooked"] and got["hooks"] == 0 and got["hooks_during_trials"] == 0
+    assert got["policy"] == "ddp" and got["own_group"] and got["groups_seen"] >= 3 and got["hooks"] == 0, got
     assert got["reference"]["mean_ms"] > 0 and got["diff"] <= 1e-5, got
     fixed = _one_rank(device, "ddp", 0.01, 12)
-    assert fixed["policy"] == "ddp" and fixed["hooks"] == 0 and fixed["diff"] == 0.0, fixed
+    assert fixed["policy"] == "ddp" and fixed["own_group"] and fixed["groups_seen"] == 1, fixed
+    assert fixed["hooks"] == 0 and fixed["diff"] == 0.0, fixed
 
 
 @pytest.mark.timeout(300)
-def test_a_hooked_policy_has_its_hook_on_the_ddp_and_reports_its_host_cost(device):
-    """priority: the hook on the user's DDP from the first step, its host time per bucket and
-    per step counted; one rank's average is the identity either way: bit for bit."""
+def test_priority_puts_the_ddp_on_a_high_priority_group_until_closed_and_reports_its_host_cost(device):
+    """priority: the DDP on a ProcessGroupNCCL of high-priority streams from the first step, no
+    hook, ov.step()'s host time per step counted; back on its own group once closed. One rank's
+    average is the identity either way: bit for bit."""
     got = _one_rank(device, "priority", 0.01, 12)
-    assert got["policy"] == "priority" and got["hooked"] and got["hooks"] == 1 and got["diff"] == 0.0, got
+    assert got["policy"] == "priority" and not got["own_group"] and got["high_priority"], got
+    assert got["groups_seen"] == 1 and got["own_group_after_close"] and got["hooks"] == 0 and got["diff"] == 0.0, got
     host = got["host_us"]["priority"]
-    assert host["buckets_per_step"] >= 1 and 0 < host["hook_us_per_bucket"] < 10_000 and host["step_us"] > 0, got
+    assert host["steps"] == 12 and 0 < host["step_us"] < 5_000, got

@@ -1,0 +1,98 @@
+"""A policy's process group under DDP (shimrt.torch.groups), on the CPU: real DDPs over gloo moved
+between process groups step by step, against a plain DDP copy."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shimrt import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_a_ddp_moved_between_groups_trains_as_plain_ddp_bit_for_bit(view):
+    """Two ranks: the DDP changes group every step (the first step's included, before DDP rebuilds
+    its buckets, and around a no_sync() step), then its first group is destroyed and it trains on
+    through the second alone; the parameters end as a plain DDP copy's, bit for bit."""
+    pytest.importorskip("torch")
+    port = str(_free_port())
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = ["--bucket-view"] if view else []
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "groups_ranks.py"), str(r), port, *argv],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=120)[0])
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, out[-3000:]
+        line = next(x for x in out.splitlines() if x.startswith(f"rank {rank}:"))
+        assert line == f"rank {rank}: diff 0.0 moveable None on-second True", out[-3000:]
+
+
+@pytest.fixture
+def gloo():
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed is unavailable or already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield torch
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_ddp_whose_all_reduces_cannot_move_is_said_why(gloo):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch.groups import moveable
+    torch = gloo
+    ddp = DDP(torch.nn.Linear(4, 4))
+    assert moveable(ddp) is None
+    ddp._delay_all_reduce_params = [object()]  # as DDP(delay_all_reduce_named_params=...) leaves it
+    assert "delay_all_reduce_named_params" in moveable(ddp)
+    ddp._delay_all_reduce_params = []
+    ddp._use_python_reducer = True  # torch.compile's compiled autograd
+    assert "no C++ reducer" in moveable(ddp)
+
+
+def test_use_leaves_a_ddp_already_on_the_group_as_it_is(gloo):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch.groups import use
+    torch = gloo
+    ddp = DDP(torch.nn.Linear(4, 4))
+    group = ddp.process_group
+    use(ddp, group)
+    assert ddp.process_group is group
+    other = torch.distributed.new_group([0])
+    use(ddp, other)
+    assert ddp.process_group is other
+    ddp(torch.randn(2, 4)).sum().backward()  # one rank: the all-reduce through other is the identity
+
+
+def test_groups_check_their_timeout(gloo):
+    import torch.distributed as dist
+
+    from shimrt.torch.groups import Groups
+    for bad in (0, -1, float("inf"), "5"):
+        with pytest.raises(UsageError, match="timeout must be a finite positive number"):
+            Groups(dist, dist.group.WORLD, bad)
