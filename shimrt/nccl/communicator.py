@@ -256,15 +256,20 @@ class Communicator:
         """The call, everything checked and packed."""
         row = row_of(name)
         s, r = buffers_of(name, row, send, recv)
-        datatype = datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
-        count = nccl_count(name, s, r, self.size)
+        # The checks' common outcomes read directly, their messages built only for a refusal
+        # (the one-off call's host time is this function's).
+        datatype = library.DATATYPES.get(s.dtype)
+        if datatype is None:
+            datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
+        count = s.count if row.ranks_in is None and r.count == s.count else nccl_count(name, s, r, self.size)
         target = self._target(stream)
         stream_handle = self.device.stream_handle(target)
         handle = self.state.handle
         if not handle:
             raise self.state.dead()
+        # The stream as an int: ctypes makes the cudaStream_t (c_void_p) of it in C.
         args = row.arguments(s.pointer, r.pointer, count, datatype, op_of(name, row, op),
-                             rank_of(name, row, self.size, root, peer), handle, ctypes.c_void_p(stream_handle))
+                             rank_of(name, row, self.size, root, peer), handle, stream_handle)
         return Queued(self, target, stream_handle, row.function, args, handle, name)
 
     def collective(self, name: str, send: Any, recv: Any = None, *, op: Any = None, root: int | None = None,
@@ -276,7 +281,8 @@ class Communicator:
         for broadcast and reduce, ``peer`` for send and recv. Everything is checked before NCCL
         sees it; inside :func:`group` the call is queued for the group. ``async_op``: return a
         :class:`~shimrt.nccl.work.Work` to wait on (outside a group)."""
-        async_op = validate.boolean(async_op, "async_op")
+        if async_op is not False:
+            async_op = validate.boolean(async_op, "async_op")
         q = self._queued(name, send, recv, op, root, peer, stream)
         calls = open_calls()
         if calls is not None:
