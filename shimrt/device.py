@@ -20,7 +20,7 @@ from .kernel import Module
 from .lifetime import Owning, finalizer
 from .memory import Buffer, as_dtype, as_shape, nbytes_of
 from .program import Program
-from .stream import Event, Stream, timeout_seconds
+from .stream import PRIORITIES, Event, Stream, timeout_seconds
 from .targets import Target
 
 
@@ -269,7 +269,7 @@ def stream_priority(priority: Any, priority_range: tuple[int, int]) -> int:
     least, greatest = priority_range
     low, high = min(least, greatest), max(least, greatest)
     allowed = f"'high', 'low' or an int in {low}..{high} ({greatest} is the greatest priority)"
-    if isinstance(priority, str) and priority in ("high", "low"):
+    if isinstance(priority, str) and priority in PRIORITIES:
         return greatest if priority == "high" else least
     if isinstance(priority, (int, np.integer)) and not isinstance(priority, (bool, np.bool_)) \
             and low <= priority <= high:

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 #: The longest wait shimrt takes, in seconds (the threading module's limit, about 292 years): a
 #: longer one would fail deep inside the wait instead of where it is given.
+#: The named stream priorities (``Device.stream(priority)``, a policy's communication): the
+#: device's least and greatest.
+PRIORITIES = ("low", "high")
 MAX_TIMEOUT = float(threading.TIMEOUT_MAX)
 
 

@@ -33,7 +33,7 @@ class Collective:
     buffers: int = 2
 
     def arguments(self, send: int, recv: int, count: int, datatype: int, op: int | None, rank: int | None,
-                  comm: ctypes.c_void_p, stream: ctypes.c_void_p) -> tuple:
+                  comm: ctypes.c_void_p, stream: ctypes.c_void_p | int) -> tuple:
         """The C arguments in the order of the function's prototype: the buffers, count,
         datatype, [op], [root or peer], comm, stream."""
         return ((send, recv)[:self.buffers] + (count, datatype) + ((op,) if self.reduces else ())

@@ -259,8 +259,8 @@ class Communicator:
         # The checks' common outcomes read directly, their messages built only for a refusal
         # (the one-off call's host time is this function's).
         datatype = library.DATATYPES.get(s.dtype)
-        if datatype is None:
-            datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
+        if datatype is None:  # refused, naming the dtypes NCCL carries
+            datatype = datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
         count = s.count if row.ranks_in is None and r.count == s.count else nccl_count(name, s, r, self.size)
         target = self._target(stream)
         stream_handle = self.device.stream_handle(target)

@@ -18,12 +18,12 @@ from typing import Any
 from .. import occupancy, validate
 from ..errors import ShimrtError, UsageError
 from ..occupancy import Footprint
+from ..stream import PRIORITIES
 from ..targets import MAX_BLOCK_THREADS, MAX_SMS, Target
 
 #: Every policy, in report order; ``auto`` picks among the choices of the others.
 POLICIES = ("sequential", "concurrent", "priority", "shaping", "shaping+priority", "partition", "auto")
 FIXED = POLICIES[:-1]
-PRIORITIES = ("low", "high")
 MAX_MS = 1e12  # the longest time estimate() takes, in ms
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import validate
 from ..errors import UsageError
+from ..stream import PRIORITIES
 
 #: A group's options, as (stream priority, NCCL channels or None for NCCL's own choice).
 Key = tuple[str, "int | None"]
@@ -50,7 +51,7 @@ def use(ddp: Any, group: Any) -> None:
 def options(dist: Any, priority: str, ctas: int | None) -> Any:
     """ProcessGroupNCCL's options for streams of ``priority`` ("high": the greatest) and NCCL
     held to ``ctas`` channels (None: NCCL's choice). UsageError where this torch cannot say it."""
-    validate.one_of(priority, "priority", ("low", "high"))
+    validate.one_of(priority, "priority", PRIORITIES)
     made = dist.ProcessGroupNCCL.Options()
     made.is_high_priority_stream = priority == "high"
     if ctas is not None:

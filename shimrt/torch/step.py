@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from .. import nccl, validate
 from ..errors import UsageError
+from ..stream import PRIORITIES
 from ..targets import MAX_SMS
 from .interop import stream as torch_stream
 
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from ..overlap.interpose import Interposer
     from ..stream import Stream
 
-#: Stream priorities a policy may give its communication.
-PRIORITIES = ("low", "high")
 #: Who all-reduces: shimrt's Communicator, or torch.distributed's process group (plain DDP's way).
 COMMS = ("shimrt", "torch")
 
