@@ -150,7 +150,7 @@ def main() -> None:
             ddp.register_comm_hook(None, timed_hook(future_only))
         elif way != "plain":
             import shimrt.torch
-            ov = shimrt.torch.overlap(ddp, policy=way, quiet=rank != 0, timeout=120)
+            ov = shimrt.torch.overlap(ddp, policy=way, timeout=120)
         step_ctx = ov.step if ov is not None else None
         buckets = [0]
 
@@ -263,7 +263,7 @@ def rounds(args, fresh, data, device, say) -> dict:
         elif way == "builtin":
             ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
         elif way != "plain":
-            ov = shimrt.torch.overlap(ddp, policy=way, quiet=True, timeout=120)
+            ov = shimrt.torch.overlap(ddp, policy=way, timeout=120)
         built[way] = (ddp, opt, ov)
     times: dict = {w: [] for w in built}
 

@@ -146,6 +146,14 @@ def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> R
     return Rendezvous(env.rank, env.world_size, env.local_rank, uid, env.source)
 
 
+def environment() -> LaunchEnv:
+    """Where this process stands, as python -m shimrt.launch, torchrun or MPI left it in the
+    environment: ``source`` ("shimrt", "torchrun", "mpi" or None: not launched), ``rank``,
+    ``world_size``, ``local_rank`` and ``device`` (its GPU: its entry of ``--devices``, or its
+    local rank). UsageError for a value the launcher would not have set."""
+    return launch_env()
+
+
 def init(device: Device | None = None, *, options: CommOptions | None = None) -> Communicator:
     """The Communicator of this process: on ``device`` (a :class:`shimrt.Device`; default
     Device(local_rank), or the local rank's GPU in SHIMRT_DEVICES), with the collective library

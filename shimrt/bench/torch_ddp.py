@@ -114,7 +114,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     under DDP and is left out) on this rank; times are the slowest rank's."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..torch import overlap
+    from ..torch import Auto, overlap
     from ..torch import policies as vocabulary
     torch, args = r.torch, r.args
     out: dict = {"model": size.record(), "ways": {}, "gradient_as_bucket_view": args.bucket_view,
@@ -154,7 +154,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         ov = step = None
         try:
             if policy is not None:
-                ov = overlap(ddp, policy, sms=args.sms, trial_steps=args.trial_steps, quiet=True,
+                ov = overlap(ddp, Auto(sms=args.sms, trial_steps=args.trial_steps) if policy == "auto" else policy,
                              timeout=args.comm_timeout)
                 entry["ranks_per_gpu"] = ov.ranks_per_gpu
             step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext,

@@ -13,7 +13,8 @@ SM partitions, and cuBLAS told how many SMs to leave free.
 - :class:`shimrt.overlap.interpose.Interposer` shapes torch's kernels themselves;
 - :func:`overlap`: a DistributedDataParallel's all-reduces beside its compute under a policy or
   auto: the policy's process group (stream priority, NCCL channels) and its compute side
-  (:mod:`shimrt.torch.ddp`; the policies: :mod:`shimrt.torch.policies`).
+  (:mod:`shimrt.torch.ddp`; the policies: :mod:`shimrt.torch.policies`); :class:`Auto`, auto's
+  options.
 
 torch is imported when a function is called, never at shimrt's import.
 """
@@ -22,5 +23,6 @@ from __future__ import annotations
 
 from .ddp import overlap
 from .interop import process_group_options, sm_carveout, stream
+from .policies import Auto
 
-__all__ = ["stream", "sm_carveout", "process_group_options", "overlap"]
+__all__ = ["stream", "sm_carveout", "process_group_options", "overlap", "Auto"]

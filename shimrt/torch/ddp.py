@@ -14,6 +14,10 @@ process group of its own, and auto, which keeps plain DDP unless a policy is mea
     print(ov.report()["policy"])                       # what auto kept, and its trials
     ov.close()
 
+auto's options are an :class:`~shimrt.torch.policies.Auto` (``policy=Auto(sms=(32, 64),
+trial_steps=3, margin=0.01)``); what it kept and its trials' means are logged at INFO on rank 0
+by the ``shimrt.torch`` logger (``logging.basicConfig(level=logging.INFO)`` shows them).
+
 A policy (:mod:`shimrt.torch.policies`) has two sides. Its communication runs where DDP's
 reducer already sends it, through a process group, with nothing of shimrt's on the path: the
 DDP is pointed at a ProcessGroupNCCL over the same ranks made with the policy's options, NCCL on
@@ -46,9 +50,9 @@ same policies through shimrt's own Communicators.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import weakref
-from collections.abc import Iterable
 from typing import Any, Iterator
 
 from .. import validate
@@ -64,6 +68,9 @@ from .interop import stream as torch_stream
 from .step import Policy, compute_context
 from .trials import Trials
 
+#: Where auto says what it kept (INFO, rank 0).
+log = logging.getLogger("shimrt.torch")
+
 # The SM partitions the policies run compute on, (GPU index, SMs) -> (kept, rest, rest's stream),
 # made on first use and held for the process (never closed), shared by every overlap in it: torch's
 # caching allocator records the step's stream on tensors made there, and records an event on it
@@ -73,40 +80,35 @@ from .trials import Trials
 _PARTITIONS: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
 
-def overlap(ddp: Any, policy: Any = "auto", *, sms: Iterable[int] = (32, 48, 64), trial_steps: int = 3,
-            margin: float = 0.01, timeout: float = 300.0, quiet: bool = False) -> "Overlap":
-    """Overlap ``ddp``'s all-reduces with its compute under ``policy`` (a name of
-    :mod:`shimrt.torch.policies`, a :class:`Policy`, or ``"auto"``); see the module's docstring.
-    ``sms``: the SMs auto's partition and carveout candidates keep for NCCL; ``trial_steps``: the
-    rounds of auto's search and of its confirmation (a round: one warm-up step and one timed step
-    per candidate); ``margin``: how much faster than plain DDP auto's pick must be; ``timeout``:
-    seconds a collective of shimrt's process groups may take before torch's watchdog ends it;
-    ``quiet``: rank 0 says nothing when auto decides. Collective over the DDP's ranks: every rank
-    calls it, with the same arguments."""
+def overlap(ddp: Any, policy: Any = "auto", *, timeout: float = 300.0) -> "Overlap":
+    """Overlap ``ddp``'s all-reduces with its compute under ``policy``: a name of
+    :mod:`shimrt.torch.policies`, a :class:`Policy`, ``"auto"`` or an
+    :class:`~shimrt.torch.policies.Auto` with auto's options; see the module's docstring.
+    ``timeout``: seconds a collective of shimrt's process groups may take before torch's watchdog
+    ends it. Collective over the DDP's ranks: every rank calls it, with the same arguments."""
     require_torch()
-    return Overlap(ddp, policy, sms=sms, trial_steps=trial_steps, margin=margin, timeout=timeout, quiet=quiet)
+    return Overlap(ddp, policy, timeout=timeout)
 
 
 class Overlap:
     """What :func:`overlap` returns: ``step()``, ``report()``, ``close()``."""
 
-    def __init__(self, ddp: Any, policy: Any, *, sms: Iterable[int], trial_steps: int, margin: float,
-                 timeout: float, quiet: bool):
+    def __init__(self, ddp: Any, policy: Any, *, timeout: float):
         import torch
         import torch.distributed as dist
 
         from ..nccl import CommOptions
         self._torch, self._dist = torch, dist
         # The plain arguments first (no GPU, no collective), then the DDP.
-        self.quiet = validate.boolean(quiet, "quiet")
         timeout = CommOptions(timeout=timeout).timeout
-        sms = vocabulary.kept_sms(sms, "sms")
-        trial_steps = validate.integer(trial_steps, "trial_steps", least=1, most=1000)
-        margin = validate.number(margin, "margin", least=0, most=0.5)
-        if not isinstance(policy, (str, Policy)):  # before any comparison: a numpy array compares elementwise
-            raise UsageError(f"policy must be 'auto', a policy's name or a Policy, not {validate.shown(policy)}")
-        policy = policy if isinstance(policy, Policy) else str(policy)
-        if policy != "auto":
+        if not isinstance(policy, (str, Policy, vocabulary.Auto)):  # before any comparison: numpy compares elementwise
+            raise UsageError(f"policy must be 'auto', an Auto, a policy's name or a Policy, not "
+                             f"{validate.shown(policy)}")
+        policy = policy if isinstance(policy, (Policy, vocabulary.Auto)) else str(policy)
+        auto = vocabulary.Auto() if policy == "auto" else policy if isinstance(policy, vocabulary.Auto) else None
+        if auto is not None:
+            policy = "auto"
+        else:
             # The name's own checks; its channels are sized once the ranks are known.
             named = vocabulary.parse(policy)
             if not named.overlap:
@@ -135,11 +137,12 @@ class Overlap:
         self._timed: list = []        # (trial index, start event, end event) not yet read
         self.closed = False
         try:
-            if policy == "auto":
+            if auto is not None:
                 # low-priority under DDP would be plain DDP's own streams and channels again.
                 kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto", "low-priority")]
-                candidates = self._usable(vocabulary.candidates(sms, self.ranks_per_gpu, kinds))
-                self.auto, self.trials = True, Trials(candidates, steps=trial_steps, margin=margin, reference="ddp")
+                candidates = self._usable(vocabulary.candidates(auto.sms, self.ranks_per_gpu, kinds))
+                self.auto, self.trials = True, Trials(candidates, steps=auto.trial_steps, margin=auto.margin,
+                                                      reference="ddp")
             else:
                 fixed = vocabulary.parse(policy, self.ranks_per_gpu)
                 if self._usable([fixed]) == []:
@@ -304,12 +307,11 @@ class Overlap:
         if picked is None:
             return
         self._settle(picked)
-        if self.rank == 0 and not self.quiet:
+        if self.rank == 0 and log.isEnabledFor(logging.INFO):
             final = {c.name for c in self.trials.final}
             times = ", ".join(f"{n}{'*' if n in final else ''} {t:.2f}" for n, t in self.trials.means.items())
-            print(f"shimrt.torch.overlap: auto kept {picked.name} ({picked.describe()}) after "
-                  f"{len(self.trials.schedule)} trial steps; mean step ms (* finalists; ddp: plain DDP): "
-                  f"{times}", flush=True)
+            log.info("auto kept %s (%s) after %d trial steps; mean step ms (* finalists; ddp: plain DDP): %s",
+                     picked.name, picked.describe(), len(self.trials.schedule), times)
 
     def _settle(self, picked: Policy) -> None:
         """Auto kept ``picked``: the DDP stays on its group, and what no other step will use goes."""

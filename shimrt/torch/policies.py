@@ -23,6 +23,7 @@ ProcessGroupNCCL made with them (:mod:`shimrt.torch.groups`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .. import validate
@@ -38,6 +39,25 @@ NUMBERED = ("shaping", "partition", "carveout", "windowed-carveout")
 #: The bounds of an SM count kept for NCCL, wherever one enters (a policy's name, overlap()'s
 #: ``sms``, bench torch's ``--sms``).
 SMS_BOUNDS = {"least": 1, "most": MAX_SMS}
+
+
+@dataclass(frozen=True)
+class Auto:
+    """auto's options, as ``overlap(ddp, policy=Auto(...))`` takes them (``"auto"`` is
+    ``Auto()``): ``sms``, the SMs its partition and carveout candidates keep for NCCL;
+    ``trial_steps``, the rounds of its search and of its confirmation (a round: one warm-up step
+    and one timed step per candidate); ``margin``, how much faster than plain DDP its pick must
+    be (beyond the trials' noise, which it also asks)."""
+
+    sms: tuple[int, ...] = (32, 48, 64)
+    trial_steps: int = 3
+    margin: float = 0.01
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sms", tuple(kept_sms(self.sms, "Auto.sms")))
+        object.__setattr__(self, "trial_steps", validate.integer(self.trial_steps, "Auto.trial_steps", least=1,
+                                                                 most=1000))
+        object.__setattr__(self, "margin", validate.number(self.margin, "Auto.margin", least=0, most=0.5))
 
 
 def kept_sms(values: Any, what: str = "sms") -> list[int]:

@@ -31,7 +31,8 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
     own = model.process_group
-    ov = shimrt.torch.overlap(model, policy=policy, margin=margin, trial_steps=1, timeout=60, quiet=True)
+    chosen = shimrt.torch.Auto(trial_steps=1, margin=margin) if policy == "auto" else policy
+    ov = shimrt.torch.overlap(model, policy=chosen, timeout=60)
     groups_seen = set()
     for step in range(steps):
         x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
