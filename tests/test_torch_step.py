@@ -9,8 +9,8 @@ import pytest
 
 from shimrt import UsageError
 from shimrt.bench import torch_step
+from shimrt.bench.torch_model import ModelSize
 from shimrt.torch import policies
-from shimrt.torch.model import ModelSize
 from shimrt.torch.step import Policy
 
 
@@ -353,14 +353,16 @@ def test_attach_puts_the_views_back_and_backward_fills_them():
 
 @pytest.mark.parametrize("lr", [float("nan"), float("inf"), -1.0, 0, True, "0.1", 10**400])
 def test_the_trainer_refuses_a_learning_rate_that_is_none(lr):
-    from shimrt.torch.step import GradientBuckets, Trainer
+    from shimrt.bench.torch_trainer import Trainer
+    from shimrt.torch.step import GradientBuckets
     torch, model = _model()
     with pytest.raises(UsageError, match="lr must be a finite positive number"):
         Trainer(model, (torch.ones(2, 4),), GradientBuckets(model, 1 << 20), lr=lr)
 
 
 def test_the_trainer_and_compute_context_check_what_they_take():
-    from shimrt.torch.step import GradientBuckets, Trainer, compute_context
+    from shimrt.bench.torch_trainer import Trainer
+    from shimrt.torch.step import GradientBuckets, compute_context
     torch, model = _model()
     with pytest.raises(UsageError, match="buckets must be a GradientBuckets, not None"):
         Trainer(model, (torch.ones(2, 4),), None)

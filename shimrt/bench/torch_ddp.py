@@ -81,7 +81,7 @@ class _Rank:
     def fresh(self, size: Any) -> tuple[Any, Any, Any]:
         """(model, its batch, a fused optimizer of --optimizer), the same weights on every rank and
         each call."""
-        from ..torch.model import batch, build
+        from .torch_model import batch, build
         gc.collect()
         self.torch.cuda.empty_cache()
         model = build(size, self.device)

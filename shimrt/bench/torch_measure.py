@@ -36,7 +36,8 @@ from ..errors import ShimrtError
 from ..occupancy import Footprint, coresident
 
 if TYPE_CHECKING:
-    from ..torch.step import GradientBuckets, NcclBuckets, Trainer
+    from ..torch.step import GradientBuckets, NcclBuckets
+    from .torch_trainer import Trainer
 
 
 def median_step_ms(torch: Any, step: Callable[[int], Any], warmup: int, steps: int) -> tuple[float, list]:

@@ -202,7 +202,7 @@ def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
 
 def model_size(name: str, args: argparse.Namespace) -> Any:
     """Configuration ``name``'s model (a ModelSize), with ``--width`` and ``--layers`` over its own."""
-    from ..torch.model import ModelSize
+    from .torch_model import ModelSize
     shape = CONFIGS[name] | {k: v for k in ("width", "layers") if (v := getattr(args, k)) is not None}
     return ModelSize(heads=max(1, shape["width"] // 128), **shape)
 
@@ -214,8 +214,9 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     from ..occupancy import Footprint
     from ..overlap.interpose import Interposer
     from ..torch import sm_carveout
-    from ..torch.model import batch, build
-    from ..torch.step import GradientBuckets, NcclBuckets, Policy, Trainer, compute_context
+    from ..torch.step import GradientBuckets, NcclBuckets, Policy, compute_context
+    from .torch_model import batch, build
+    from .torch_trainer import Trainer
     dev = bench.dev
     size = model_size(name, args)
     where = torch.device("cuda", dev.index)

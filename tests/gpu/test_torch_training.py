@@ -14,10 +14,11 @@ def setup(device):
     torch = pytest.importorskip("torch")
     if device.backend != "cuda" or not torch.cuda.is_available():
         pytest.skip("needs torch with CUDA on a CUDA device")
+    from shimrt.bench.torch_model import ModelSize, batch, build
+    from shimrt.bench.torch_trainer import Trainer
     from shimrt.launch import local_devices
     from shimrt.nccl import CommOptions, Communicator
-    from shimrt.torch.model import ModelSize, batch, build
-    from shimrt.torch.step import GradientBuckets, Trainer
+    from shimrt.torch.step import GradientBuckets
     try:
         devices = local_devices(device, 2)
         comms = Communicator.local(devices, options=CommOptions(blocking=True))
