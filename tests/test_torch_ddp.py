@@ -216,14 +216,15 @@ def test_trials_check_their_options(options, message):
 def test_overlap_refuses_what_is_not_a_ddp():
     torch = pytest.importorskip("torch")
     import shimrt.torch
-    with pytest.raises(UsageError, match="takes a torch.nn.parallel.DistributedDataParallel, not"):
+    with pytest.raises(UsageError, match="takes a torch.nn.parallel.DistributedDataParallel or a module fully_shard "
+                                         "made an FSDP2 module, not"):
         shimrt.torch.overlap(torch.nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("options, message", [
     (dict(policy="fastest"), "policy must be a Policy, or one of"),
     (dict(policy="shaping:0"), "shaping's number must be an int in 1..64"),
-    (dict(policy="sequential"), "all-reduces after backward"),
+    (dict(policy="sequential"), "reduces after backward"),
     (dict(policy=__import__("numpy").array(["priority", "ddp"])), "policy must be .auto., an Auto, a policy.s name"),
     (dict(policy=__import__("numpy").array(["auto"])), "policy must be .auto., an Auto, a policy.s name"),
     (dict(timeout=0), "timeout must be a finite positive number"),

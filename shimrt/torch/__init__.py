@@ -11,9 +11,11 @@ SM partitions, and cuBLAS told how many SMs to leave free.
   a stream of the greatest priority, for users who keep ProcessGroupNCCL (or DDP) rather than a
   shimrt Communicator;
 - :class:`shimrt.overlap.interpose.Interposer` shapes torch's kernels themselves;
-- :func:`overlap`: a DistributedDataParallel's all-reduces beside its compute under a policy or
+- :func:`overlap`: a DistributedDataParallel's all-reduces, or an FSDP2 model's all-gathers and
+  reduce-scatters, beside its compute under a policy or
   auto: the policy's process group (stream priority, NCCL channels) and its compute side
-  (:mod:`shimrt.torch.ddp`; the policies: :mod:`shimrt.torch.policies`); :class:`Auto`, auto's
+  (:mod:`shimrt.torch.training`, DDP's and FSDP2's adapters :mod:`shimrt.torch.ddp` and
+  :mod:`shimrt.torch.fsdp`; the policies: :mod:`shimrt.torch.policies`); :class:`Auto`, auto's
   options.
 
 torch is imported when a function is called, never at shimrt's import.
@@ -21,8 +23,8 @@ torch is imported when a function is called, never at shimrt's import.
 
 from __future__ import annotations
 
-from .ddp import overlap
 from .interop import process_group_options, sm_carveout, stream
 from .policies import Auto
+from .training import overlap
 
 __all__ = ["stream", "sm_carveout", "process_group_options", "overlap", "Auto"]

@@ -1,404 +1,56 @@
-"""Overlap in a DDP training loop: a policy's compute side around each step, its all-reduces on a
-process group of its own, and auto, which keeps plain DDP unless a policy is measured faster.
+"""DDP under :func:`shimrt.torch.overlap`: the adapter :class:`~shimrt.torch.training.Overlap`
+drives a ``DistributedDataParallel`` through.
 
-::
-
-    model = DDP(model, device_ids=[local_rank])        # as before (torchrun, one process per GPU)
-    ov = shimrt.torch.overlap(model, policy="auto")    # + 1 line
-    for x, y in data:
-        with ov.step():                                # + 1 line: the policy's compute side
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    print(ov.report()["policy"])                       # what auto kept, and its trials
-    ov.close()
-
-auto's options are an :class:`~shimrt.torch.policies.Auto` (``policy=Auto(sms=(32, 64),
-trial_steps=3, margin=0.01)``); what it kept and its trials' means are logged at INFO on rank 0
-by the ``shimrt.torch`` logger (``logging.basicConfig(level=logging.INFO)`` shows them).
-
-A policy (:mod:`shimrt.torch.policies`) has two sides. Its communication runs where DDP's
-reducer already sends it, through a process group, with nothing of shimrt's on the path: the
-DDP is pointed at a ProcessGroupNCCL over the same ranks made with the policy's options, NCCL on
-streams of the greatest priority and held to the channels (SMs) the policy keeps for it
-(:mod:`shimrt.torch.groups`). No comm hook is registered, so DDP keeps its C++ path, its
-gradient scaling into the buckets, and its host cost. Its compute side is applied by ``ov.step()``
-around the user's forward, backward and optimizer step: every kernel shaped through the
-Interposer, torch's compute on an SM partition, or cuBLAS leaving SMs free (for the step, or for
-``windowed-carveout`` from the first gradient DDP buckets on: a post-accumulate-grad hook on the
-parameter registered last, whose gradient DDP expects first).
-
-``ddp`` is plain DDP itself: its own process group, and ``ov.step()`` does nothing but count.
-``policy="auto"`` times plain DDP beside every candidate in rounds over the first steps, moving
-the DDP from group to group between steps, then the fastest few again beside it, and keeps the
-fastest by the slowest rank's mean step time: plain DDP unless another is more than ``margin``
-faster and faster beyond the trials' noise (:mod:`shimrt.torch.trials`). The groups it does not
-keep are destroyed; when plain DDP wins, the job runs as if :func:`overlap` had never been called.
-``ov.report()`` says what auto measured plain DDP at, and each policy's host time per step.
-
-A collective whose peer is gone ends as plain DDP's does: torch's NCCL watchdog after the group's
-timeout (``timeout`` for the groups shimrt makes). Not supported: a DDP with a comm hook (its
-all-reduces run in the hook, out of a group's reach) or one whose reducer cannot change its
-process group (:func:`shimrt.torch.groups.moveable`). ``no_sync()`` steps (not timed by auto),
-DDP's bucket rebuild, ``gradient_as_bucket_view``, ``mixed_precision``, sparse gradients and
-``Join`` are DDP's own and need nothing more. For a loop without DDP,
-:class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
-same policies through shimrt's own Communicators.
+A policy's all-reduces run where DDP's reducer already sends them, through a process group, with
+nothing of shimrt's on the path for a bucket: the DDP is pointed at a ProcessGroupNCCL over the
+same ranks made with the policy's options (NCCL on streams of the greatest priority, its channels
+held to the SMs the policy keeps for it; :mod:`shimrt.torch.groups`). No comm hook is registered,
+so DDP keeps its C++ path, its gradient scaling into the buckets, and its host cost. ``no_sync()``
+steps, DDP's bucket rebuild, ``gradient_as_bucket_view``, ``mixed_precision``, sparse gradients
+and ``Join`` are DDP's own and need nothing more. Refused: a DDP with a comm hook (its
+all-reduces run in the hook, out of a group's reach), one over another backend than NCCL, one
+whose parameters span devices, and, for any policy but ``ddp``, one whose reducer cannot change
+its process group (:func:`shimrt.torch.groups.moveable`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import socket
-import weakref
-from typing import Any, Iterator
+from typing import Any
 
 from .. import validate
-from ..device import Device
-from ..errors import ShimrtError, UsageError
-from ..lifetime import close_each
-from ..stream import Stream
+from ..errors import UsageError
 from . import groups as pgs
-from . import policies as vocabulary
-from .cost import HostCost, now
-from .interop import require_torch, sm_carveout
-from .interop import stream as torch_stream
-from .step import Policy, compute_context
-from .trials import Trials
-
-#: Where auto says what it kept (INFO, rank 0).
-log = logging.getLogger("shimrt.torch")
-
-# The SM partitions the policies run compute on, (GPU index, SMs) -> (kept, rest, rest's stream),
-# made on first use and held for the process (never closed), shared by every overlap in it: torch's
-# caching allocator records the step's stream on tensors made there, and records an event on it
-# whenever one is freed, at the model's collection or the interpreter's end, after anything shimrt
-# could close. An event recorded on a destroyed stream aborts the process (seen on the H200); a
-# live idle partition costs next to nothing.
-_PARTITIONS: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
 
-def overlap(ddp: Any, policy: Any = "auto", *, timeout: float = 300.0) -> "Overlap":
-    """Overlap ``ddp``'s all-reduces with its compute under ``policy``: a name of
-    :mod:`shimrt.torch.policies`, a :class:`Policy`, ``"auto"`` or an
-    :class:`~shimrt.torch.policies.Auto` with auto's options; see the module's docstring.
-    ``timeout``: seconds a collective of shimrt's process groups may take before torch's watchdog
-    ends it. Collective over the DDP's ranks: every rank calls it, with the same arguments."""
-    require_torch()
-    return Overlap(ddp, policy, timeout=timeout)
+class Ddp:
+    """A DDP as :class:`~shimrt.torch.training.Overlap` drives it (its ``Wrapped`` protocol)."""
 
+    kind = "DDP"
 
-class Overlap:
-    """What :func:`overlap` returns: ``step()``, ``report()``, ``close()``."""
-
-    def __init__(self, ddp: Any, policy: Any, *, timeout: float):
+    def __init__(self, ddp: Any):
         import torch
         import torch.distributed as dist
+        self.index = _check_ddp(torch, dist, ddp)
+        self.ddp, self.group = ddp, ddp.process_group
 
-        from ..nccl import CommOptions
-        self._torch, self._dist = torch, dist
-        # The plain arguments first (no GPU, no collective), then the DDP.
-        timeout = CommOptions(timeout=timeout).timeout
-        if not isinstance(policy, (str, Policy, vocabulary.Auto)):  # before any comparison: numpy compares elementwise
-            raise UsageError(f"policy must be 'auto', an Auto, a policy's name or a Policy, not "
-                             f"{validate.shown(policy)}")
-        policy = policy if isinstance(policy, (Policy, vocabulary.Auto)) else str(policy)
-        auto = vocabulary.Auto() if policy == "auto" else policy if isinstance(policy, vocabulary.Auto) else None
-        if auto is not None:
-            policy = "auto"
-        else:
-            # The name's own checks; its channels are sized once the ranks are known.
-            named = vocabulary.parse(policy)
-            if not named.overlap:
-                raise UsageError(f"policy {named.name!r} all-reduces after backward, which DDP does not do; "
-                                 "under DDP the no-overlap reference is 'ddp'")
-        index = _check_ddp(torch, dist, ddp)
-        if (policy == "auto" or vocabulary.parse(policy).comm != "torch") and (why := pgs.moveable(ddp)):
-            raise UsageError(f"policy {policy!r} moves this DDP's all-reduces to process groups of its own, and "
-                             f"they cannot move: {why}; policy='ddp' leaves the DDP as it is")
-        # A weak reference: the window's gradient hook holds this object, the parameter holds the hook.
-        self._ddp = weakref.ref(ddp)
-        self.group = ddp.process_group
-        self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
-        self.torch_device = torch.device("cuda", index)
-        self.device = Device(index)
-        self.ranks_per_gpu = self._ranks_per_gpu()
-        self._groups = pgs.Groups(dist, self.group, timeout)
-        self._partitions: dict = {}   # sms -> (kept, rest, rest's stream), from _PARTITIONS
-        self._interposers: dict = {}  # cap -> Interposer
-        self.dropped: dict[str, str] = {}
-        self.cost = HostCost()
-        self._active: Policy | None = None
-        self._wanted: int | None = None  # the SMs a window will carve out at the first gradient
-        self._window: Any = None
-        self._window_hook: Any = None
-        self._timed: list = []        # (trial index, start event, end event) not yet read
-        self.closed = False
-        try:
-            if auto is not None:
-                # low-priority under DDP would be plain DDP's own streams and channels again.
-                kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto", "low-priority")]
-                candidates = self._usable(vocabulary.candidates(auto.sms, self.ranks_per_gpu, kinds))
-                self.auto, self.trials = True, Trials(candidates, steps=auto.trial_steps, margin=auto.margin,
-                                                      reference="ddp")
-            else:
-                fixed = vocabulary.parse(policy, self.ranks_per_gpu)
-                if self._usable([fixed]) == []:
-                    raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
-                self.auto, self.trials = False, Trials.settled(fixed)
-            for p in self.trials.candidates:  # every group now, in the same order on every rank
-                self._group_of(p)
-            if any(p.window for p in self.trials.candidates):
-                self._window_hook = _first_gradient_hook(ddp, weakref.ref(self))
-            if not self.auto:
-                pgs.use(ddp, self._group_of(self.trials.current()))
-        except BaseException:
-            with contextlib.suppress(Exception):  # the error that matters is the one raised
-                self._close_parts()
-            raise
+    def moveable(self) -> str | None:
+        return pgs.moveable(self.ddp)
 
-    # --- set-up ---
-    def _ranks_per_gpu(self) -> int:
-        """How many of the group's ranks share this rank's GPU (one per GPU under torchrun, two
-        on one GPU under MPS): NCCL's channels are sized by it."""
-        props = self._torch.cuda.get_device_properties(self.torch_device)
-        me = (socket.gethostname(), str(getattr(props, "uuid", self.torch_device.index)))
-        everyone: list = [None] * self.size
-        with self._torch.cuda.device(self.torch_device):
-            self._dist.all_gather_object(everyone, me, group=self.group)
-        return sum(x == me for x in everyone)
+    def use(self, group: Any, high: bool) -> None:
+        # DDP's collectives run on ProcessGroupNCCL's own streams: the group's options carry ``high``.
+        pgs.use(self.ddp, group)
 
-    def _usable(self, candidates: list[Policy]) -> list[Policy]:
-        """The candidates every rank can run (a partition needs green contexts), agreed over the
-        ranks; why the others were dropped goes to :attr:`dropped`."""
-        mine, fatal = [], None
-        for p in candidates:
-            try:
-                if fatal is not None:
-                    continue
-                if p.partition is not None:
-                    self._partition_stream(p.partition)
-                if p.cap is not None and p.cap not in self._interposers:
-                    from ..overlap.interpose import Interposer
-                    self._interposers[p.cap] = Interposer(self.device, p.cap)
-                if p.carveout is not None:
-                    with sm_carveout(None):  # UsageError where this torch has no carveout
-                        pass
-                mine.append(p.name)
-            except ShimrtError as exc:
-                if getattr(exc, "sticky", False):
-                    fatal = exc  # raised after the others heard: they would wait for this rank for good
-                self.dropped[p.name] = f"{type(exc).__name__}: {exc}"
-        everyone: list = [None] * self.size
-        with self._torch.cuda.device(self.torch_device):
-            self._dist.all_gather_object(everyone, None if fatal else mine, group=self.group)
-        if fatal is not None:
-            raise fatal
-        if None in everyone:
-            raise ShimrtError(f"rank {everyone.index(None)} could not set the policies up (its own error says why)")
-        for names in everyone:
-            for p in candidates:
-                if p.name not in names and p.name not in self.dropped:
-                    self.dropped[p.name] = "another rank cannot run it"
-        return [p for p in candidates if p.name not in self.dropped]
+    def before_step(self) -> None:
+        pass
 
-    def _partition_stream(self, sms: int) -> Stream:
-        if sms not in self._partitions:
-            key = (self.device.index, sms)
-            if key not in _PARTITIONS:
-                kept, rest = self.device.partition(sms)
-                made = (kept, rest, rest.stream())
-                for thing in made:
-                    thing.keep_open()
-                _PARTITIONS[key] = made
-            self._partitions[sms] = _PARTITIONS[key]
-        return self._partitions[sms][2]
+    def synced(self) -> bool:
+        return bool(self.ddp.require_backward_grad_sync)
 
-    def _group_of(self, policy: Policy) -> Any:
-        """The process group ``policy``'s all-reduces run on: the DDP's own for plain DDP, else
-        the one of its stream priority and NCCL channels."""
-        if policy.comm == "torch":
-            return self.group
-        return self._groups.get((policy.priority, policy.ctas))
-
-    def _live_ddp(self) -> Any:
-        ddp = self._ddp()
-        if ddp is None:
-            raise UsageError("the DDP this Overlap serves is gone")
-        return ddp
-
-    def open_window(self) -> None:
-        """The first gradient of a ``windowed-carveout`` step is accumulated: cuBLAS leaves the
-        policy's SMs free from here to the end of ``ov.step()`` (called by the gradient hook)."""
-        if self._wanted is not None and self._window is None:
-            self._window = sm_carveout(self._wanted)
-            self._window.__enter__()
-
-    # --- the step ---
-    @contextlib.contextmanager
-    def step(self) -> Iterator[Policy]:
-        """One training step under the policy (auto's trial, or the one kept): its compute side
-        around the block, the DDP on the policy's process group, the step timed for auto; yields
-        the policy."""
-        start = now()
-        if self.closed:
-            raise UsageError("the Overlap is closed")
-        if self._active is not None:
-            raise UsageError("ov.step() blocks do not nest")
-        policy = self.trials.current()
-        counts = self.cost.counters(policy.name)
-        timed = self.trials.picked is None
-        if policy.comm == "torch" and not timed:  # plain DDP kept: nothing to do
-            counts[0] += now() - start
-            counts[1] += 1
-            yield policy
-            return
-        torch = self._torch
-        ddp = self._live_ddp()
-        current = torch.cuda.current_stream(self.torch_device)
-        if timed:
-            pgs.use(ddp, self._group_of(policy))  # between steps, at the same step on every rank
-            # A no_sync() step all-reduces nothing: it does not count.
-            synced = ddp.require_backward_grad_sync
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record(current)
-        part = self._partitions[policy.partition][2] if policy.partition is not None else None
-        if part is not None:  # the partition's stream starts after what came before, and hands back
-            torch_stream(part).wait_stream(current)
-        self._active = policy
-        self._wanted = policy.carveout if policy.window else None
-        with contextlib.ExitStack() as inside:
-            inside.enter_context(compute_context(policy, self._interposers.get(policy.cap), part))
-            counts[0] += now() - start
-            try:
-                yield policy
-            finally:
-                start = now()
-                self._active, self._wanted = None, None
-                if self._window is not None:
-                    window, self._window = self._window, None
-                    window.__exit__(None, None, None)
-                if part is not None:
-                    current.wait_stream(torch_stream(part))
-        if timed:
-            end.record(current)
-            index = self.trials.done(synced)
-            if index is not None:
-                self._timed.append((index, begin, end))
-        counts[0] += now() - start
-        counts[1] += 1
-        if timed and self.trials.exhausted:  # auto's decision: once, not a step's own cost
-            self._decide()
-
-    def _decide(self) -> None:
-        torch = self._torch
-        for index, begin, end in self._timed:
-            end.synchronize()
-            self.trials.record(index, begin.elapsed_time(end))
-        self._timed = []
-
-        def agree(means: list[float]) -> list[float]:  # the slowest rank's time, on every rank
-            t = torch.tensor(means, dtype=torch.float64, device=self.torch_device)
-            self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
-            return t.tolist()
-        picked = self.trials.decide(agree)  # None: the finalists run again first
-        if picked is None:
-            return
-        self._settle(picked)
-        if self.rank == 0 and log.isEnabledFor(logging.INFO):
-            final = {c.name for c in self.trials.final}
-            times = ", ".join(f"{n}{'*' if n in final else ''} {t:.2f}" for n, t in self.trials.means.items())
-            log.info("auto kept %s (%s) after %d trial steps; mean step ms (* finalists; ddp: plain DDP): %s",
-                     picked.name, picked.describe(), len(self.trials.schedule), times)
-
-    def _settle(self, picked: Policy) -> None:
-        """Auto kept ``picked``: the DDP stays on its group, and what no other step will use goes."""
-        group = self._group_of(picked)
-        pgs.use(self._live_ddp(), group)
-        self._groups.close(keep=group)
-        interposers = [i for cap, i in self._interposers.items() if cap != picked.cap]
-        self._interposers = {k: v for k, v in self._interposers.items() if k == picked.cap}
-        if not picked.window and self._window_hook is not None:
-            self._window_hook.remove()
-            self._window_hook = None
-        close_each(interposers)
-
-    # --- results and the end ---
-    def report(self) -> dict:
-        """The policy in force (None while auto tries), its process group, auto's trials and its
-        reference (plain DDP, timed in the same rounds), ``ov.step()``'s host time per step per
-        policy, candidates dropped and why."""
-        policy = self.trials.picked
-        means = self.trials.means if self.auto else {}
-        return {"policy": None if policy is None else policy.name,
-                "describe": None if policy is None else policy.describe(),
-                "process_group": None if policy is None else _group_said(policy),
-                "reference": {"policy": "ddp", "what": "plain DDP, timed in the same rounds",
-                              "mean_ms": means.get("ddp")} if self.auto else None,
-                "trials": self.trials.report() if self.auto else None,
-                "host_us": self.cost.report(),
-                "dropped": dict(self.dropped), "ranks": self.size, "ranks_per_gpu": self.ranks_per_gpu}
-
-    def close(self, timeout: float = 120.0) -> None:
-        """Wait for the partitions' work (at most ``timeout`` s each), put the DDP back on its own
-        process group (it trains on as plain DDP) and close what the policies made (not the
-        partitions, which the process keeps: see ``_PARTITIONS``)."""
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            for _, _, s in self._partitions.values():
-                s.synchronize(timeout)
-        finally:
-            self._close_parts()
-
-    def _close_parts(self) -> None:
-        """Put the DDP back on its group and close what the policies made, each whatever the
-        others do (the partitions stay: see ``_PARTITIONS``)."""
-        ddp = self._ddp()
-        try:
-            if ddp is not None and getattr(ddp, "process_group", None) is not self.group:
-                pgs.use(ddp, self.group)
-        finally:
-            hook, self._window_hook = self._window_hook, None
-            if hook is not None:
-                hook.remove()
-            things = [*self._interposers.values()]
-            self._partitions, self._interposers = {}, {}
-            try:
-                self._groups.close()
-            finally:
-                close_each(things)
-
-    def __enter__(self) -> "Overlap":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _group_said(policy: Policy) -> str:
-    if policy.comm == "torch":
-        return "the DDP's own"
-    channels = "NCCL's own channels" if policy.ctas is None else f"NCCL held to {policy.ctas} channels"
-    return f"ProcessGroupNCCL, {policy.priority}-priority streams, {channels}"
-
-
-def _first_gradient_hook(ddp: Any, overlap: Any) -> Any:
-    """A post-accumulate-grad hook on the parameter of ``ddp`` registered last (DDP's first
-    bucket starts with it: its gradient is expected first) that opens the window of the step in
-    force; ``overlap`` is a weak reference to the Overlap. Its removable handle."""
-    params = [p for p in ddp.module.parameters() if p.requires_grad]
-    if not params:
-        raise UsageError("this DDP's module has no parameter with requires_grad=True")
-
-    def opened(_param: Any) -> None:
-        ov = overlap()
-        if ov is not None:
-            ov.open_window()
-    return params[-1].register_post_accumulate_grad_hook(opened)
+    def last_parameter(self) -> Any:
+        params = [p for p in self.ddp.module.parameters() if p.requires_grad]
+        if not params:
+            raise UsageError("this DDP's module has no parameter with requires_grad=True")
+        return params[-1]
 
 
 def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:

@@ -1,0 +1,70 @@
+"""One rank of tests/test_torch_fsdp.py's two-rank run (gloo, CPU): an FSDP2 model whose groups
+shimrt.torch.fsdp.use moves between process groups step by step, beside a plain FSDP2 copy;
+prints what the test checks.
+
+Usage: python fsdp_ranks.py RANK PORT [OPTION]   OPTION: hsdp, offload (what moveable refuses)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+from shimrt.torch.fsdp import is_fsdp, moveable, param_groups, use
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+
+
+def sharded(m: torch.nn.Module, mesh: DeviceMesh, **options) -> torch.nn.Module:
+    for layer in m:
+        fully_shard(layer, mesh=mesh, **options)
+    return fully_shard(m, mesh=mesh, **options)
+
+
+def main() -> None:
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    option = sys.argv[3] if len(sys.argv) > 3 else None
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    if option is not None:
+        options = {"hsdp": {}, "offload": {"offload_policy": CPUOffloadPolicy(pin_memory=False)}}
+        shape = (1, 2) if option == "hsdp" else (2,)  # HSDP: replicas of 1 (a 2-D mesh all the same)
+        names = ("replicate", "shard") if option == "hsdp" else ("shard",)
+        m = sharded(model(), init_device_mesh("cpu", shape, mesh_dim_names=names), **options[option])
+        print(f"rank {rank}: moveable {moveable(param_groups(m))}", flush=True)
+        dist.destroy_process_group()
+        os._exit(0)
+    first, second = dist.new_group([0, 1]), dist.new_group([0, 1])
+    user = sharded(model(), DeviceMesh.from_group(first, "cpu"))
+    plain = sharded(model(), init_device_mesh("cpu", (2,)))
+    groups = param_groups(user)
+    opt = torch.optim.SGD(user.parameters(), lr=0.1, momentum=0.9)
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    for step in range(8):
+        if step < 5:
+            use(groups, second if step % 2 else first)
+        elif step == 5:
+            use(groups, second)
+            dist.destroy_process_group(first)  # from here FSDP2 must all-gather and reduce-scatter on second
+        x = torch.randn(4, 32, generator=torch.Generator().manual_seed(10 * step + rank))
+        for m, o in ((user, opt), (plain, plain_opt)):
+            m(x).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+    # Each rank's shards (DTensor ops would use the destroyed group: the DeviceMesh keeps it).
+    diff = max((a.to_local() - b.to_local()).abs().max().item()
+               for a, b in zip(user.parameters(), plain.parameters(), strict=True))
+    print(f"rank {rank}: fsdp {is_fsdp(user)} groups {len(groups)} moveable {moveable(groups)} diff {diff}", flush=True)
+    dist.destroy_process_group()
+    os._exit(0)  # no interpreter teardown racing gloo's threads
+
+
+if __name__ == "__main__":
+    main()
