@@ -1,0 +1,70 @@
+"""One rank of FSDP2 over NCCL (world size 1) under shimrt.torch.overlap, beside a plain FSDP2
+copy trained on the same data: what tests/gpu/test_fsdp.py checks, printed as JSON.
+
+Usage: python fsdp_one_rank.py POLICY MARGIN STEPS
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import shimrt.torch
+from shimrt.torch.fsdp import param_groups
+
+
+def mlp(mesh) -> torch.nn.Module:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                                  torch.nn.Linear(2048, 512)) for _ in range(3)]).cuda()
+    for block in m:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(m, mesh=mesh)
+
+
+def main() -> None:
+    policy, margin, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+    mesh = init_device_mesh("cuda", (1,))
+    model, plain = mlp(mesh), mlp(mesh)
+    own = param_groups(model)[0].mesh_info.shard_process_group
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
+    chosen = shimrt.torch.Auto(trial_steps=1, margin=margin) if policy == "auto" else policy
+    ov = shimrt.torch.overlap(model, policy=chosen, timeout=60)
+    for step in range(steps):
+        x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
+        with ov.step():
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        plain(x).pow(2).mean().backward()
+        plain_opt.step()
+        plain_opt.zero_grad()
+    torch.cuda.synchronize()
+    diff = max((a.to_local() - b.to_local()).abs().max().item()
+               for a, b in zip(model.parameters(), plain.parameters(), strict=True))
+    report = ov.report()
+    g = param_groups(model)[0]
+    stream = g.comm_ctx.reduce_scatter_stream
+    on_own = g.mesh_info.shard_process_group is own
+    ov.close()
+    print(json.dumps({"policy": report["policy"], "process_group": report["process_group"], "own_group": on_own,
+                      "stream_priority": stream.priority, "least": max(torch.cuda.Stream.priority_range()),
+                      "own_group_after_close": g.mesh_info.shard_process_group is own,
+                      "reference": report["reference"], "host_us": report["host_us"],
+                      "dropped": report["dropped"], "diff": diff}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
