@@ -115,7 +115,7 @@ def test_bench_torch_without_torch_says_how_to_get_it(capsys):
     assert "bench torch needs PyTorch" in err and "shimrt[torch]" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag", [["--bucket-view"], ["--loss-every", "10"], ["--optimizer", "adamw"]])
+@pytest.mark.parametrize("flag", [["--bucket-view"], ["--loss-every", "10"], ["--optimizer", "adamw"], ["--fsdp"]])
 def test_the_ddp_only_options_are_refused_with_ranks_in_one_process(capsys, monkeypatch, flag):
     pytest.importorskip("torch")
     from shimrt.bench.__main__ import main

@@ -16,7 +16,9 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   (``priority`` is DDP on a process group of high-priority streams, what a user could make with
   ``pg_options``).
 
-The loop is a user's: ``--optimizer`` (fused SGD or fused AdamW), the loss read on the host every
+``--fsdp``: the same with FSDP2 (``fully_shard`` of every block, then the model) in place of DDP,
+plain FSDP2 the reference (its rows keep plain DDP's names); written for 2-8 GPUs, run so far on
+none. The loop is a user's: ``--optimizer`` (fused SGD or fused AdamW), the loss read on the host every
 ``--loss-every`` steps (1: the host waits for each step's end), ``--bucket-mb`` (DDP's
 ``bucket_cap_mb``), ``--bucket-view`` (``gradient_as_bucket_view=True``). A step's time is the
 median of per-step CUDA events after the warm-up; the table gives the slowest rank's, the mean
@@ -78,16 +80,23 @@ class _Rank:
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
         return t.tolist()
 
-    def fresh(self, size: Any) -> tuple[Any, Any, Any]:
-        """(model, its batch, a fused optimizer of --optimizer), the same weights on every rank and
-        each call."""
+    def fresh(self, size: Any, shard: bool = False) -> tuple[Any, Any, Any]:
+        """(model, its batch, an optimizer of --optimizer), the same weights on every rank and
+        each call; ``shard``: the model fully_shard-ed (every block, then the whole: FSDP2), the
+        optimizer made over its shards (foreach: fused optimizers over DTensors are not every
+        torch's)."""
         from .torch_model import batch, build
         gc.collect()
         self.torch.cuda.empty_cache()
         model = build(size, self.device)
-        optim = self.torch.optim
-        optimizer = optim.AdamW(model.parameters(), lr=1e-4, fused=True) if self.args.optimizer == "adamw" else \
-            optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, fused=True)
+        if shard:
+            from torch.distributed.fsdp import fully_shard
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+        optim, fused = self.torch.optim, not shard
+        optimizer = optim.AdamW(model.parameters(), lr=1e-4, fused=fused) if self.args.optimizer == "adamw" else \
+            optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, fused=fused)
         return model, batch(size, self.device, seed=1 + self.rank), optimizer
 
 
@@ -117,7 +126,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     from ..torch import Auto, overlap
     from ..torch import policies as vocabulary
     torch, args = r.torch, r.args
-    out: dict = {"model": size.record(), "ways": {}, "gradient_as_bucket_view": args.bucket_view,
+    out: dict = {"model": size.record(), "ways": {}, "gradient_as_bucket_view": args.bucket_view, "fsdp": args.fsdp,
                  "loss_every": args.loss_every, "optimizer": args.optimizer, "bucket_mb": args.bucket_mb,
                  "steps": args.steps}
     model, data, opt = r.fresh(size)
@@ -141,15 +150,16 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
     ways: list[tuple[str, Any]] = [("plain DDP", None)]
-    fixed = [p for p in vocabulary.candidates(args.sms, 1, kinds) if p.overlap and p.comm == "shimrt"]
+    fixed = [p for p in vocabulary.candidates(args.sms, 1, kinds) if p.overlap and p.comm == "shimrt"
+             and not (args.fsdp and p.window)]  # FSDP2 marks no window (shimrt.torch.fsdp)
     # by name: overlap() sizes each policy's channels by the ranks per GPU
     ways += [(p.name, p.name) for p in fixed] + ([("auto", "auto")] if "auto" in kinds else [])
     ways.append(("plain DDP again", None))  # the run's noise: plain DDP's first and last runs apart
     reference = None
     for way, policy in ways:
-        model, data, opt = r.fresh(size)
-        ddp = DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb,
-                  gradient_as_bucket_view=args.bucket_view)
+        model, data, opt = r.fresh(size, shard=args.fsdp)
+        ddp = model if args.fsdp else DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb,
+                                          gradient_as_bucket_view=args.bucket_view)
         entry: dict = {}
         ov = step = None
         try:
@@ -217,7 +227,8 @@ def report(name: str, r: dict) -> str:
     ways, base = r["ways"], r["ways"]["plain DDP"]["step_ms"]
     means = {w: statistics.fmean(e["steps_ms"]) for w, e in ways.items()}
     loop = f"{r.get('optimizer', 'sgd')}, loss read every {r.get('loss_every') or 'no'} step(s)"
-    lines = [f"{name}: {r['model']['parameters'] / 1e6:.0f} M parameters, {r['gradient_bytes'] / 2**30:.2f} GiB of "
+    lines = [f"{name}{' (FSDP2: plain DDP below is plain FSDP2)' if r.get('fsdp') else ''}: "
+             f"{r['model']['parameters'] / 1e6:.0f} M parameters, {r['gradient_bytes'] / 2**30:.2f} GiB of "
              f"gradients ({loop}); compute alone {r['compute_ms']:.2f} ms, all-reduces alone {r['comm_ms']:.2f} ms "
              f"(no overlap can beat {max(r['compute_ms'], r['comm_ms']):.2f} ms)",
              f"{'way':24s} {'step ms':>8s} {'mean':>8s} {'slowest':>8s} {'vs DDP':>7s} {'hidden':>7s}  notes"]

@@ -93,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-view", action="store_true",
                    help="one process per rank: every DDP with gradient_as_bucket_view=True (gradients are views "
                         "of DDP's buckets: no copy between them)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="one process per rank: FSDP2 (fully_shard of every block and the model) in place of DDP; "
+                        "plain FSDP2 is the reference")
     p.add_argument("--loss-every", metavar="N", default=0, type=cli.count("--loss-every", 0),
                    help="one process per rank: read the loss on the host every N steps, as a training loop that "
                         "logs it does (1: the host waits for every step's end; default 0: never, the host runs "
@@ -370,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
     if launch.world_size > 1 and args.local_ranks is None:  # one process per rank: DDP and shimrt.torch.overlap
         from . import torch_ddp
         return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs or CONFIGS})
-    for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd")):
+    for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False)):
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "
                              "or python -m shimrt.launch --nproc N, without --local-ranks")
