@@ -15,6 +15,7 @@ from ..config import LaunchEnv, launch_env
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..launch import local_devices
+from ..overlap.auto import search
 from ..overlap.engine import Engine, Result, Schedule
 from ..overlap.standin import CommStandIn, StandInSpec
 from ..overlap.workloads import ComputeWorkload
@@ -190,7 +191,7 @@ def auto_nccl(engine: Engine, seq: Result, args: Any, retune: Retune | None) -> 
             if ctas is not None and retune is not None:  # the settings besides None are retune's
                 eng = retune(ctas)
                 eng.alone()  # one run first: the planner then sees this communicator's channels, from CUPTI
-            choice, times, rej = eng.auto(None)
+            choice, times, rej = search(eng, None)
             rejected += [f"{r.what}: {r.why}" for r in rej]
             measured.update({f"{c.describe()} @ {setting}": round(t, 4) for c, t in times.items()})
             result = eng.measure(choice, t_seq=seq.makespan)

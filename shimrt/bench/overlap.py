@@ -29,7 +29,7 @@ from ..config import launch_env, settings
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..overlap import planner
-from ..overlap.auto import ChoiceCache
+from ..overlap.auto import ChoiceCache, search
 from ..overlap.collective import COLLECTIVES, NcclCollective
 from ..overlap.engine import Engine, Result, Schedule
 from ..overlap.standin import MAX_LINK_GBPS, MIN_LINK_GBPS, STEPS, CommStandIn, StandInSpec
@@ -220,7 +220,7 @@ def measure_workload(dev: Device, engine: Engine, policies: Any, args: Any, prog
             # measure a different collective than the one T_comm was taken for.
             threads = [None] + [t for t in args.auto_threads if t < args.comm_threads]
             blocks = [None] + [b for b in args.auto_blocks if b < args.comm_blocks]
-            choice, times, rejected = engine.auto(cache, threads=threads, blocks=blocks)
+            choice, times, rejected = search(engine, cache, threads=threads, blocks=blocks)
             auto = {"choice": choice.describe(), "cached": not times,
                     "measured": {c.describe(): round(t, 4) for c, t in sorted(times.items(), key=lambda x: x[1])},
                     "rejected": [f"{r.what}: {r.why}" for r in rejected]}

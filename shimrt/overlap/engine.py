@@ -18,7 +18,7 @@ CUPTI's kernel records for kernels shimrt does not compile (NCCL's).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -366,14 +366,3 @@ class Engine:
         result.metrics = metrics.compute(t_comp, t_comm, t_seq, result.makespan, comp_span, delay)
         return result
 
-    def auto(self, cache: Any = None, key: str | None = None, threads: Any = (None,), blocks: Any = (None,),
-             progress: Any = None) -> tuple[Choice, dict[Choice, float], list[planner.Rejected]]:
-        """Auto's choice (see :func:`shimrt.overlap.auto.search`): a cached one, or the fastest of
-        the planner's candidates. Returns (choice, {choice: makespan}, rejected)."""
-        from . import auto
-        return auto.search(self, cache, key, threads=threads, blocks=blocks, progress=progress)
-
-    def key(self) -> str:
-        """What auto's cached choice depends on: the workload and its communication."""
-        from . import auto
-        return auto.key(self)
