@@ -365,3 +365,10 @@ def test_the_ddp_example_ends_with_one_line_on_a_machine_without_a_gpu():
     assert len(lines) == 2 and lines[0] == ("[rank 0] ddp_overlap.py: needs a CUDA GPU and torch built with CUDA "
                                             f"(torch {torch.__version__} sees none)"), lines
     assert re.match(r"shimrt.launch: rank [01] exited with code 2", lines[1]), lines  # whichever ended first
+
+
+def test_every_torch_policy_kind_is_mapped_to_the_engines_vocabulary():
+    from shimrt.overlap.planner import POLICIES
+    from shimrt.torch.policies import ENGINE_POLICY, KINDS
+    assert set(ENGINE_POLICY) == set(KINDS)
+    assert all(v is None or v in POLICIES for v in ENGINE_POLICY.values())

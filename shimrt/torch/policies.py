@@ -36,6 +36,14 @@ KINDS = ("sequential", "ddp", "low-priority", "priority", "shaping", "partition"
          "windowed-carveout", "auto")
 #: Kinds that take a number after a colon: the cap, or the SMs kept for NCCL.
 NUMBERED = ("shaping", "partition", "carveout", "windowed-carveout")
+#: The overlap engine's policy (:data:`shimrt.overlap.planner.POLICIES`, its own kernels'
+#: vocabulary) that each kind here corresponds to: the same two controls, named for what the
+#: engine varies. None: the engine has no such policy (``ddp`` is torch's own all-reduce; a
+#: carveout is cuBLAS's, which the engine's kernels do not take).
+ENGINE_POLICY: dict[str, str | None] = {
+    "sequential": "sequential", "ddp": None, "low-priority": "concurrent", "priority": "priority",
+    "shaping": "shaping+priority", "partition": "partition", "carveout": None, "windowed-carveout": None,
+    "auto": "auto"}
 #: The bounds of an SM count kept for NCCL, wherever one enters (a policy's name, overlap()'s
 #: ``sms``, bench torch's ``--sms``).
 SMS_BOUNDS = {"least": 1, "most": MAX_SMS}
