@@ -46,7 +46,7 @@ class Queued:
     def __init__(self, comm: "Communicator", stream: Any, stream_handle: int, name: str, args: tuple,
                  handle: Any, what: str):
         self.comm, self.state, self.stream, self.stream_handle = comm, comm.state, stream, stream_handle
-        self.name, self.function, self.args, self.handle, self.what = name, getattr(comm.lib, name), args, handle, what
+        self.name, self.function, self.args, self.handle, self.what = name, comm.lib.function(name), args, handle, what
 
 
 def bounded(call: Callable[[], Any], name: str, timeout: float, hint: str = "") -> Any:

@@ -21,9 +21,9 @@ import ctypes.util
 import importlib.util
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import elf
 from ..config import settings
@@ -158,20 +158,60 @@ def version_text(version: int | None) -> str:
     return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v // 100 % 10}.{v % 100}"
 
 
+#: A bound C function of :data:`TABLE` (ncclResult_t, or a C string for the two that return one).
+CFunction = Callable[..., Any]
+
+
+class _Absent:
+    """A :data:`TABLE` function the library lacks: calling it raises CollectiveError naming it."""
+
+    def __init__(self, name: str, path: str):
+        self.name, self.path = name, path
+
+    def __call__(self, *args: Any) -> Any:
+        raise CollectiveError(f"{self.name} is not in {self.path}")
+
+
 @dataclass
 class Library:
-    """A loaded NCCL/RCCL: ``path``, ``version`` (X*10000+Y*100+Z), and the table's functions
-    as attributes; ``missing`` names the symbols this library lacks."""
+    """A loaded NCCL/RCCL: ``path``, ``version`` (X*10000+Y*100+Z), and each function of
+    :data:`TABLE` as a declared attribute of that name (its C prototype in the table; one the
+    library lacks raises CollectiveError when called); ``missing`` names the symbols it lacks.
+    The collectives' packed calls take theirs by name: :meth:`function`."""
 
     path: str
     handle: ctypes.CDLL
     version: int
     missing: tuple[str, ...]
+    ncclGetVersion: CFunction = field(init=False, repr=False)
+    ncclGetUniqueId: CFunction = field(init=False, repr=False)
+    ncclCommInitRank: CFunction = field(init=False, repr=False)
+    ncclCommInitRankConfig: CFunction = field(init=False, repr=False)
+    ncclCommInitAll: CFunction = field(init=False, repr=False)
+    ncclCommDestroy: CFunction = field(init=False, repr=False)
+    ncclCommAbort: CFunction = field(init=False, repr=False)
+    ncclCommGetAsyncError: CFunction = field(init=False, repr=False)
+    ncclCommCount: CFunction = field(init=False, repr=False)
+    ncclCommCuDevice: CFunction = field(init=False, repr=False)
+    ncclCommUserRank: CFunction = field(init=False, repr=False)
+    ncclAllReduce: CFunction = field(init=False, repr=False)
+    ncclBroadcast: CFunction = field(init=False, repr=False)
+    ncclReduce: CFunction = field(init=False, repr=False)
+    ncclAllGather: CFunction = field(init=False, repr=False)
+    ncclReduceScatter: CFunction = field(init=False, repr=False)
+    ncclSend: CFunction = field(init=False, repr=False)
+    ncclRecv: CFunction = field(init=False, repr=False)
+    ncclGroupStart: CFunction = field(init=False, repr=False)
+    ncclGroupEnd: CFunction = field(init=False, repr=False)
+    ncclGetErrorString: CFunction = field(init=False, repr=False)
+    ncclGetLastError: CFunction = field(init=False, repr=False)
 
-    def __getattr__(self, name: Any) -> Any:
-        if name.startswith("nccl"):
-            raise CollectiveError(f"{name} is not in {self.path} (NCCL {self.version_text})")
-        raise AttributeError(name)
+    def function(self, name: str) -> CFunction:
+        """The bound function ``name`` (a key of :data:`TABLE`)."""
+        if name not in TABLE:
+            raise UsageError(f"{name!r} is not an NCCL function shimrt binds ({', '.join(TABLE)})")
+        fn: CFunction = getattr(self, name)
+        return fn
 
     @property
     def version_text(self) -> str:
@@ -201,6 +241,7 @@ def _bind(path: str, handle: ctypes.CDLL) -> Library:
             fn = getattr(handle, name)
         except AttributeError:
             missing.append(name)
+            setattr(lib, name, _Absent(name, path))
             continue
         fn.restype, fn.argtypes = restype, argtypes
         setattr(lib, name, fn)
