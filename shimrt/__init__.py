@@ -21,3 +21,12 @@ __all__ = [
     "KernelResources", "Module", "NoDeviceError", "Partition", "Program", "ShimrtError", "Stream", "Target",
     "UsageError", "compile", "kernels", "occupancy", "targets", "__version__",
 ]
+
+#: The subpackages and command modules of the public API, imported on use (``shimrt.nccl``, ...).
+PACKAGES = ("nccl", "overlap", "torch", "launch", "selftest", "bench")
+
+
+def __dir__() -> list[str]:
+    """The public API only: what ``__all__`` names and the public subpackages, not the helper
+    modules Python binds here as they are imported (``shimrt.validate``, ``shimrt.cache``, ...)."""
+    return sorted({*__all__, *PACKAGES})

@@ -130,3 +130,14 @@ def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
     seen = Imports("p.a", pkg["p.a"], pkg)
     seen.visit(ast.parse(pkg["p.a"].read_text()))
     assert seen.found == set()
+
+
+def test_dir_of_shimrt_shows_the_public_api_only():
+    import importlib
+
+    import shimrt
+    import shimrt.validate  # noqa: F401 - a helper bound on the package by its import
+    shown = dir(shimrt)
+    assert "validate" not in shown and "cache" not in shown and "Device" in shown and "nccl" in shown
+    for name in shimrt.PACKAGES:
+        assert importlib.util.find_spec(f"shimrt.{name}") is not None, name
