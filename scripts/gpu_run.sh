@@ -53,7 +53,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
     # torch loads its own libnccl.so.2 unless the one shimrt uses is preloaded (the bench refuses two side by side).
     [ -n "${SHIMRT_NCCL_LIBRARY:-}" ] && export LD_PRELOAD=$SHIMRT_NCCL_LIBRARY
     # Processes sharing the GPU run side by side under MPS; where it cannot be had, they time-slice (said so).
-    if python3 -c "import sys; from shimrt import mps
+    if python3 -c "import sys; from shimrt.launch import mps
 try: sys.exit(bool(mps.running(mps.find_control())))
 except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
     else mpsflag=; echo "MPS not usable here (see above): two processes time-slice the GPU" | tee -a "$summary"; fi
@@ -83,5 +83,5 @@ for step in "${steps[@]}"; do
   python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || status=1
 done
 # Nothing of --mps may outlive the run: no daemon, no private folder.
-python3 -c "import glob, sys; from shimrt import mps; left = mps.running(); f = glob.glob('/tmp/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || status=1
+python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob('/tmp/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || status=1
 exit $status

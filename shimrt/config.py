@@ -109,7 +109,7 @@ class Settings:
     ``nccl_library``, when set, is the only place the NCCL/RCCL loader looks: a path that does
     not load must be reported, never replaced by another NCCL found elsewhere. It is not checked
     here, so that everything that does not use NCCL (compiling kernels) works whatever it says.
-    ``mps_control`` (SHIMRT_MPS_CONTROL) likewise: :mod:`shimrt.mps` judges it when MPS is asked
+    ``mps_control`` (SHIMRT_MPS_CONTROL) likewise: :mod:`shimrt.launch.mps` judges it when MPS is asked
     for. ``mps_pipe_directory`` is CUDA_MPS_PIPE_DIRECTORY, the MPS daemon this process's CUDA
     would join (None: CUDA's default, /tmp/nvidia-mps).
     """

@@ -15,7 +15,7 @@ OWN_TEMP = "shimrt-"
 
 
 def _own_temp() -> set[str]:
-    roots = {tempfile.gettempdir(), "/tmp"}  # shimrt.mps keeps its sockets' paths short under /tmp
+    roots = {tempfile.gettempdir(), "/tmp"}  # shimrt.launch.mps keeps its sockets' paths short under /tmp
     return {str(p) for root in roots if Path(root).is_dir() for p in Path(root).glob(OWN_TEMP + "*")}
 
 

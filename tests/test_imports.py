@@ -141,3 +141,21 @@ def test_dir_of_shimrt_shows_the_public_api_only():
     assert "validate" not in shown and "cache" not in shown and "Device" in shown and "nccl" in shown
     for name in shimrt.PACKAGES:
         assert importlib.util.find_spec(f"shimrt.{name}") is not None, name
+
+
+def test_the_core_modules_never_import_the_layers_above_them():
+    """The layers, lowest first: the core (the modules in shimrt/ itself: devices, memory,
+    kernels, compiling), then ``nccl``, ``overlap``, ``torch``, then the process tools
+    (``launch``, ``selftest``) and ``bench``. A core module imports none of the layers above;
+    ``nccl`` none of the process tools."""
+    edges = graph()
+
+    def within(module: str, packages: tuple[str, ...]) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in packages)
+    upper = ("shimrt.nccl", "shimrt.overlap", "shimrt.torch", "shimrt.launch", "shimrt.selftest", "shimrt.bench")
+    core = [m for m in edges if m.count(".") == 1 and not within(m, upper) and m != "shimrt.__main__"]
+    bad = {m: sorted(t for t in edges[m] if within(t, upper)) for m in core}
+    assert not {m: t for m, t in bad.items() if t}, bad
+    tools = ("shimrt.launch", "shimrt.selftest", "shimrt.bench")
+    nccl = {m: sorted(t for t in e if within(t, tools)) for m, e in edges.items() if within(m, ("shimrt.nccl",))}
+    assert not {m: t for m, t in nccl.items() if t}, nccl

@@ -1,4 +1,4 @@
-"""MPS for ranks that share a GPU (shimrt.mps and python -m shimrt.launch --mps), without a GPU.
+"""MPS for ranks that share a GPU (shimrt.launch.mps and python -m shimrt.launch --mps), without a GPU.
 
 NVIDIA's control daemon needs a GPU machine, so these tests run a stand-in for it
 (tests/data/mps_control_standin.py, copied as ``nvidia-cuda-mps-control`` and named by
@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
-from shimrt import DriverError, NoDeviceError, ShimrtError, UsageError, launch, mps
+from shimrt import DriverError, NoDeviceError, ShimrtError, UsageError, launch
 from shimrt.config import launch_env
-from shimrt.ranks import GRACE_S
+from shimrt.launch import mps
+from shimrt.launch.ranks import GRACE_S
 
 DATA = Path(__file__).parent / "data"
 PROBE = str(DATA / "mps_probe.py")

@@ -1,4 +1,4 @@
-"""A stand-in for NVIDIA's nvidia-cuda-mps-control, for the CPU tests of shimrt.mps and the
+"""A stand-in for NVIDIA's nvidia-cuda-mps-control, for the CPU tests of shimrt.launch.mps and the
 launcher's --mps: the thing under test is how shimrt starts, checks, stops and cleans up after
 the vendor's daemon, which needs a GPU machine. The tests copy this file to a folder as
 ``nvidia-cuda-mps-control`` (with a ``#!`` line naming their Python) and point

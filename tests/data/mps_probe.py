@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from shimrt import mps
 from shimrt.config import launch_env
+from shimrt.launch import mps
 
 mode = sys.argv[1]
 rank = int(os.environ["SHIMRT_RANK"])

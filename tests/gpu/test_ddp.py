@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shimrt import CollectiveError, mps
+from shimrt import CollectiveError
+from shimrt.launch import mps
 from shimrt.nccl import library
 from shimrt.nccl.config import check_shared_gpu
 

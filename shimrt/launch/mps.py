@@ -26,9 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import validate
-from .config import settings
-from .errors import DriverError, NoDeviceError, ShimrtError, UsageError
+from .. import validate
+from ..config import settings
+from ..errors import DriverError, NoDeviceError, ShimrtError, UsageError
 
 #: The control program's name, looked for on PATH and then in :data:`SEARCHED`.
 CONTROL = "nvidia-cuda-mps-control"

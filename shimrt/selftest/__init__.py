@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from . import __version__, backends, cli, compiler, kernels, mpscheck, occupancy, targets
-from .errors import CollectiveError, NoDeviceError, ShimrtError
+from .. import __version__, backends, cli, compiler, kernels, occupancy, targets
+from ..errors import CollectiveError, NoDeviceError, ShimrtError
+from ..launch import mpscheck
 
 if TYPE_CHECKING:
-    from .device import Device
+    from ..device import Device
 
 COMPILE_TARGETS = ("sm_80", "sm_86", "sm_90", "gfx90a")
 
@@ -120,7 +121,7 @@ def _backend_environment(backend: str, results, progress):
     _run(sec, driver_label, driver, results, progress)
 
     def collectives():
-        from .nccl import library
+        from ..nccl import library
         try:
             lib = library.load(backend)
         except CollectiveError as exc:
@@ -158,7 +159,7 @@ def check_compile(results: list, progress: bool) -> None:
 def check_device(results: list, progress: bool) -> Device | None:
     """The device section's checks (DEVICE_CHECKS); the Device they opened, or None without one."""
     sec = "device"
-    from .device import Device
+    from ..device import Device
     try:
         dev = Device()
     except ShimrtError as exc:
@@ -220,7 +221,7 @@ COMMUNICATION_CHECKS = ["library", "single-rank collective", "N-rank collective"
 
 def _comm_standin(dev):
     """A communication stand-in: sm_probe blocks of 512 threads holding NCCL's shared memory."""
-    from .occupancy import NCCL_2_28_SM90, Footprint
+    from ..occupancy import NCCL_2_28_SM90, Footprint
     smem = min(NCCL_2_28_SM90.static_smem + NCCL_2_28_SM90.dynamic_smem,
                dev.target.smem_per_block_optin // 2)
     return Footprint("NCCL-sized stand-in", blocks=1, threads=512, registers=32, static_smem=0, dynamic_smem=smem)
@@ -293,7 +294,7 @@ def check_communication(dev: Device | None, results: list, progress: bool) -> No
     sec = "communication"
     if dev is None:
         return
-    from .nccl import Communicator, library, unique_id
+    from ..nccl import Communicator, library, unique_id
     try:
         lib = library.load(dev.backend)
     except CollectiveError as exc:
@@ -315,9 +316,9 @@ def check_communication(dev: Device | None, results: list, progress: bool) -> No
     _run(sec, "single-rank collective", single, results, progress)
 
     def many():
-        from .config import device_map
-        from .launch import local_devices
-        from .nccl import group
+        from ..config import device_map
+        from ..launch import local_devices
+        from ..nccl import group
         count = dev.device_count()
         try:  # one GPU and no map: two ranks on it, where this NCCL can do that
             devices = local_devices(dev, 2 if count < 2 and device_map() is None else None)
@@ -401,7 +402,3 @@ def run(args: argparse.Namespace) -> int:
         print(table(results))
     failed = any(r.status == "fail" for r in results) or (args.strict and any(r.status == "skip" for r in results))
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

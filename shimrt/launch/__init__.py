@@ -33,7 +33,7 @@ Ranks may share a GPU: ``--devices 0,0`` (or ``SHIMRT_DEVICES=0,0``) maps local 
 i-th index listed. NCCL allows it from 2.30 with ``NCCL_MULTI_RANK_GPU_ENABLE=1``; two processes
 on one GPU time-slice it (right for correctness runs, not for speed), while two ranks in one
 process (``Communicator.local([dev, dev])``) run their kernels side by side. ``--mps`` runs the
-ranks as clients of an MPS daemon of the launcher's own (:mod:`shimrt.mps`), so that processes
+ranks as clients of an MPS daemon of the launcher's own (:mod:`shimrt.launch.mps`), so that processes
 sharing a GPU run side by side too; it is stopped after the ranks, whatever ends them.
 """
 
@@ -42,20 +42,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from . import config, mps, validate
-from .config import BACKENDS, LaunchEnv, device_map, devices_of, launch_env
-from .errors import CollectiveError, ShimrtError, UsageError
+from .. import config, validate
+from ..config import BACKENDS, LaunchEnv, device_map, devices_of, launch_env
+from ..errors import CollectiveError, ShimrtError, UsageError
+from ..stream import MAX_TIMEOUT
+from . import mps
 from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
-from .stream import MAX_TIMEOUT
 
 if TYPE_CHECKING:
-    from .device import Device
-    from .nccl import CommOptions, Communicator
+    from ..device import Device
+    from ..nccl import CommOptions, Communicator
 
 _INSTALL_HINT = ("install NCCL (pip install 'shimrt[nccl]') or set SHIMRT_NCCL_LIBRARY to the path of "
                  "libnccl.so.2 (librccl.so under ROCm), then launch again")
@@ -123,7 +123,7 @@ def rendezvous(env: LaunchEnv | None = None, *, backend: str | None = None) -> R
         raise UsageError(f"env must be a shimrt.config.LaunchEnv or None, not {type(env).__name__}")
     if backend is not None:
         validate.one_of(backend, "backend", BACKENDS)
-    from .nccl import unique_id
+    from ..nccl import unique_id
     env = launch_env() if env is None else env
 
     def make() -> bytes:
@@ -161,8 +161,8 @@ def init(device: Device | None = None, *, options: CommOptions | None = None) ->
     opened before the rendezvous, since its backend says which library makes the id. Ranks that
     share a GPU are refused here, naming what is missing, when the NCCL loaded cannot do it.
     Under python -m shimrt.launch --mps, a GPU that does not open names MPS as the likely cause."""
-    from .device import Device
-    from .nccl import CommOptions, Communicator
+    from ..device import Device
+    from ..nccl import CommOptions, Communicator
     if device is not None and not isinstance(device, Device):
         raise UsageError(f"device must be a shimrt.Device or None, not {type(device).__name__}")
     if options is not None and not isinstance(options, CommOptions):
@@ -176,8 +176,8 @@ def init(device: Device | None = None, *, options: CommOptions | None = None) ->
                 raise
             raise mps.client_error(exc) from None
     if env.devices is not None and env.devices.count(device.index) > 1:
-        from .nccl.config import check_shared_gpu
-        from .nccl.library import load
+        from ..nccl.config import check_shared_gpu
+        from ..nccl.library import load
         check_shared_gpu(load(device.backend), device.backend, f"SHIMRT_DEVICES={','.join(map(str, env.devices))}")
     r = rendezvous(backend=device.backend)
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)
@@ -189,9 +189,9 @@ def local_devices(dev: Device, wanted: int | None = None) -> list[Device]:
     on the first GPUs, or all on ``dev`` when it is the only one, where ``wanted`` defaults to 2
     if the NCCL loaded can put two ranks on one GPU and 1 otherwise. CollectiveError, naming
     what is missing, when ranks would share a GPU that NCCL cannot share."""
-    from .device import Device
-    from .nccl import library
-    from .nccl.config import check_shared_gpu
+    from ..device import Device
+    from ..nccl import library
+    from ..nccl.config import check_shared_gpu
     if not isinstance(dev, Device):
         raise UsageError(f"dev must be a shimrt Device, not {dev!r:.100}")
     if wanted is not None:
@@ -268,7 +268,7 @@ examples:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
     parser = argparse.ArgumentParser(
         prog="python -m shimrt.launch", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_HelpFormatter,
         usage="python -m shimrt.launch --nproc N [--devices I,J,...] [--mps] [--timeout SECONDS] "
@@ -339,7 +339,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before any rank started
         say("interrupted")
         return 128 + signal.SIGINT
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The launcher's processes: start one rank per local GPU with what it needs to join one
 communicator, pass on the signals a scheduler sends, and stop and reap every rank whatever
 happens (:func:`run`); with ``mps``, inside an MPS daemon of the launcher's own
-(:class:`shimrt.mps.Mps`), stopped after the ranks. ``python -m shimrt.launch``
+(:class:`shimrt.launch.mps.Mps`), stopped after the ranks. ``python -m shimrt.launch``
 (:mod:`shimrt.launch`) is its command line.
 """
 
@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any, Mapping, Sequence
 
-from . import backends, validate
-from .config import device_map
-from .errors import CollectiveError, ShimrtError, UsageError
+from .. import backends, validate
+from ..config import device_map
+from ..errors import CollectiveError, ShimrtError, UsageError
+from ..stream import timeout_seconds
 from .mps import Mps
-from .stream import timeout_seconds
 
 #: Seconds the ranks get to exit after the signal that stops them, before SIGKILL.
 GRACE_S = 5.0
@@ -87,7 +87,7 @@ class _Signals:
 
 def _unique_id() -> tuple[str | None, str | None]:
     """(the id in hex, None), or (None, why NCCL did not load here)."""
-    from .nccl import unique_id
+    from ..nccl import unique_id
     try:
         return unique_id().hex(), None
     except CollectiveError as exc:
@@ -204,7 +204,7 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
     """Start ``nproc`` copies of ``python argv...``, one per local rank, and wait for them.
     ``devices``: the GPU of each rank (SHIMRT_DEVICES in their environment; None: rank i on GPU
     i, or what SHIMRT_DEVICES already says). ``mps``: run them as clients of an MPS daemon
-    started for them (:class:`shimrt.mps.Mps`; MpsError, before any rank starts, where it
+    started for them (:class:`shimrt.launch.mps.Mps`; MpsError, before any rank starts, where it
     cannot be), stopped once every rank is reaped.
 
     Stops them all when one fails, when ``timeout`` seconds pass, or when the launcher gets

@@ -1,6 +1,6 @@
 """What the selftest checks of MPS: whether it is available here (:func:`status`), and a
 collective across rank processes that share a GPU under it (:func:`selftest`): ``python -m
-shimrt.launch --nproc 2 --devices 0,0 --mps -m shimrt.mpscheck`` makes each rank all-reduce
+shimrt.launch --nproc 2 --devices 0,0 --mps -m shimrt.launch.mpscheck`` makes each rank all-reduce
 inputs of its own and compare every element of the sum with numpy's (:func:`main`, the rank
 side), and the launcher starts and stops the MPS daemon around them.
 """
@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from . import mps, validate
-from .config import launch_env
-from .errors import CollectiveError, ShimrtError
+from .. import validate
+from ..config import launch_env
+from ..errors import CollectiveError, ShimrtError
+from . import mps
 
 if TYPE_CHECKING:
-    from .device import Device
-    from .nccl.library import Library
+    from ..device import Device
+    from ..nccl.library import Library
 
 #: float32 elements each rank all-reduces.
 COUNT = 1 << 18
@@ -60,8 +61,8 @@ def inputs(rank: int, count: int = COUNT) -> np.ndarray:
 def main() -> int:
     """The rank side, under the launcher: all_reduce this rank's inputs, compare the sum with
     numpy's, print ``MPSCHECK <rank> <size> OK`` (or ``WRONG <count>``); 1 when it is wrong."""
-    from .launch import init
-    from .nccl import CommOptions
+    from ..nccl import CommOptions
+    from . import init
     comm = init(options=CommOptions(timeout=TIMEOUT_S))
     try:
         buf = comm.device.to_device(inputs(comm.rank))
@@ -85,7 +86,7 @@ def run(devices: Sequence[int], *, use_mps: bool = True, timeout: float = TIMEOU
     where = f"{len(devices)} processes on GPUs {devices}" + (" under MPS" if use_mps else "")
     argv = [sys.executable, "-m", "shimrt.launch", "--nproc", str(len(devices)), "--devices",
             ",".join(map(str, devices)), "--timeout", f"{timeout:g}", *(["--mps"] if use_mps else []),
-            "-m", "shimrt.mpscheck"]
+            "-m", "shimrt.launch.mpscheck"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30)
     except subprocess.TimeoutExpired:
@@ -103,7 +104,7 @@ def selftest(dev: Device, lib: Library) -> str:
     can put two ranks on one GPU, else on the first two GPUs. Unavailable, with the reason and
     the fix, where that cannot run: AMD's GPU, no MPS, a daemon already running, a single GPU
     NCCL cannot share, or the selftest itself a rank of a launch."""
-    from .nccl.config import check_shared_gpu
+    from ..nccl.config import check_shared_gpu
     if launch_env().source is not None:
         raise Unavailable("the selftest runs as a rank of a launch, and this check starts a launch of its own",
                           "run python -m shimrt.selftest outside a launcher")

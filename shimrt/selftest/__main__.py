@@ -1,0 +1,7 @@
+"""python -m shimrt.selftest: see shimrt.selftest."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
