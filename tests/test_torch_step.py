@@ -11,7 +11,7 @@ from shimrt import UsageError
 from shimrt.bench import torch_step
 from shimrt.bench.torch_model import ModelSize
 from shimrt.torch import policies
-from shimrt.torch.step import Policy
+from shimrt.torch.policies import Policy
 
 
 def test_the_parameter_count_matches_a_count_by_hand():

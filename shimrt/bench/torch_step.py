@@ -180,7 +180,7 @@ def contention_at(bench: Bench, torch: Any, buckets: GradientBuckets, comm_of: A
     (the first, where none ran alone here), torch kept off those SMs by a partition; {"error":
     why} where no partition can be made (no green contexts) or memory is short."""
     from ..torch import stream as torch_stream
-    from ..torch.step import Policy
+    from ..torch.policies import Policy
     kept = fastest_kept(sms, ranks_per_gpu, comm_ms)
     ctas = channels(kept, ranks_per_gpu)
     try:
@@ -217,7 +217,8 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     from ..occupancy import Footprint
     from ..overlap.interpose import Interposer
     from ..torch import sm_carveout
-    from ..torch.step import GradientBuckets, NcclBuckets, Policy, compute_context
+    from ..torch.policies import Policy
+    from ..torch.step import GradientBuckets, NcclBuckets, compute_context
     from .torch_model import batch, build
     from .torch_trainer import Trainer
     dev = bench.dev

@@ -1,7 +1,7 @@
 """The overlap policies of a data-parallel step, by name: one vocabulary for the library
 (:func:`shimrt.torch.overlap`) and ``bench torch``.
 
-A policy is a :class:`~shimrt.torch.step.Policy`. Its name says what it does:
+A policy is a :class:`Policy`. Its name says what it does:
 
 - ``ddp``: torch.distributed's own all-reduce, as plain DDP does it (ProcessGroupNCCL, its
   stream): the reference, and one of auto's candidates, so auto never keeps anything slower;
@@ -28,8 +28,64 @@ from typing import Any, Iterable
 
 from .. import validate
 from ..errors import UsageError
+from ..stream import PRIORITIES
 from ..targets import MAX_SMS
-from .step import Policy
+
+#: Who all-reduces: shimrt's Communicator, or torch.distributed's process group (plain DDP's way).
+COMMS = ("shimrt", "torch")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How a step overlaps its all-reduces (see the module's docstring). ``partition`` and
+    ``carveout`` are SMs kept from torch's compute (NCCL's channels belong there: ``ctas`` per
+    rank); ``comm``: "shimrt" (a Communicator) or "torch" (torch.distributed, as plain DDP);
+    ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
+    carveout holds only while all-reduces run (from a step's first bucket until the step waits for
+    them after backward), so forward and the optimizer keep every SM."""
+
+    name: str
+    overlap: bool = True
+    priority: str = "high"
+    cap: int | None = None
+    partition: int | None = None
+    carveout: int | None = None
+    ctas: int | None = None
+    window: bool = False
+    comm: str = "shimrt"
+
+    def __post_init__(self) -> None:
+        validate.text(self.name, "Policy.name")
+        validate.one_of(self.comm, "Policy.comm", COMMS)
+        if self.comm == "torch" and self.ctas is not None:
+            raise UsageError(f"Policy {self.name!r}: ctas sets shimrt's communicators, not torch.distributed's "
+                             "(comm='torch')")
+        object.__setattr__(self, "overlap", validate.boolean(self.overlap, "Policy.overlap"))
+        validate.one_of(self.priority, "Policy.priority", PRIORITIES)
+        for name, most in (("cap", 64), ("partition", MAX_SMS), ("carveout", MAX_SMS), ("ctas", 64)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, validate.integer(getattr(self, name), f"Policy.{name}", least=1,
+                                                                most=most))
+        if sum(x is not None for x in (self.cap, self.partition, self.carveout)) > 1:
+            raise UsageError(f"Policy {self.name!r}: one of cap, partition and carveout at a time")
+        object.__setattr__(self, "window", validate.boolean(self.window, "Policy.window"))
+        if self.window and (self.carveout is None or not self.overlap):
+            raise UsageError(f"Policy {self.name!r}: window=True needs a carveout and overlap=True (it limits the "
+                             "carveout to the time all-reduces run beside backward)")
+
+    def describe(self) -> str:
+        parts = ["after backward" if not self.overlap else
+                 "plain DDP's own all-reduce, no hook" if self.comm == "torch" else f"{self.priority} priority"]
+        if self.cap is not None:
+            parts.append(f"compute capped at {self.cap} blocks/SM")
+        if self.partition is not None:
+            parts.append(f"compute on all but {self.partition} SMs")
+        if self.carveout is not None:
+            parts.append(f"cuBLAS leaves {self.carveout} SMs" + (" while all-reduces run" if self.window else ""))
+        if self.ctas is not None:
+            parts.append(f"NCCL {self.ctas} channels/rank")
+        return ", ".join(parts)
+
 
 #: Kinds of policy (what ``bench torch --policies`` takes), baselines first.
 KINDS = ("sequential", "ddp", "low-priority", "priority", "shaping", "partition", "carveout",

@@ -1,10 +1,6 @@
-"""One data-parallel training step whose gradient all-reduces overlap backward, under a policy.
+"""One data-parallel training step whose gradient all-reduces overlap backward, under a policy
+(:class:`~shimrt.torch.policies.Policy`, whose home is :mod:`shimrt.torch.policies`).
 
-- :class:`Policy`: how the step overlaps: all-reduces after backward (sequential) or bucket by
-  bucket as gradients become ready, on streams of default or greatest priority, with torch's
-  compute shaped (every kernel capped at ``cap`` blocks per SM), confined to an SM partition, or
-  with cuBLAS leaving SMs free (carveout: for the whole step, or only while all-reduces run), and
-  NCCL's channels per rank.
 - :class:`GradientBuckets`: the parameters' gradients as views of flat buckets (as DDP's
   ``gradient_as_bucket_view``), in the order backward produces them, zeroed each step; every
   bucket's views are checked before its all-reduce (torch's default ``zero_grad()`` sets
@@ -14,80 +10,25 @@
   event. Ranks other than the first, where one process holds several (two ranks on one GPU),
   are peers that add zeros, so rank 0's gradients come out bit for bit as they went in.
 
-Policy, buckets and their all-reduces live together: each is the others' one user (bench torch's
-:class:`~shimrt.bench.torch_trainer.Trainer` drives them).
+Buckets and their all-reduces live together: each is the other's one user (bench torch's
+:class:`~shimrt.bench.torch_trainer.Trainer` drives them); :func:`compute_context` is a policy's
+compute side, under DDP and FSDP2 too.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from .. import nccl, validate
 from ..errors import UsageError
 from ..stream import PRIORITIES
-from ..targets import MAX_SMS
 from .interop import stream as torch_stream
+from .policies import Policy
 
 if TYPE_CHECKING:
     from ..overlap.interpose import Interposer
     from ..stream import Stream
-
-#: Who all-reduces: shimrt's Communicator, or torch.distributed's process group (plain DDP's way).
-COMMS = ("shimrt", "torch")
-
-
-@dataclass(frozen=True)
-class Policy:
-    """How a step overlaps its all-reduces (see the module's docstring). ``partition`` and
-    ``carveout`` are SMs kept from torch's compute (NCCL's channels belong there: ``ctas`` per
-    rank); ``comm``: "shimrt" (a Communicator) or "torch" (torch.distributed, as plain DDP);
-    ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
-    carveout holds only while all-reduces run (from a step's first bucket until the step waits for
-    them after backward), so forward and the optimizer keep every SM."""
-
-    name: str
-    overlap: bool = True
-    priority: str = "high"
-    cap: int | None = None
-    partition: int | None = None
-    carveout: int | None = None
-    ctas: int | None = None
-    window: bool = False
-    comm: str = "shimrt"
-
-    def __post_init__(self) -> None:
-        validate.text(self.name, "Policy.name")
-        validate.one_of(self.comm, "Policy.comm", COMMS)
-        if self.comm == "torch" and self.ctas is not None:
-            raise UsageError(f"Policy {self.name!r}: ctas sets shimrt's communicators, not torch.distributed's "
-                             "(comm='torch')")
-        object.__setattr__(self, "overlap", validate.boolean(self.overlap, "Policy.overlap"))
-        validate.one_of(self.priority, "Policy.priority", PRIORITIES)
-        for name, most in (("cap", 64), ("partition", MAX_SMS), ("carveout", MAX_SMS), ("ctas", 64)):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, validate.integer(getattr(self, name), f"Policy.{name}", least=1,
-                                                                most=most))
-        if sum(x is not None for x in (self.cap, self.partition, self.carveout)) > 1:
-            raise UsageError(f"Policy {self.name!r}: one of cap, partition and carveout at a time")
-        object.__setattr__(self, "window", validate.boolean(self.window, "Policy.window"))
-        if self.window and (self.carveout is None or not self.overlap):
-            raise UsageError(f"Policy {self.name!r}: window=True needs a carveout and overlap=True (it limits the "
-                             "carveout to the time all-reduces run beside backward)")
-
-    def describe(self) -> str:
-        parts = ["after backward" if not self.overlap else
-                 "plain DDP's own all-reduce, no hook" if self.comm == "torch" else f"{self.priority} priority"]
-        if self.cap is not None:
-            parts.append(f"compute capped at {self.cap} blocks/SM")
-        if self.partition is not None:
-            parts.append(f"compute on all but {self.partition} SMs")
-        if self.carveout is not None:
-            parts.append(f"cuBLAS leaves {self.carveout} SMs" + (" while all-reduces run" if self.window else ""))
-        if self.ctas is not None:
-            parts.append(f"NCCL {self.ctas} channels/rank")
-        return ", ".join(parts)
 
 
 class GradientBuckets:

@@ -67,7 +67,8 @@ from . import policies as vocabulary
 from .cost import HostCost, now
 from .interop import require_torch, sm_carveout
 from .interop import stream as torch_stream
-from .step import Policy, compute_context
+from .policies import Policy
+from .step import compute_context
 from .trials import Trials
 
 #: Where auto says what it kept (INFO, rank 0).
