@@ -155,3 +155,39 @@ SPILL_ALLOWANCE = {"comm_ring": 64, "sgemm": 64}
 def spill_allowance():
     """Bytes of spill NVRTC may report per kernel (0 for any kernel not listed)."""
     return SPILL_ALLOWANCE
+
+
+@pytest.fixture
+def gloo_ranks():
+    """A function that runs ``tests/SCRIPT RANK PORT ARGS...`` as two gloo ranks on this CPU and
+    returns each rank's line starting "rank R:" (the script prints it), after checking both
+    ended with 0; both are killed after 120 s."""
+    pytest.importorskip("torch")
+    import os
+    import socket
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+
+    def run(script: str, *argv: str) -> list[str]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        env = dict(os.environ, PYTHONPATH=str(root))
+        procs = [subprocess.Popen([sys.executable, str(root / "tests" / script), str(r), port, *argv],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                 for r in (0, 1)]
+        outs = []
+        try:
+            for p in procs:
+                outs.append(p.communicate(timeout=120)[0])
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        lines = []
+        for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
+            assert p.returncode == 0, out[-3000:]
+            lines.append(next(x for x in out.splitlines() if x.startswith(f"rank {rank}:")))
+        return lines
+    return run

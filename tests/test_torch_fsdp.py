@@ -3,53 +3,23 @@ gloo, their groups moved between process groups step by step, against a plain FS
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _two_ranks(*argv: str) -> list[str]:
+def _two_ranks(gloo_ranks, *argv: str) -> list[str]:
     torch = pytest.importorskip("torch")
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
     except ImportError:
         pytest.skip(f"torch {torch.__version__} has no FSDP2 (fully_shard)")
-    port = str(_free_port())
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "fsdp_ranks.py"), str(r), port, *argv],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    lines = []
-    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, out[-3000:]
-        lines.append(next(x for x in out.splitlines() if x.startswith(f"rank {rank}:")))
-    return lines
+    return gloo_ranks("fsdp_ranks.py", *argv)
 
 
-def test_an_fsdp2_model_moved_between_groups_trains_as_plain_fsdp2_bit_for_bit():
+def test_an_fsdp2_model_moved_between_groups_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
     """Two ranks: every group's all-gathers and reduce-scatters change process group each step,
     then the first group is destroyed and training goes on through the second alone; the
     parameters end as a plain FSDP2 copy's, bit for bit (the root holds no parameters: 4 groups)."""
-    for rank, line in enumerate(_two_ranks()):
+    for rank, line in enumerate(_two_ranks(gloo_ranks)):
         assert line == f"rank {rank}: fsdp True groups 4 moveable None diff 0.0", line
 
 
@@ -57,8 +27,8 @@ def test_an_fsdp2_model_moved_between_groups_trains_as_plain_fsdp2_bit_for_bit()
     ("hsdp", "its HSDP (2-D) mesh"),
     ("offload", "CPU offload"),
 ])
-def test_what_a_policy_cannot_move_under_fsdp2_is_said_why(option, why):
-    for line in _two_ranks(option):
+def test_what_a_policy_cannot_move_under_fsdp2_is_said_why(option, why, gloo_ranks):
+    for line in _two_ranks(gloo_ranks, option):
         assert why in line, line
 
 

@@ -3,48 +3,19 @@ between process groups step by step, against a plain DDP copy."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from shimrt import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.parametrize("view", [False, True])
-def test_a_ddp_moved_between_groups_trains_as_plain_ddp_bit_for_bit(view):
+def test_a_ddp_moved_between_groups_trains_as_plain_ddp_bit_for_bit(view, gloo_ranks):
     """Two ranks: the DDP changes group every step (the first step's included, before DDP rebuilds
     its buckets, and around a no_sync() step), then its first group is destroyed and it trains on
     through the second alone; the parameters end as a plain DDP copy's, bit for bit."""
-    pytest.importorskip("torch")
-    port = str(_free_port())
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    argv = ["--bucket-view"] if view else []
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "groups_ranks.py"), str(r), port, *argv],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) for r in (0, 1)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, out[-3000:]
-        line = next(x for x in out.splitlines() if x.startswith(f"rank {rank}:"))
-        assert line == f"rank {rank}: diff 0.0 moveable None on-second True", out[-3000:]
+    lines = gloo_ranks("groups_ranks.py", *(["--bucket-view"] if view else []))
+    for rank, line in enumerate(lines):
+        assert line == f"rank {rank}: diff 0.0 moveable None on-second True", line
 
 
 @pytest.fixture
