@@ -6,8 +6,8 @@ One process per GPU, under torchrun or shimrt's launcher::
     MASTER_ADDR=localhost MASTER_PORT=29511 python -m shimrt.launch --nproc 2 --devices 0,0 --mps \\
         examples/ddp_overlap.py --policy auto     # two ranks on one GPU (NCCL 2.30+, MPS)
 
-``--compare`` also trains a plain DDP copy of the model on the same data, step for step, and
-says how far apart the two models' parameters end (0: bit for bit). Rank 0 prints progress,
+``--fsdp`` trains with FSDP2 (``fully_shard``) in place of DDP. ``--compare`` also trains a plain
+copy of the model on the same data, step for step, and says how far apart the two models' parameters end (0: bit for bit). Rank 0 prints progress,
 the step time once auto has decided, and what it kept.
 """
 
@@ -58,7 +58,9 @@ def main() -> None:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--timeout", type=positive(float), default=120.0,
                    help="seconds before a stuck collective is aborted")
-    p.add_argument("--compare", action="store_true", help="train a plain DDP copy beside it and compare")
+    p.add_argument("--compare", action="store_true", help="train a plain copy beside it and compare")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard of every layer, then the model) in "
+                                                      "place of DDP")
     args = p.parse_args()
     launch = shimrt.launch.environment()
     if launch.source not in ("torchrun", "shimrt"):
@@ -79,11 +81,21 @@ def main() -> None:
         logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s: %(message)s")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
 
-    model = DDP(mlp(args.width, args.layers, dtype, device), device_ids=[index])
+    def wrapped() -> torch.nn.Module:  # DDP, or FSDP2: the same two shimrt lines either way
+        m = mlp(args.width, args.layers, dtype, device)
+        if not args.fsdp:
+            return DDP(m, device_ids=[index])
+        from torch.distributed.fsdp import fully_shard
+        for layer in m:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer)
+        return fully_shard(m)
+
+    model = wrapped()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     ov = shimrt.torch.overlap(model, policy=args.policy, timeout=args.timeout)      # + this line
     if args.compare:
-        plain = DDP(mlp(args.width, args.layers, dtype, device), device_ids=[index])
+        plain = wrapped()
         plain_optimizer = torch.optim.SGD(plain.parameters(), lr=1e-3)
 
     data = torch.Generator(device=device)
@@ -122,10 +134,13 @@ def main() -> None:
     if args.compare:
         diff = torch.zeros((), device=device, dtype=torch.float64)
         for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+            if args.fsdp:  # each rank's shards
+                a, b = a.to_local(), b.to_local()
             diff = torch.maximum(diff, (a.double() - b.double()).abs().max())
         dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         if rank == 0:
-            print(f"parameters after {args.steps} steps: max |overlap - plain DDP| = {diff.item():.3g} "
+            plain_kind = "FSDP2" if args.fsdp else "DDP"
+            print(f"parameters after {args.steps} steps: max |overlap - plain {plain_kind}| = {diff.item():.3g} "
                   f"({'bit for bit' if diff.item() == 0 else 'not bit for bit'})", flush=True)
     ov.close()
     dist.destroy_process_group()
