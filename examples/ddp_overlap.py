@@ -7,8 +7,9 @@ One process per GPU, under torchrun or shimrt's launcher::
         examples/ddp_overlap.py --policy auto     # two ranks on one GPU (NCCL 2.30+, MPS)
 
 ``--fsdp`` trains with FSDP2 (``fully_shard``) in place of DDP. ``--compare`` also trains a plain
-copy of the model on the same data, step for step, and says how far apart the two models' parameters end (0: bit for bit). Rank 0 prints progress,
-the step time once auto has decided, and what it kept.
+copy of the model on the same data, step for step, and says how far apart the two models'
+parameters end (0: bit for bit). Rank 0 prints progress, the step time once auto has decided,
+and what it kept.
 """
 
 from __future__ import annotations
