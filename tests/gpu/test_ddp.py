@@ -86,7 +86,7 @@ def _env(lib, **more) -> dict:
 
 
 def _diff(out: str) -> tuple[float, str]:
-    m = re.search(r"max \|overlap - plain DDP\| = (\S+) \((bit for bit|not bit for bit)\)", out)
+    m = re.search(r"max \|overlap - plain (?:DDP|FSDP2)\| = (\S+) \((bit for bit|not bit for bit)\)", out)
     assert m, out[-3000:]
     return float(m.group(1)), m.group(2)
 
@@ -190,3 +190,16 @@ def test_priority_puts_the_ddp_on_a_high_priority_group_until_closed_and_reports
     assert got["groups_seen"] == 1 and got["own_group_after_close"] and got["hooks"] == 0 and got["diff"] == 0.0, got
     host = got["host_us"]["priority"]
     assert host["steps"] == 12 and 0 < host["step_us"] < 5_000, got
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("policy", ["priority", "carveout:32"])
+def test_fsdp2_under_a_policy_trains_as_plain_fsdp2_with_two_ranks(device, policy):
+    """The example with --fsdp: every layer fully_shard-ed, the policy's group and streams under
+    FSDP2; against plain FSDP2, shard by shard: bit for bit where only the group and streams
+    change (two ranks: a + b either way), within 1e-5 where cuBLAS's carveout changes kernels."""
+    out = _launch(device, "--fsdp", "--policy", policy, "--compare", "--steps", "12", "--width", "512", "--layers",
+                  "2", "--tokens", "256", "--dtype", "fp32")
+    diff, said = _diff(out)
+    assert (diff, said) == (0.0, "bit for bit") if policy == "priority" else diff <= 1e-5, out[-2000:]
+    assert f"policy: {policy} (" in out, out[-2000:]
