@@ -1,7 +1,8 @@
 """A DDP rank under shimrt.torch.overlap whose peer exits mid-training (tests/gpu/test_ddp.py):
 rank 1 leaves at step EXIT_AT; rank 0, whose all-reduces on the policy's process group then never
 complete, says every second that it is alive until torch's NCCL watchdog ends it (the group's
-timeout). Usage: python ddp_peer_exits.py DEVICE EXIT_AT TIMEOUT (RANK, WORLD_SIZE, MASTER_* set)."""
+timeout). Usage: python ddp_peer_exits.py DEVICE EXIT_AT TIMEOUT [fsdp] (RANK, WORLD_SIZE, MASTER_* set);
+fsdp: the model fully_shard-ed (FSDP2) in place of DDP."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ device, exit_at, timeout = torch.device("cuda", int(sys.argv[1])), int(sys.argv[
 torch.cuda.set_device(device)
 dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=120))
 rank = dist.get_rank()
-model = DDP(torch.nn.Linear(1024, 1024).to(device), device_ids=[device.index])
+if sys.argv[4:] == ["fsdp"]:
+    from torch.distributed.fsdp import fully_shard
+    model = fully_shard(torch.nn.Linear(1024, 1024).to(device))
+else:
+    model = DDP(torch.nn.Linear(1024, 1024).to(device), device_ids=[device.index])
 ov = shimrt.torch.overlap(model, "priority", timeout=timeout)
 
 

@@ -127,7 +127,8 @@ def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_t
 
 
 @pytest.mark.timeout(200)
-def test_a_rank_that_leaves_ends_the_other_within_the_timeout_as_plain_ddp_does(device):
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_a_rank_that_leaves_ends_the_other_within_the_timeout_as_plain_ddp_does(device, kind):
     """Rank 1 exits mid-training under ``priority``: rank 0's all-reduce on shimrt's group never
     completes, and torch's NCCL watchdog ends rank 0 after the group's timeout (8 s), saying so, as
     it ends a plain DDP rank; nothing waits for the default group's 120 s."""
@@ -135,7 +136,8 @@ def test_a_rank_that_leaves_ends_the_other_within_the_timeout_as_plain_ddp_does(
     timeout = 8
     env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
     script = str(Path(__file__).with_name("ddp_peer_exits.py"))
-    procs = [subprocess.Popen([sys.executable, script, indices[r], "5", str(timeout)], stdout=subprocess.PIPE,
+    extra = ["fsdp"] if kind == "fsdp" else []
+    procs = [subprocess.Popen([sys.executable, script, indices[r], "5", str(timeout), *extra], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
              for r in (0, 1)]
     try:
