@@ -28,7 +28,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .. import choose, cli, validate
+from .. import cli, validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
@@ -351,16 +351,25 @@ def is_fatal(exc: BaseException) -> bool:
 
 
 def _tune(torch: Any, trainer: Any, fixed: list, comm_of: Any, context: Any, settle: Any, args: argparse.Namespace):
-    """auto: every fixed policy that ran here, for ``--trial-steps`` steps after one warm-up; the
-    fastest."""
+    """auto, as :func:`shimrt.torch.overlap`'s: :class:`~shimrt.torch.trials.Trials` over every
+    fixed policy that ran here (``--trial-steps`` rounds, a visit one warm-up step and one timed,
+    then the finalists again); the fastest by its mean."""
+    from ..torch.trials import Trials
     t0 = time.perf_counter()
-
-    def step_ms(p: Any) -> float:
-        with context(p):
-            return timed_steps(torch, trainer, comm_of(p), p.overlap, 1, args.trial_steps, settle=settle(p))[0]
-    best, times = choose.pick(fixed, step_ms)
-    return best, {"tried": {p.name: t for p, t in times.items()}, "picked": best.name,
-                  "tuning_s": time.perf_counter() - t0}
+    trials = Trials(fixed, steps=args.trial_steps, warmup=1, margin=0.0)
+    picked = None
+    while picked is None:
+        while not trials.exhausted:
+            p = trials.current()
+            with context(p):  # the visit: its warm-up step (the interposer learns), then the timed one
+                ms = timed_steps(torch, trainer, comm_of(p), p.overlap, 1, 1, settle=settle(p))[0]
+            trials.done(True)  # the warm-up
+            index = trials.done(True)
+            if index is not None:
+                trials.record(index, ms)
+        picked = trials.decide()
+    return picked, {"tried": dict(trials.means), "picked": picked.name, "trial_steps": len(trials.schedule),
+                    "tuning_s": time.perf_counter() - t0}
 
 
 def run(args: argparse.Namespace) -> int:
