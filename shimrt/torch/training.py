@@ -20,31 +20,21 @@ auto's options are an :class:`~shimrt.torch.policies.Auto` (``policy=Auto(sms=(3
 trial_steps=3, margin=0.01)``); what it kept and its trials' means are logged at INFO on rank 0
 by the ``shimrt.torch`` logger (``logging.basicConfig(level=logging.INFO)`` shows them).
 
-A policy (:mod:`shimrt.torch.policies`) has two sides. Its communication runs where DDP's
-reducer already sends it, through a process group, with nothing of shimrt's on the path: the
-DDP is pointed at a ProcessGroupNCCL over the same ranks made with the policy's options, NCCL on
-streams of the greatest priority and held to the channels (SMs) the policy keeps for it
-(:mod:`shimrt.torch.groups`). No comm hook is registered, so DDP keeps its C++ path, its
-gradient scaling into the buckets, and its host cost. Its compute side is applied by ``ov.step()``
-around the user's forward, backward and optimizer step: every kernel shaped through the
-Interposer, torch's compute on an SM partition, or cuBLAS leaving SMs free (for the step, or for
-``windowed-carveout`` from the first gradient DDP buckets on: a post-accumulate-grad hook on the
-parameter registered last, whose gradient DDP expects first).
+A policy (:mod:`shimrt.torch.policies`) has two sides. Its communication: the model's own
+collectives, on a ProcessGroupNCCL over the same ranks made with the policy's options
+(:mod:`shimrt.torch.groups`), set by the adapter between steps; nothing of shimrt's runs per
+collective. Its compute side: ``ov.step()`` around the user's forward, backward and optimizer
+step (every kernel shaped through the Interposer, torch's compute on an SM partition, or cuBLAS
+leaving SMs free, for the step or, with ``windowed-carveout``, from the first accumulated
+gradient on). ``ddp`` is the plain job: its own groups, and ``ov.step()`` only counts.
 
-``ddp`` is plain DDP itself: its own process group, and ``ov.step()`` does nothing but count.
-``policy="auto"`` times plain DDP beside every candidate in rounds over the first steps, moving
-the DDP from group to group between steps, then the fastest few again beside it, and keeps the
-fastest by the slowest rank's mean step time: plain DDP unless another is more than ``margin``
-faster and faster beyond the trials' noise (:mod:`shimrt.torch.trials`). The groups it does not
-keep are destroyed; when plain DDP wins, the job runs as if :func:`overlap` had never been called.
-``ov.report()`` says what auto measured plain DDP at, and each policy's host time per step.
-
-A collective whose peer is gone ends as plain DDP's does: torch's NCCL watchdog after the group's
-timeout (``timeout`` for the groups shimrt makes). Not supported: a DDP with a comm hook (its
-all-reduces run in the hook, out of a group's reach) or one whose reducer cannot change its
-process group (:func:`shimrt.torch.groups.moveable`). ``no_sync()`` steps (not timed by auto),
-DDP's bucket rebuild, ``gradient_as_bucket_view``, ``mixed_precision``, sparse gradients and
-``Join`` are DDP's own and need nothing more. For a loop without DDP,
+``policy="auto"`` times the plain job beside every candidate in rounds over the first steps,
+then the fastest few again beside it, and keeps the fastest by the slowest rank's mean step
+time: the plain job unless another is more than ``margin`` faster and faster beyond the trials'
+noise (:mod:`shimrt.torch.trials`). The groups it does not keep are destroyed; when the plain job
+wins, it runs as if :func:`overlap` had never been called. ``ov.report()`` gives the reference's
+time and each policy's host time per step. A collective whose peer is gone ends as in the plain
+job: torch's NCCL watchdog, after the group's timeout. For a loop without DDP or FSDP2,
 :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
 same policies through shimrt's own Communicators.
 """
