@@ -37,6 +37,9 @@ time and each policy's host time per step. A collective whose peer is gone ends 
 job: torch's NCCL watchdog, after the group's timeout. For a loop without DDP or FSDP2,
 :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
 same policies through shimrt's own Communicators.
+
+About 430 lines: the policies' resources, the step and auto's trials are one state machine (each
+step reads what the others set), kept in one class.
 """
 
 from __future__ import annotations
