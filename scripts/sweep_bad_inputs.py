@@ -363,11 +363,11 @@ def cases() -> list[Case]:
             """)),
         api("GradientBuckets: .grad replaced by a copy", "grad",
             MODEL + "b = GradientBuckets(m, 1 << 20); m.weight.grad = m.weight.grad.clone(); b.check_views()"),
-        api("Policy carveout 10**12", "carveout", "from shimrt.torch.step import Policy; Policy('p', carveout=10**12)"),
+        api("Policy carveout 10**12", "carveout", "from shimrt.torch.policies import Carveout; Carveout(10**12)"),
         api("Policy partition 10**12", "partition",
-            "from shimrt.torch.step import Policy; Policy('p', partition=10**12)"),
-        api("Policy name lone surrogate", "name", "from shimrt.torch.step import Policy; Policy('p\\ud800')"),
-        api("Policy name empty", "name", "from shimrt.torch.step import Policy; Policy('')"),
+            "from shimrt.torch.policies import Partition; Partition(10**12)"),
+        api("Policy name lone surrogate", "name", "from shimrt.torch.policies import Policy; Policy('p\\ud800')"),
+        api("Policy name empty", "name", "from shimrt.torch.policies import Policy; Policy('')"),
         api("Trainer lr nan", "lr", MODEL + textwrap.dedent("""
             from shimrt.torch.step import Trainer
             Trainer(m, (torch.ones(2, 4),), GradientBuckets(m, 1 << 20), lr=float('nan'))""")),

@@ -11,7 +11,7 @@ from shimrt import UsageError
 from shimrt.bench import torch_step
 from shimrt.bench.torch_model import ModelSize
 from shimrt.torch import policies
-from shimrt.torch.policies import Policy
+from shimrt.torch.policies import Carveout, Partition, Policy, Shaping
 
 
 def test_the_parameter_count_matches_a_count_by_hand():
@@ -34,19 +34,27 @@ def test_bad_model_sizes_are_refused(fields, message):
         ModelSize(**fields)
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(priority="urgent"), "Policy.priority must be one of"),
-    (dict(cap=0), "Policy.cap must be an int"),
-    (dict(cap=2, carveout=16), "one of cap, partition and carveout at a time"),
-    (dict(ctas=65), "Policy.ctas must be an int"),
-    (dict(overlap="yes"), "Policy.overlap must be"),
-    (dict(window=True), "window=True needs a carveout"),
-    (dict(window=True, carveout=16, overlap=False), "window=True needs a carveout and overlap=True"),
-    (dict(window=1, carveout=16), "Policy.window must be"),
+@pytest.mark.parametrize("make, message", [
+    (lambda: Policy("p", priority="urgent"), "Policy.priority must be one of"),
+    (lambda: Shaping(0), "Shaping.cap must be an int"),
+    (lambda: Policy("p", compute=(Shaping(2), Carveout(16))), "Policy.compute must be a Shaping, Partition, "
+                                                              "Carveout or None"),
+    (lambda: Policy("p", compute=16), "Policy.compute must be"),
+    (lambda: Policy("p", ctas=65), "Policy.ctas must be an int"),
+    (lambda: Policy("p", overlap="yes"), "Policy.overlap must be"),
+    (lambda: Policy("p", compute=Carveout(16, window=True), overlap=False), "a windowed carveout needs overlap=True"),
+    (lambda: Carveout(16, window=1), "Carveout.window must be"),
 ])
-def test_bad_policies_are_refused(fields, message):
+def test_bad_policies_are_refused(make, message):
     with pytest.raises(UsageError, match=message):
-        Policy("p", **fields)
+        make()
+
+
+def test_a_policys_compute_side_is_one_of_three_or_none():
+    assert Policy("p", compute=Shaping(2)).cap == 2 and Policy("p", compute=Shaping(2)).carveout is None
+    windowed = Policy("p", compute=Carveout(16, window=True))
+    assert windowed.carveout == 16 and windowed.window and windowed.partition is None
+    assert Policy("p").cap is None and not Policy("p").window
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -282,14 +290,14 @@ def test_rounds_leave_out_the_warm_up_and_check_their_count():
 
 # --- issue 24: the torch extra's pure parts refuse what they cannot use --------------------------
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(carveout=10**12), "Policy.carveout must be an int in 1..1024, not 1000000000000"),
-    (dict(partition=1025), "Policy.partition must be an int in 1..1024, not 1025"),
-    (dict(name="p\ud800"), "Policy.name must be a string .*lone surrogates"),
+@pytest.mark.parametrize("make, message", [
+    (lambda: Carveout(10**12), "Carveout.sms must be an int in 1..1024, not 1000000000000"),
+    (lambda: Partition(1025), "Partition.sms must be an int in 1..1024, not 1025"),
+    (lambda: Policy("p\ud800"), "Policy.name must be a string .*lone surrogates"),
 ])
-def test_policies_beyond_any_gpu_are_refused(fields, message):
+def test_policies_beyond_any_gpu_are_refused(make, message):
     with pytest.raises(UsageError, match=message):
-        Policy(**{"name": "p", **fields})
+        make()
 
 
 def _model():

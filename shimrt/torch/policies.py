@@ -36,22 +36,56 @@ COMMS = ("shimrt", "torch")
 
 
 @dataclass(frozen=True)
+class Shaping:
+    """Every compute kernel capped at ``cap`` blocks per SM (launch interposition)."""
+
+    cap: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cap", validate.integer(self.cap, "Shaping.cap", least=1, most=64))
+
+
+@dataclass(frozen=True)
+class Partition:
+    """torch's compute on an SM partition of all but ``sms`` SMs (kept for NCCL)."""
+
+    sms: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sms", validate.integer(self.sms, "Partition.sms", least=1, most=MAX_SMS))
+
+
+@dataclass(frozen=True)
+class Carveout:
+    """cuBLAS leaves ``sms`` SMs free: for the whole step, or (``window``) only while the
+    collectives run beside backward."""
+
+    sms: int
+    window: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sms", validate.integer(self.sms, "Carveout.sms", least=1, most=MAX_SMS))
+        object.__setattr__(self, "window", validate.boolean(self.window, "Carveout.window"))
+
+
+#: A policy's compute side: one of these, or None (torch's compute as it is).
+Compute = Shaping | Partition | Carveout | None
+
+
+@dataclass(frozen=True)
 class Policy:
-    """How a step overlaps its all-reduces (see the module's docstring). ``partition`` and
-    ``carveout`` are SMs kept from torch's compute (NCCL's channels belong there: ``ctas`` per
-    rank); ``comm``: "shimrt" (a Communicator) or "torch" (torch.distributed, as plain DDP);
-    ``cap`` shapes every compute kernel to at most that many blocks per SM. ``window``: the
-    carveout holds only while all-reduces run (from a step's first bucket until the step waits for
-    them after backward), so forward and the optimizer keep every SM."""
+    """How a step overlaps its all-reduces (see the module's docstring): ``overlap`` (False: after
+    backward), the collectives' stream ``priority``, its ``compute`` side (one of
+    :class:`Shaping`, :class:`Partition`, :class:`Carveout`, or None: a policy cannot hold two),
+    NCCL's channels per rank (``ctas``, where a partition or carveout keeps SMs for them), and
+    ``comm``: "shimrt" (a Communicator, or a process group shimrt makes) or "torch" (the plain
+    job's own, as plain DDP)."""
 
     name: str
     overlap: bool = True
     priority: str = "high"
-    cap: int | None = None
-    partition: int | None = None
-    carveout: int | None = None
+    compute: Compute = None
     ctas: int | None = None
-    window: bool = False
     comm: str = "shimrt"
 
     def __post_init__(self) -> None:
@@ -62,16 +96,31 @@ class Policy:
                              "(comm='torch')")
         object.__setattr__(self, "overlap", validate.boolean(self.overlap, "Policy.overlap"))
         validate.one_of(self.priority, "Policy.priority", PRIORITIES)
-        for name, most in (("cap", 64), ("partition", MAX_SMS), ("carveout", MAX_SMS), ("ctas", 64)):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, validate.integer(getattr(self, name), f"Policy.{name}", least=1,
-                                                                most=most))
-        if sum(x is not None for x in (self.cap, self.partition, self.carveout)) > 1:
-            raise UsageError(f"Policy {self.name!r}: one of cap, partition and carveout at a time")
-        object.__setattr__(self, "window", validate.boolean(self.window, "Policy.window"))
-        if self.window and (self.carveout is None or not self.overlap):
-            raise UsageError(f"Policy {self.name!r}: window=True needs a carveout and overlap=True (it limits the "
-                             "carveout to the time all-reduces run beside backward)")
+        if self.compute is not None and not isinstance(self.compute, (Shaping, Partition, Carveout)):
+            raise UsageError(f"Policy.compute must be a Shaping, Partition, Carveout or None, not "
+                             f"{validate.shown(self.compute)}")
+        if self.ctas is not None:
+            object.__setattr__(self, "ctas", validate.integer(self.ctas, "Policy.ctas", least=1, most=64))
+        if self.window and not self.overlap:
+            raise UsageError(f"Policy {self.name!r}: a windowed carveout needs overlap=True (it limits the carveout "
+                             "to the time all-reduces run beside backward)")
+
+    # The compute side's numbers, None where the policy has another (or none).
+    @property
+    def cap(self) -> int | None:
+        return self.compute.cap if isinstance(self.compute, Shaping) else None
+
+    @property
+    def partition(self) -> int | None:
+        return self.compute.sms if isinstance(self.compute, Partition) else None
+
+    @property
+    def carveout(self) -> int | None:
+        return self.compute.sms if isinstance(self.compute, Carveout) else None
+
+    @property
+    def window(self) -> bool:
+        return isinstance(self.compute, Carveout) and self.compute.window
 
     def describe(self) -> str:
         parts = ["after backward" if not self.overlap else
@@ -161,11 +210,11 @@ def make(kind: str, number: int | None = None, ranks_per_gpu: int = 1) -> Policy
     n = validate.integer(number, f"{kind}'s number", least=1, most=64) if kind == "shaping" else \
         validate.integer(number, f"{kind}'s number", **SMS_BOUNDS)
     if kind == "shaping":
-        return Policy(f"shaping:{n}", cap=n)
+        return Policy(f"shaping:{n}", compute=Shaping(n))
     ctas = channels(n, ranks_per_gpu)
     if kind == "partition":
-        return Policy(f"partition:{n}", partition=n, ctas=ctas)
-    return Policy(f"{kind}:{n}", carveout=n, ctas=ctas, window=kind == "windowed-carveout")
+        return Policy(f"partition:{n}", compute=Partition(n), ctas=ctas)
+    return Policy(f"{kind}:{n}", compute=Carveout(n, window=kind == "windowed-carveout"), ctas=ctas)
 
 
 def parse(text: Any, ranks_per_gpu: int = 1) -> Policy:

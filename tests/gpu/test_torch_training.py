@@ -101,7 +101,7 @@ def test_nccl_buckets_refuse_what_is_not_communicators_and_gradient_buckets(setu
 
 
 def test_a_step_on_a_partition_gives_the_same_loss(setup, partition16):
-    from shimrt.torch.policies import Policy
+    from shimrt.torch.policies import Partition, Policy
     from shimrt.torch.step import NcclBuckets, compute_context
     torch, comms, buckets, trainer = setup
     trainer.reset()
@@ -109,7 +109,7 @@ def test_a_step_on_a_partition_gives_the_same_loss(setup, partition16):
     s = partition16[2]
     comm = NcclBuckets(comms, buckets, "high")
     try:
-        with compute_context(Policy("p", partition=16, ctas=8), partition_stream=s):
+        with compute_context(Policy("p", compute=Partition(16), ctas=8), partition_stream=s):
             trainer.reset()
             loss = trainer.step(comm)
         s.synchronize(30)
