@@ -135,18 +135,19 @@ def _time(fn: Callable[[], object], calls: int, sync: Callable[[], None]) -> flo
 
 def _steps(comm: Communicator, buf: Buffer, calls: int) -> dict:
     """Where shimrt's time goes: each step of Communicator.collective timed alone (us per call)."""
-    from ..nccl.collectives import buffers_of, datatype_of, nccl_count, op_of, rank_of, row_of
+    from ..nccl.collectives import buffers_of, count_of, datatype_of, op_of, rank_of, row_of
     row = row_of("all_reduce")
     s, r = buffers_of("all_reduce", row, buf, None)
     handle = comm.device.stream_handle(comm.stream)
     steps = {
         "the row and the buffers described": lambda: buffers_of("all_reduce", row_of("all_reduce"), buf, None),
-        "datatype, count, op and rank checked": lambda: (datatype_of(s, "b"), nccl_count("all_reduce", s, r, 1),
+        "datatype, count, op and rank checked": lambda: (datatype_of(s, "all_reduce", row.buffers),
+                                                         count_of("all_reduce", row, s, r, 1),
                                                          op_of("all_reduce", row, None),
                                                          rank_of("all_reduce", row, 1, None, None)),
         "the stream's handle": lambda: comm.device.stream_handle(comm.stream),
         "the C arguments packed": lambda: row.arguments(s.pointer, r.pointer, _COUNT, 7, 0, None,
-                                                        ctypes.c_void_p(comm.handle), ctypes.c_void_p(handle)),
+                                                        ctypes.c_void_p(comm.handle), handle),
     }
     out = {}
     for name, fn in steps.items():

@@ -28,7 +28,7 @@ def block_calls(comm: "Communicator", send: Any, recv: Any, stream: Any) -> list
                          f"ranks, not {s.count} and {r.count}")
     if r.pointer < s.pointer + s.nbytes and s.pointer < r.pointer + r.nbytes:
         raise UsageError("all_to_all: send and receive must not overlap (NCCL reads one while it writes the other)")
-    block, datatype = s.count // comm.size, datatype_of(s, "all_to_all: the buffers")
+    block, datatype = s.count // comm.size, datatype_of(s, "all_to_all")
     target = stream if stream is not None else comm.stream
     stream_handle = comm.device.stream_handle(target)
     handle = comm.state.handle

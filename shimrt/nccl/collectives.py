@@ -95,8 +95,13 @@ def nccl_count(collective: str, send: arrays.ArrayInfo, recv: arrays.ArrayInfo, 
     send and recv, pass their one buffer twice); UsageError naming the counts when the buffers
     do not fit :func:`buffer_counts`. A gathering receive or a scattered send may be larger
     than needed; where both sides hold one count they must be equal."""
-    row = row_of(collective)
-    size = validate.integer(size, "size", least=1, most=MAX_RANKS)
+    return count_of(collective, row_of(collective), send, recv, validate.integer(size, "size", least=1,
+                                                                                   most=MAX_RANKS))
+
+
+def count_of(collective: str, row: Collective, send: arrays.ArrayInfo, recv: arrays.ArrayInfo, size: int) -> int:
+    """:func:`nccl_count` for a caller that already holds ``collective``'s row and a checked
+    ``size`` (a Communicator's): the one-off call's path, which checks nothing twice."""
     if row.ranks_in is None and recv.count == send.count:  # one count on both sides: nothing to split
         return send.count
     count = recv.count if row.ranks_in == "send" else send.count  # NCCL counts the per-rank side
@@ -113,10 +118,12 @@ def nccl_count(collective: str, send: arrays.ArrayInfo, recv: arrays.ArrayInfo, 
     return count
 
 
-def datatype_of(info: arrays.ArrayInfo, what: str) -> int:
-    """NCCL's ncclDataType_t for the buffer's dtype."""
+def datatype_of(info: arrays.ArrayInfo, name: str, buffers: int = 2) -> int:
+    """NCCL's ncclDataType_t for the dtype of collective ``name``'s buffer(s) (``buffers`` of
+    them); the refusal's message is built only for a refusal (the one-off call's path)."""
     code = library.DATATYPES.get(info.dtype)
     if code is None:
+        what = f"{name}: the buffer" if buffers == 1 else f"{name}: the buffers"
         raise UsageError(f"{what} has dtype {info.dtype}, which NCCL cannot carry "
                          f"(it takes {', '.join(library.DATATYPES)})")
     return code

@@ -38,7 +38,7 @@ from ..device import Device
 from ..errors import CollectiveError, UsageError
 from ..stream import Event, timeout_seconds
 from . import alltoall, library
-from .collectives import MAX_RANKS, buffers_of, datatype_of, nccl_count, op_of, rank_of, row_of
+from .collectives import MAX_RANKS, buffers_of, count_of, datatype_of, op_of, rank_of, row_of
 from .config import MIN_VERSION, CommOptions, check_shared_gpu
 from .group import Queued, bounded, enqueue, group, open_calls, run, settle
 from .prepared import PreparedCall
@@ -256,12 +256,8 @@ class Communicator:
         """The call, everything checked and packed."""
         row = row_of(name)
         s, r = buffers_of(name, row, send, recv)
-        # The checks' common outcomes read directly, their messages built only for a refusal
-        # (the one-off call's host time is this function's).
-        datatype = library.DATATYPES.get(s.dtype)
-        if datatype is None:  # refused, naming the dtypes NCCL carries
-            datatype = datatype_of(s, f"{name}: the buffer" if row.buffers == 1 else f"{name}: the buffers")
-        count = s.count if row.ranks_in is None and r.count == s.count else nccl_count(name, s, r, self.size)
+        datatype = datatype_of(s, name, row.buffers)
+        count = count_of(name, row, s, r, self.size)
         target = self._target(stream)
         stream_handle = self.device.stream_handle(target)
         handle = self.state.handle
