@@ -146,6 +146,7 @@ class Overlap:
                              f"{validate.shown(policy)}")
         policy = policy if isinstance(policy, (Policy, vocabulary.Auto)) else str(policy)
         auto = vocabulary.Auto() if policy == "auto" else policy if isinstance(policy, vocabulary.Auto) else None
+        named = None
         if auto is not None:
             policy = "auto"
         else:
@@ -155,7 +156,7 @@ class Overlap:
                 raise UsageError(f"policy {named.name!r} reduces after backward, which DDP and FSDP2 do not do; "
                                  "the no-overlap reference is 'ddp' (the plain job)")
         self.model = wrap(model)
-        if (policy == "auto" or vocabulary.parse(policy).comm != "torch") and (why := self.model.moveable()):
+        if (named is None or named.comm != "torch") and (why := self.model.moveable()):
             raise UsageError(f"policy {policy!r} moves this {self.model.kind}'s collectives to process groups of its "
                              f"own, and they cannot move: {why}; policy='ddp' leaves the {self.model.kind} as it is")
         self.group = self.model.group
@@ -288,7 +289,8 @@ class Overlap:
         policy = self.trials.current()
         counts = self.cost.counters(policy.name)
         timed = self.trials.picked is None
-        self.model.before_step()
+        if not timed:  # a trial's step sets the model up in _use() below
+            self.model.before_step()
         if policy.comm == "torch" and not timed:  # plain DDP kept: nothing to do
             counts[0] += now() - start
             counts[1] += 1
