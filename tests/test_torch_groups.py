@@ -67,3 +67,12 @@ def test_groups_check_their_timeout(gloo):
     for bad in (0, -1, float("inf"), "5"):
         with pytest.raises(UsageError, match="timeout must be a finite positive number"):
             Groups(dist, dist.group.WORLD, bad)
+
+
+@pytest.mark.parametrize("ctas", [0, 65, 1.5, True])
+def test_process_group_options_check_ctas_before_anything_else(ctas):
+    """A bad NCCL channel count is named whether or not this torch has NCCL."""
+    pytest.importorskip("torch")
+    from shimrt.torch import process_group_options
+    with pytest.raises(UsageError, match="ctas must be an int in 1..64"):
+        process_group_options(ctas=ctas)

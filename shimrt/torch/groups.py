@@ -52,6 +52,10 @@ def options(dist: Any, priority: str, ctas: int | None) -> Any:
     """ProcessGroupNCCL's options for streams of ``priority`` ("high": the greatest) and NCCL
     held to ``ctas`` channels (None: NCCL's choice). UsageError where this torch cannot say it."""
     validate.one_of(priority, "priority", PRIORITIES)
+    if ctas is not None:
+        ctas = validate.integer(ctas, "ctas", least=1, most=64)
+    if not dist.is_available() or not dist.is_nccl_available():
+        raise UsageError("this torch has no NCCL process group (torch.distributed with NCCL)")
     made = dist.ProcessGroupNCCL.Options()
     made.is_high_priority_stream = priority == "high"
     if ctas is not None:
@@ -59,7 +63,7 @@ def options(dist: Any, priority: str, ctas: int | None) -> Any:
         if config is None or not hasattr(config, "max_ctas"):
             raise UsageError("this torch's ProcessGroupNCCL.Options has no NCCL config (min_ctas, max_ctas): "
                              "a policy that sizes NCCL's channels cannot run")
-        config.min_ctas = config.max_ctas = validate.integer(ctas, "ctas", least=1, most=64)
+        config.min_ctas = config.max_ctas = ctas
     return made
 
 

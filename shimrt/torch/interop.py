@@ -68,7 +68,6 @@ def process_group_options(high_priority: bool = True, ctas: int | None = None) -
     require_torch()
     high_priority = validate.boolean(high_priority, "high_priority")
     import torch.distributed as dist
-    if not dist.is_available() or not dist.is_nccl_available():
-        raise UsageError("this torch has no NCCL process group (torch.distributed with NCCL)")
+
     from .groups import options
     return options(dist, "high" if high_priority else "low", ctas)
