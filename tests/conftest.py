@@ -191,3 +191,18 @@ def gloo_ranks():
             lines.append(next(x for x in out.splitlines() if x.startswith(f"rank {rank}:")))
         return lines
     return run
+
+
+@pytest.fixture
+def gloo():
+    """torch, with torch.distributed initialised over gloo as one rank of one in this process
+    (destroyed after the test); skipped where torch.distributed is missing or already up."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed is unavailable or already initialised in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield torch
+    finally:
+        dist.destroy_process_group()

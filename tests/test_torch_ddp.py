@@ -258,21 +258,13 @@ def test_auto_keeps_its_options_as_given():
     assert Auto(sms=[64, 32]).sms == (64, 32)
 
 
-def test_overlap_refuses_a_ddp_without_nccl():
-    """A real DDP over gloo on CPU tensors (what DDP takes and the hook cannot) gets a clear error."""
-    torch = pytest.importorskip("torch")
-    import torch.distributed as dist
-
+def test_overlap_refuses_a_ddp_without_nccl(gloo):
+    """A real DDP over gloo on CPU tensors (what DDP takes and a policy's NCCL groups cannot) gets
+    a clear error."""
     import shimrt.torch
-    if not dist.is_available() or dist.is_initialized():
-        pytest.skip("torch.distributed is unavailable or already initialised in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
-        with pytest.raises(UsageError, match="needs a DDP over NCCL .*'gloo'"):
-            shimrt.torch.overlap(ddp)
-    finally:
-        dist.destroy_process_group()
+    ddp = gloo.nn.parallel.DistributedDataParallel(gloo.nn.Linear(4, 4))
+    with pytest.raises(UsageError, match="needs a DDP over NCCL .*'gloo'"):
+        shimrt.torch.overlap(ddp)
 
 
 def _ddp_result():

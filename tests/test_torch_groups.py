@@ -18,19 +18,6 @@ def test_a_ddp_moved_between_groups_trains_as_plain_ddp_bit_for_bit(view, gloo_r
         assert line == f"rank {rank}: diff 0.0 moveable None on-second True", line
 
 
-@pytest.fixture
-def gloo():
-    torch = pytest.importorskip("torch")
-    import torch.distributed as dist
-    if not dist.is_available() or dist.is_initialized():
-        pytest.skip("torch.distributed is unavailable or already initialised in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield torch
-    finally:
-        dist.destroy_process_group()
-
-
 def test_a_ddp_whose_all_reduces_cannot_move_is_said_why(gloo):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
