@@ -131,10 +131,13 @@ def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_t
 def test_a_rank_that_leaves_ends_the_other_within_the_timeout_as_plain_ddp_does(device, kind):
     """Rank 1 exits mid-training under ``priority``: rank 0's all-reduce on shimrt's group never
     completes, and torch's NCCL watchdog ends rank 0 after the group's timeout (8 s), saying so, as
-    it ends a plain DDP rank; nothing waits for the default group's 120 s."""
+    it ends a plain DDP rank; nothing waits for the default group's 120 s. After the timeout torch
+    waits TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC for its debug dump before it ends the process (60 s
+    by default in torch 2.11, seen on the H200: rank 0 lived 68 s); the ranks here set it to 1 s."""
     lib, indices = _two_ranks(device)
     timeout = 8
-    env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()), WORLD_SIZE="2",
+               TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC="1000")
     script = str(Path(__file__).with_name("ddp_peer_exits.py"))
     extra = ["fsdp"] if kind == "fsdp" else []
     procs = [subprocess.Popen([sys.executable, script, indices[r], "5", str(timeout), *extra], stdout=subprocess.PIPE,
