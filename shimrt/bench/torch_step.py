@@ -39,7 +39,6 @@ from .torch_measure import comm_hidden, finish, interposer_cost, is_nccl, timed_
 from .torch_report import report, timelines_png
 
 if TYPE_CHECKING:
-    from ..stream import Stream
     from ..torch.step import GradientBuckets
 
 #: name -> model and batch: one 1.08 G-parameter model (2 GiB of bf16 gradients), fewer tokens per
@@ -136,13 +135,15 @@ def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
 
 
 class Bench:
-    """What one run holds: communicators per channel setting, partitions per size, the
-    interposers per cap; closed at the end."""
+    """What one run holds: communicators per channel setting, and the policies' partitions and
+    Interposers (:class:`~shimrt.torch.resources.Resources`, as :func:`shimrt.torch.overlap`
+    holds them, closed at the end of the run); closed at the end."""
 
     def __init__(self, dev: Device, devices: list):
+        from ..torch.resources import Resources
         self.dev, self.devices = dev, devices
+        self.resources = Resources(dev, keep_partitions=False)
         self._comms: dict = {}
-        self._parts: dict = {}
 
     def comms(self, ctas: int | None) -> list:
         from ..nccl import CommOptions, Communicator
@@ -151,21 +152,11 @@ class Bench:
             self._comms[ctas] = Communicator.local(self.devices, options=options)
         return self._comms[ctas]
 
-    def partition_stream(self, sms: int) -> Stream:
-        """A stream of all but ``sms`` SMs (those kept for NCCL)."""
-        if sms not in self._parts:
-            kept, rest = self.dev.partition(sms)
-            self._parts[sms] = (kept, rest, rest.stream())
-        return self._parts[sms][2]
-
-    def kept_sms(self, sms: int) -> int:
-        """The SMs the partition of :meth:`partition_stream` really keeps (the driver may round up)."""
-        return self._parts[sms][0].target.num_sms
-
     def close(self) -> None:
-        # Each partition's stream before the partitions; every one closed whatever the others do.
-        close_each([x for kept, rest, stream in self._parts.values() for x in (stream, kept, rest)]
-                    + [c for comms in self._comms.values() for c in comms])
+        try:
+            self.resources.close()
+        finally:
+            close_each([c for comms in self._comms.values() for c in comms])
 
 
 def fastest_kept(sms: list, ranks_per_gpu: int, comm_ms: dict) -> int:
@@ -184,7 +175,7 @@ def contention_at(bench: Bench, torch: Any, buckets: GradientBuckets, comm_of: A
     kept = fastest_kept(sms, ranks_per_gpu, comm_ms)
     ctas = channels(kept, ranks_per_gpu)
     try:
-        stream = torch_stream(bench.partition_stream(kept))
+        stream = torch_stream(bench.resources.partition(kept).stream)
     except ShimrtError as exc:  # no green contexts here: the rest of the run goes on
         if is_fatal(exc):
             raise
@@ -193,7 +184,7 @@ def contention_at(bench: Bench, torch: Any, buckets: GradientBuckets, comm_of: A
         out = torch_measure.contention(torch, comm_of(Policy("contention", ctas=ctas)), buckets, stream)
     except torch.cuda.OutOfMemoryError as exc:
         return {"error": f"out of memory: {exc}"}
-    return {"sms_kept": bench.kept_sms(kept), "channels": ctas, **out}
+    return {"sms_kept": bench.resources.partition(kept).kept.target.num_sms, "channels": ctas, **out}
 
 
 def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
@@ -215,10 +206,9 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     import torch
 
     from ..occupancy import Footprint
-    from ..overlap.interpose import Interposer
     from ..torch import sm_carveout
     from ..torch.policies import Policy
-    from ..torch.step import GradientBuckets, NcclBuckets, compute_context
+    from ..torch.step import GradientBuckets, NcclBuckets
     from .torch_model import batch, build
     from .torch_trainer import Trainer
     dev = bench.dev
@@ -238,14 +228,8 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
             comm_sets[key] = NcclBuckets(bench.comms(policy.ctas), buckets, policy.priority, beside=beside)
         return comm_sets[key]
 
-    interposers = {p.cap: Interposer(dev, p.cap) for p in fixed if p.cap is not None}
-
-    def context(policy):
-        return compute_context(policy, interposers.get(policy.cap),
-                               bench.partition_stream(policy.partition) if policy.partition else None)
-
-    def settle(policy):
-        return interposers[policy.cap].settle if policy.cap is not None else None
+    resources = bench.resources
+    context, settle = resources.context, resources.settle
 
     result: dict = {"model": size.record(),
                     "gradient_bytes": buckets.nbytes, "buckets": len(buckets.flats), "policies": {}}
@@ -335,11 +319,14 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
                          losses=[float(x) for x in losses], losses_bitwise=same_losses, loss_max_diff=loss_diff,
                          grads_bitwise=same_grads, grad_max_diff=grad_diff, timeline=steps_seen)
             if p.cap is not None:
-                entry["interposer"] = {k: v for k, v in interposers[p.cap].report().items() if k != "raised_limits"}
+                entry["interposer"] = {k: v for k, v in resources.interposer(p.cap).report().items()
+                                       if k != "raised_limits"}
             result["policies"]["auto" if entry.get("tried") else p.name] = entry
     finally:
-        # Newest first: each windowed set restores the carveout it found, so the first made restores the original.
-        close_each([*reversed(comm_sets.values()), *interposers.values()])
+        try:  # newest first: each windowed set restores the carveout it found, so the first made restores the original
+            close_each(list(reversed(comm_sets.values())))
+        finally:
+            resources.close_interposers()  # they learnt this model's kernels
     return result
 
 

@@ -38,8 +38,9 @@ job: torch's NCCL watchdog, after the group's timeout. For a loop without DDP or
 :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
 same policies through shimrt's own Communicators.
 
-About 430 lines: the policies' resources, the step and auto's trials are one state machine (each
-step reads what the others set), kept in one class.
+About 400 lines: the step, auto's trials and the policies' process groups are one state machine
+(each step reads what the others set), kept in one class; the policies' device resources are
+:mod:`shimrt.torch.resources`'s.
 """
 
 from __future__ import annotations
@@ -53,27 +54,18 @@ from typing import Any, Iterator, Protocol
 from .. import validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
-from ..lifetime import close_each
-from ..stream import Stream
 from . import groups as pgs
 from . import policies as vocabulary
 from .cost import HostCost, now
 from .interop import require_torch, sm_carveout
 from .interop import stream as torch_stream
 from .policies import Policy
-from .step import compute_context
+from .resources import Resources
 from .trials import Trials
 
 #: Where auto says what it kept (INFO, rank 0).
 log = logging.getLogger("shimrt.torch")
 
-# The SM partitions the policies run compute on, (GPU index, SMs) -> (kept, rest, rest's stream),
-# made on first use and held for the process (never closed), shared by every overlap in it: torch's
-# caching allocator records the step's stream on tensors made there, and records an event on it
-# whenever one is freed, at the model's collection or the interpreter's end, after anything shimrt
-# could close. An event recorded on a destroyed stream aborts the process (seen on the H200); a
-# live idle partition costs next to nothing.
-_PARTITIONS: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
 
 class Wrapped(Protocol):
@@ -165,8 +157,7 @@ class Overlap:
         self.device = Device(self.model.index)
         self.ranks_per_gpu = self._ranks_per_gpu()
         self._groups = pgs.Groups(dist, self.group, timeout)
-        self._partitions: dict = {}   # sms -> (kept, rest, rest's stream), from _PARTITIONS
-        self._interposers: dict = {}  # cap -> Interposer
+        self.resources = Resources(self.device, keep_partitions=True)
         self.dropped: dict[str, str] = {}
         self.cost = HostCost()
         self._active: Policy | None = None
@@ -217,14 +208,7 @@ class Overlap:
             try:
                 if fatal is not None:
                     continue
-                if p.partition is not None:
-                    self._partition_stream(p.partition)
-                if p.cap is not None and p.cap not in self._interposers:
-                    from ..overlap.interpose import Interposer
-                    self._interposers[p.cap] = Interposer(self.device, p.cap)
-                if p.carveout is not None:
-                    with sm_carveout(None):  # UsageError where this torch has no carveout
-                        pass
+                self.resources.prepare(p)
                 if p.window and self.model.last_parameter() is None:
                     raise UsageError(f"{self.model.kind} gives no gradient hook to open the window at")
                 mine.append(p.name)
@@ -244,18 +228,6 @@ class Overlap:
                 if p.name not in names and p.name not in self.dropped:
                     self.dropped[p.name] = "another rank cannot run it"
         return [p for p in candidates if p.name not in self.dropped]
-
-    def _partition_stream(self, sms: int) -> Stream:
-        if sms not in self._partitions:
-            key = (self.device.index, sms)
-            if key not in _PARTITIONS:
-                kept, rest = self.device.partition(sms)
-                made = (kept, rest, rest.stream())
-                for thing in made:
-                    thing.keep_open()
-                _PARTITIONS[key] = made
-            self._partitions[sms] = _PARTITIONS[key]
-        return self._partitions[sms][2]
 
     def _group_of(self, policy: Policy) -> Any:
         """The process group ``policy``'s all-reduces run on: the DDP's own for plain DDP, else
@@ -304,13 +276,13 @@ class Overlap:
             synced = self.model.synced()
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(current)
-        part = self._partitions[policy.partition][2] if policy.partition is not None else None
+        part = self.resources.stream_of(policy)
         if part is not None:  # the partition's stream starts after what came before, and hands back
             torch_stream(part).wait_stream(current)
         self._active = policy
         self._wanted = policy.carveout if policy.window else None
         with contextlib.ExitStack() as inside:
-            inside.enter_context(compute_context(policy, self._interposers.get(policy.cap), part))
+            inside.enter_context(self.resources.context(policy))
             counts[0] += now() - start
             try:
                 yield policy
@@ -358,12 +330,10 @@ class Overlap:
         group = self._group_of(picked)
         self._use(picked)
         self._groups.close(keep=group)
-        interposers = [i for cap, i in self._interposers.items() if cap != picked.cap]
-        self._interposers = {k: v for k, v in self._interposers.items() if k == picked.cap}
         if not picked.window and self._window_hook is not None:
             self._window_hook.remove()
             self._window_hook = None
-        close_each(interposers)
+        self.resources.close_interposers(keep=picked.cap)
 
     # --- results and the end ---
     def report(self) -> dict:
@@ -384,19 +354,18 @@ class Overlap:
     def close(self, timeout: float = 120.0) -> None:
         """Wait for the partitions' work (at most ``timeout`` s each), put the model back on its own
         process group (it trains on as the plain job) and close what the policies made (not the
-        partitions, which the process keeps: see ``_PARTITIONS``)."""
+        partitions, which the process keeps: see :mod:`shimrt.torch.resources`)."""
         if self.closed:
             return
         self.closed = True
         try:
-            for _, _, s in self._partitions.values():
-                s.synchronize(timeout)
+            self.resources.synchronize(timeout)
         finally:
             self._close_parts()
 
     def _close_parts(self) -> None:
         """Put the model back on its group and close what the policies made, each whatever the
-        others do (the partitions stay: see ``_PARTITIONS``)."""
+        others do (the partitions stay: see :mod:`shimrt.torch.resources`)."""
         try:
             model = getattr(self, "model", None)
             if model is not None:
@@ -405,12 +374,10 @@ class Overlap:
             hook, self._window_hook = self._window_hook, None
             if hook is not None:
                 hook.remove()
-            things = [*self._interposers.values()]
-            self._partitions, self._interposers = {}, {}
             try:
                 self._groups.close()
             finally:
-                close_each(things)
+                self.resources.close()
 
     def __enter__(self) -> "Overlap":
         return self

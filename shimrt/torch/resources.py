@@ -1,0 +1,132 @@
+"""The device resources a policy's compute side needs, made on first use and held for a run: SM
+partitions (torch's compute on a stream of all but K SMs, :class:`~shimrt.torch.policies.Partition`)
+and Interposers (every kernel capped at N blocks per SM, :class:`~shimrt.torch.policies.Shaping`).
+One object serves :func:`shimrt.torch.overlap` and ``bench torch``; they differ only in whether
+the partitions outlive it (``keep_partitions``).
+
+An :func:`~shimrt.torch.overlap` keeps its partitions for the process, shared by every overlap in
+it: torch's caching allocator records the step's stream on tensors made there, and records an
+event on it whenever one is freed, at the model's collection or the interpreter's end, after
+anything shimrt could close. An event recorded on a destroyed stream aborts the process (seen on
+the H200); a live idle partition costs next to nothing. ``bench torch`` closes its own at the end
+of its run, when its models are gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ContextManager
+
+from ..device import Device, Partition
+from ..lifetime import close_each
+from ..stream import Stream
+from .interop import sm_carveout
+from .policies import Policy
+from .step import compute_context
+
+if TYPE_CHECKING:
+    from ..overlap.interpose import Interposer
+
+
+@dataclass(frozen=True)
+class SmPartition:
+    """A partition of ``sms`` SMs kept for NCCL: ``kept`` (those SMs), ``rest`` (the others) and
+    ``stream``, a stream of ``rest`` that torch's compute runs on."""
+
+    kept: Partition
+    rest: Partition
+    stream: Stream
+
+    def parts(self) -> list:
+        """What it owns, the stream before the partitions (the order they are closed in)."""
+        return [self.stream, self.kept, self.rest]
+
+
+# The process's kept partitions, (GPU index, SMs kept) -> SmPartition, never closed (see above).
+_KEPT: dict[tuple[int, int], SmPartition] = {}
+
+
+class Resources:
+    """A run's partitions (by SMs kept) and Interposers (by cap) on ``device``, each made once on
+    first use. :meth:`close` closes the Interposers, and the partitions unless ``keep_partitions``
+    (then the process keeps them, shared with every other Resources that keeps its own)."""
+
+    def __init__(self, device: Device, *, keep_partitions: bool):
+        self.device, self.keep_partitions = device, keep_partitions
+        self._partitions: dict[int, SmPartition] = {}
+        self._interposers: dict[int, Interposer] = {}
+
+    def prepare(self, policy: Policy) -> None:
+        """Make what ``policy``'s compute side needs now, so that a policy this device or this
+        torch cannot run is refused here (ShimrtError: no green contexts, no carveout knob),
+        before any step."""
+        if policy.partition is not None:
+            self.partition(policy.partition)
+        if policy.cap is not None:
+            self.interposer(policy.cap)
+        if policy.carveout is not None:
+            with sm_carveout(None):  # UsageError where this torch has no carveout
+                pass
+
+    def partition(self, sms: int) -> SmPartition:
+        """The partition keeping ``sms`` SMs for NCCL (the driver may round the count up:
+        ``partition(sms).kept.target.num_sms`` is what it kept)."""
+        if sms not in self._partitions:
+            key = (self.device.index, sms) if self.keep_partitions else None
+            made = _KEPT.get(key) if key is not None else None
+            if made is None:
+                kept, rest = self.device.partition(sms)
+                try:
+                    made = SmPartition(kept, rest, rest.stream())
+                except BaseException:
+                    close_each([kept, rest])
+                    raise
+                if key is not None:
+                    for thing in made.parts():
+                        thing.keep_open()
+                    _KEPT[key] = made
+            self._partitions[sms] = made
+        return self._partitions[sms]
+
+    def interposer(self, cap: int) -> Interposer:
+        """The Interposer capping every kernel at ``cap`` blocks per SM."""
+        if cap not in self._interposers:
+            from ..overlap.interpose import Interposer
+            self._interposers[cap] = Interposer(self.device, cap)
+        return self._interposers[cap]
+
+    def stream_of(self, policy: Policy) -> Stream | None:
+        """The stream ``policy``'s compute runs on: its partition's, or None (torch's own)."""
+        return self.partition(policy.partition).stream if policy.partition is not None else None
+
+    def context(self, policy: Policy) -> ContextManager[None]:
+        """torch's compute as ``policy`` shapes it (:func:`~shimrt.torch.step.compute_context`)
+        with this run's partition and Interposer."""
+        return compute_context(policy, self.interposer(policy.cap) if policy.cap is not None else None,
+                               self.stream_of(policy))
+
+    def settle(self, policy: Policy) -> Callable[[], None] | None:
+        """What runs after each warm-up step of ``policy`` (its Interposer learns the kernels)."""
+        return self.interposer(policy.cap).settle if policy.cap is not None else None
+
+    def synchronize(self, timeout: float) -> None:
+        """Wait for the work on the partitions' streams, at most ``timeout`` s each."""
+        for part in self._partitions.values():
+            part.stream.synchronize(timeout)
+
+    def close_interposers(self, keep: int | None = None) -> None:
+        """Close the Interposers but the one of cap ``keep`` (each whatever the others do): they
+        learn a model's kernels, and the next model starts with new ones; auto keeps its pick's."""
+        things = [i for cap, i in self._interposers.items() if cap != keep]
+        self._interposers = {cap: i for cap, i in self._interposers.items() if cap == keep}
+        close_each(things)
+
+    def close(self) -> None:
+        """Close the Interposers and the partitions this object made (not the process's kept
+        ones), each whatever the others do."""
+        parts = [] if self.keep_partitions else [x for p in self._partitions.values() for x in p.parts()]
+        self._partitions = {}
+        with contextlib.ExitStack() as stack:
+            stack.callback(close_each, parts)
+            self.close_interposers()
