@@ -291,6 +291,29 @@ def test_unique_id_takes_a_lib_or_a_backend(nccl):
         unique_id(backend="rocm")
 
 
+# --- the typed NCCL seam: Library's methods, on the real library (no GPU needed) ------------------
+
+def test_librarys_typed_calls_check_what_returns_at_once(nccl):
+    assert nccl.get_version() == nccl.version
+    a, b = nccl.unique_id(), nccl.unique_id()
+    assert isinstance(a, library.UniqueId) and any(bytes(a)) and bytes(a) != bytes(b)
+    nccl.group_start()
+    assert nccl.group_end() == 0  # an empty group
+    # A null communicator: NCCL refuses it, and the check says which call and NCCL's last error.
+    with pytest.raises(CollectiveError, match=r"ncclCommGetAsyncError failed: ncclInvalidArgument \(4\).*NULL"):
+        nccl.async_error(ctypes.c_void_p())
+
+
+def test_librarys_calls_that_may_wait_for_peers_hand_their_result_back(nccl):
+    from shimrt.nccl import CommOptions
+    assert nccl.comm_destroy(ctypes.c_void_p()) == 0 and nccl.comm_abort(ctypes.c_void_p()) == 0  # NULL: nothing
+    # Rank 5 of 1 joins nothing, with or without a config (here also: no GPU); the result comes back unchecked.
+    for config in (None, CommOptions(blocking=True).build(nccl.version)):
+        box = ctypes.c_void_p()
+        result = nccl.comm_init(box, 1, nccl.unique_id(), 5, config)
+        assert result in library.RESULTS and result != 0 and not box.value
+
+
 def test_prepare_group_takes_only_prepared_calls():
     from shimrt.nccl import prepare_group
     for bad in ((), (lambda: None,), (42,)):

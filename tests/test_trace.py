@@ -124,8 +124,7 @@ def test_nccl_loads_from_the_wheel_with_every_table_entry():
     except CollectiveError as exc:
         skip_or_fail("nccl", f"NCCL is not installed (pip install 'shimrt[nccl]'): {exc}")
     assert lib.version >= 21700 and lib.missing == ()
-    uid = library.UniqueId()
-    lib.check(lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    uid = lib.unique_id()
     assert ctypes.sizeof(uid) == 128 and any(bytes(uid))
     with pytest.raises(CollectiveError, match=r"ncclAllReduce failed: ncclInvalidArgument \(4\): invalid argument"):
         lib.check(4, "ncclAllReduce")

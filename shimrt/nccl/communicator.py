@@ -59,8 +59,7 @@ def unique_id(lib: library.Library | None = None, *, backend: str | None = None)
     if lib is not None and backend is not None:
         raise UsageError(f"unique_id takes a lib or a backend, not both (lib={lib.path}, backend={backend!r})")
     lib = lib or library.load(backend if backend is not None else settings().backend or "cuda")
-    uid = library.UniqueId()
-    lib.check(lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    uid = lib.unique_id()
     return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))
 
 
@@ -143,12 +142,11 @@ class Communicator:
         device.activate()
         if self.lib.version >= MIN_VERSION and self.lib.has("ncclCommInitRankConfig"):
             self._config = self.options.build(self.lib.version)  # kept: NCCL reads it during init
-            return self.lib.ncclCommInitRankConfig(ctypes.byref(box), self.size, uid, self.rank,
-                                                   ctypes.byref(self._config))
+            return self.lib.comm_init(box, self.size, uid, self.rank, self._config)
         if not self.options.blocking:
             raise CollectiveError(f"NCCL {self.lib.version_text} has no ncclCommInitRankConfig: only blocking "
                                   "communicators (CommOptions(blocking=True)) can be made with it")
-        return self.lib.ncclCommInitRank(ctypes.byref(box), self.size, uid, self.rank)
+        return self.lib.comm_init(box, self.size, uid, self.rank)
 
     @classmethod
     def local(cls, devices: Sequence[Device], *, options: CommOptions | None = None) -> list["Communicator"]:
@@ -172,13 +170,13 @@ class Communicator:
 
         def init_all() -> tuple[list[int], int]:
             # One thread holds the whole group: NCCL's group state is per thread.
-            lib.check(lib.ncclGroupStart(), "ncclGroupStart")
+            lib.group_start()
             results = []
             try:
                 for c, box in zip(comms, boxes, strict=True):
                     results.append(c._init_on(c.device, uid, box))
             finally:
-                end = lib.ncclGroupEnd()  # never leave the thread inside a group
+                end = lib.group_end()  # never leave the thread inside a group
             return results, end
 
         try:
@@ -220,9 +218,7 @@ class Communicator:
             handle = state.handle
             if not handle or state.error is not None:
                 raise state.dead()
-            out = ctypes.c_int()
-            self.lib.check(self.lib.ncclCommGetAsyncError(handle, ctypes.byref(out)), "ncclCommGetAsyncError", handle)
-            return out.value
+            return self.lib.async_error(handle)
 
     def wait(self, stream: Any = None, timeout: float | None = None) -> None:
         """Wait for the work on ``stream`` (default: the communicator's) for at most ``timeout``
@@ -384,7 +380,7 @@ class Communicator:
         if handle is not None:
             lib = self.lib
             try:
-                bounded(lambda: lib.ncclCommAbort(handle), "ncclCommAbort", self.options.timeout)
+                bounded(lambda: lib.comm_abort(handle), "ncclCommAbort", self.options.timeout)
             finally:
                 # A stuck call aborted from the watchdog holds the lock until it returns: do not wait for good.
                 if self.state.lock.acquire(timeout=1.0):
@@ -418,7 +414,7 @@ class Communicator:
                 watchdog().unregister(state)
                 if handle is not None:
                     lib = self.lib
-                    result = bounded(lambda: lib.ncclCommDestroy(handle), "ncclCommDestroy", self.options.timeout)
+                    result = bounded(lambda: lib.comm_destroy(handle), "ncclCommDestroy", self.options.timeout)
                     if result != library.IN_PROGRESS:  # a non-blocking destroy finishes on its own
                         lib.check(result, "ncclCommDestroy")
         finally:

@@ -229,7 +229,7 @@ def run_group(members: list["Communicator"], calls: list[Queued]) -> None:
         for c in members:
             c.state.call, c.state.entered = "ncclGroupEnd", start
         try:
-            lib.check(lib.ncclGroupStart(), "ncclGroupStart")
+            lib.group_start()
             failed = None
             try:
                 for q in calls:
@@ -237,7 +237,7 @@ def run_group(members: list["Communicator"], calls: list[Queued]) -> None:
                     if result not in (0, library.IN_PROGRESS) and failed is None:
                         failed = (result, q.name, q.state.handle)
             finally:
-                end = lib.ncclGroupEnd()  # a group is always closed, even after a failed call
+                end = lib.group_end()  # a group is always closed, even after a failed call
             if failed is not None:
                 lib.check(failed[0], f"{failed[1]} (in a group)", failed[2])
             settle(members, end, "ncclGroupEnd")

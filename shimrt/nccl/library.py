@@ -177,7 +177,9 @@ class Library:
     """A loaded NCCL/RCCL: ``path``, ``version`` (X*10000+Y*100+Z), and each function of
     :data:`TABLE` as a declared attribute of that name (its C prototype in the table; one the
     library lacks raises CollectiveError when called); ``missing`` names the symbols it lacks.
-    The collectives' packed calls take theirs by name: :meth:`function`."""
+    shimrt calls NCCL through the typed methods below (:meth:`unique_id`, :meth:`group_start`,
+    :meth:`comm_init`, ...), and the collectives' packed calls take theirs by name
+    (:meth:`function`)."""
 
     path: str
     handle: ctypes.CDLL
@@ -222,6 +224,58 @@ class Library:
         """Whether the library exports ``name`` (a TABLE entry)."""
         return name not in self.missing
 
+    # --- typed calls: those that return at once check their result here; those that may wait for
+    # peers (init, destroy, abort) run on a helper thread (shimrt.waiting.bounded) and hand their
+    # result back, for the caller to check on its own thread with :meth:`check`. ---
+    def get_version(self) -> int:
+        """ncclGetVersion: X*10000+Y*100+Z (2.8 and older: X*1000+Y*100+Z)."""
+        version = ctypes.c_int()
+        self.check(self.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion")
+        return version.value
+
+    def unique_id(self) -> UniqueId:
+        """A new ncclUniqueId (ncclGetUniqueId), for every rank of one communicator to join with."""
+        uid = UniqueId()
+        self.check(self.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+        return uid
+
+    def group_start(self) -> None:
+        """ncclGroupStart: this thread's calls wait for :meth:`group_end`."""
+        self.check(self.ncclGroupStart(), "ncclGroupStart")
+
+    def group_end(self) -> int:
+        """ncclGroupEnd's result, unchecked: ncclInProgress (a non-blocking group) is settled by
+        the caller, and a failed call inside the group is the error worth reporting."""
+        result: int = self.ncclGroupEnd()
+        return result
+
+    def async_error(self, comm: ctypes.c_void_p) -> int:
+        """The communicator's asynchronous state (ncclCommGetAsyncError): 0, ncclInProgress or
+        the error; CollectiveError when the query itself fails."""
+        out = ctypes.c_int()
+        self.check(self.ncclCommGetAsyncError(comm, ctypes.byref(out)), "ncclCommGetAsyncError", comm)
+        return out.value
+
+    def comm_init(self, box: ctypes.c_void_p, size: int, uid: UniqueId, rank: int, config: Any = None) -> int:
+        """ncclCommInitRankConfig into ``box`` with ``config`` (a built ``ncclConfig_t``, kept
+        alive by the caller until the communicator is joined), or ncclCommInitRank without one;
+        the result, unchecked (it may wait for every peer: see above)."""
+        if config is None:
+            result: int = self.ncclCommInitRank(ctypes.byref(box), size, uid, rank)
+        else:
+            result = self.ncclCommInitRankConfig(ctypes.byref(box), size, uid, rank, ctypes.byref(config))
+        return result
+
+    def comm_destroy(self, comm: ctypes.c_void_p) -> int:
+        """ncclCommDestroy's result, unchecked (it may wait for peers: see above)."""
+        result: int = self.ncclCommDestroy(comm)
+        return result
+
+    def comm_abort(self, comm: ctypes.c_void_p) -> int:
+        """ncclCommAbort's result, unchecked (it joins NCCL's threads: see above)."""
+        result: int = self.ncclCommAbort(comm)
+        return result
+
     def check(self, result: int, call: str, comm: Any = None) -> None:
         """Raise CollectiveError for a failed call, with NCCL's error string and last error."""
         if result == 0:
@@ -248,9 +302,7 @@ def _bind(path: str, handle: ctypes.CDLL) -> Library:
     lib.missing = tuple(missing)
     if "ncclGetVersion" in lib.missing:
         raise CollectiveError(f"{path} is not an NCCL or RCCL library: it has no ncclGetVersion")
-    version = ctypes.c_int()
-    lib.check(lib.ncclGetVersion(ctypes.byref(version)), "ncclGetVersion")
-    lib.version = version.value
+    lib.version = lib.get_version()
     return lib
 
 
