@@ -19,6 +19,9 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 status=0
 summary="$OUT/summary.txt"
+# Every failing step is named at the end of summary.txt, so a non-zero exit says where it came from.
+failed=()
+fail() { failed+=("$1"); status=1; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, numpy, cuda.bindings; print(sys.version.split()[0], 'numpy', numpy.__version__, 'cuda-bindings', cuda.bindings.__version__)"
@@ -28,12 +31,12 @@ summary="$OUT/summary.txt"
 # instead of taking the whole call with it; the slowest tests are listed at the end.
 if [ "$part" = all ] || [ "$part" = tests ]; then
 python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 tests 2>&1 \
-  | tee "$OUT/pytest.log" | tail -3 || status=1
+  | tee "$OUT/pytest.log" | tail -3 || fail pytest
 # pytest's summary line ("1 failed, ...", "1 error in ..."), not any log line that says "error" (torch's warnings do)
-tail -n 3 "$OUT/pytest.log" | grep -qE "(^|[ =])[0-9]+ (failed|errors?)( |,|$)" && status=1
-python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | tr '\r' '\n' | grep -v "^soak [0-9]" | tee -a "$summary" || status=1
+tail -n 3 "$OUT/pytest.log" | grep -qE "(^|[ =])[0-9]+ (failed|errors?)( |,|$)" && fail "pytest's summary"
+python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | tr '\r' '\n' | grep -v "^soak [0-9]" | tee -a "$summary" || fail soak
 echo "== python -m shimrt.selftest --quiet" | tee -a "$summary"
-python3 -m shimrt.selftest --quiet 2>&1 | tee -a "$summary" || status=1
+python3 -m shimrt.selftest --quiet 2>&1 | tee -a "$summary" || fail selftest
 fi
 steps=()
 if [ "$part" = all ] || [ "$part" = benches ]; then
@@ -78,10 +81,11 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
   fi
 fi
-for step in "${steps[@]}"; do
+for step in ${steps[@]+"${steps[@]}"}; do
   echo "== python -m $step" | tee -a "$summary"
-  python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || status=1
+  python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || fail "$step"
 done
 # Nothing of --mps may outlive the run: no daemon, no private folder.
-python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob('/tmp/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || status=1
+python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob('/tmp/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up"
+for f in ${failed[@]+"${failed[@]}"}; do echo "FAILED: $f" | tee -a "$summary"; done
 exit $status
