@@ -56,9 +56,13 @@ def ranks(device, request):
         c.close()
 
 
+# What probe.every_collective runs, all_to_all and torch's ReduceOp.MAX among them.
+EVERY = 13
+
+
 def test_every_collective_of_two_ranks_in_one_process_equals_numpy(ranks):
     done = probe.every_collective(ranks)
-    assert len(done) == 13, done  # all_to_all and torch's ReduceOp.MAX among them
+    assert len(done) == EVERY, done
 
 
 def test_a_grouped_call_is_settled_and_right(ranks):
@@ -91,7 +95,7 @@ def test_two_ranks_on_one_stream_are_refused_before_nccl_sees_them(ranks):
     assert shared.query()  # nothing was enqueued
     shared.close()
     # Nothing reached NCCL: the communicators still work.
-    assert len(probe.every_collective(ranks, count=1 << 10)) == 11
+    assert len(probe.every_collective(ranks, count=1 << 10)) == EVERY
 
 
 def test_prepared_calls_of_two_ranks_go_into_one_group(ranks):
