@@ -100,7 +100,7 @@ def report(name: str, r: dict) -> str:
         auto = ran["auto"]
         lines.append(f"   auto picked {auto['picked']} after {auto['tuning_s']:.1f} s of trials: "
                      f"{auto['step_ms'] / fixed[best]['step_ms']:.3f}x the best fixed ({best}), "
-                     f"{1 - auto['step_ms'] / ran[base_name]['step_ms']:+.1%} step time against {base_name}")
+                     f"{auto['step_ms'] / ran[base_name]['step_ms'] - 1:+.1%} step time against {base_name}")
     return "\n".join(lines)
 
 
