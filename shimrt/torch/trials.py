@@ -8,18 +8,15 @@ themselves (the confirmation); then the finalist of the least mean step time ove
 steps is kept, except that the reference stays unless another beats it by more than ``margin``,
 so auto never settles on a policy measured slower than DDP.
 
-Why rounds and means, not each candidate's steps back to back and their median: with two ranks
-sharing an H200 under MPS, a policy that leaves the SMs to the scheduler (``priority``,
-``low-priority``) ran some stretches of steps at 56 ms and others at 68 ms (bench torch,
-compute-heavy); three steps in a row measured one stretch, and the policy kept ran at the other.
-Visits spread over the trials sample each candidate across such stretches, side by side with
-the others, and the mean (what a run's total time follows) counts the slow ones that a median of
-three hides. Tried and measured worse (bench torch at 6064483): visits of three warm-up steps and
-three timed ones back to back, each from a drained GPU (the host waiting for the steps before).
-The stretches survive a drain: ``ddp`` ran 57-61 ms in its visits and 70-72 once kept
-(compute-heavy: 1.028x plain DDP), ``priority`` 38 ms in its visits and 44.5 for ten steps once
-kept (balanced). A step counts only when it all-reduced: a ``no_sync()`` step is run again under the
-same candidate. The schedule depends only on the steps' count, never on their times, so every
+Why rounds and means, not each candidate's steps back to back and their median: a GPU shared by
+several ranks can run stretches of steps at two speeds, and a stretch outlasts a few steps in a
+row, so back-to-back steps measure one stretch while the policy kept may run at the other. Visits
+spread over the trials sample each candidate across such stretches, side by side with the others,
+and the mean (what a run's total time follows) counts the slow ones that a median of a few hides
+(the runs that showed this: docs/ddp.md, "auto's trials: rounds and means").
+
+A step counts only when it all-reduced: a ``no_sync()`` step is run again under the same
+candidate. The schedule depends only on the steps' count, never on their times, so every
 rank switches at the same step; the decisions take the times agreed over the ranks (the slowest
 rank's, through ``agree``), so every rank picks the same finalists and keeps the same policy. No
 GPU here: the caller times the steps and hands them in.
