@@ -92,10 +92,8 @@ class CommOptions:
     a communicator whose collective outlives the timeout (see :mod:`shimrt.nccl.watchdog`).
     ``blocking=False`` makes a non-blocking communicator, every call of which shimrt polls until
     it settles. It costs: NCCL starts a host thread for every non-blocking group launch (its
-    ``src/group.cc``), so a small collective takes 3.5-6x longer. Measured on an H200, two ranks,
-    in-place all_reduce of 8 B: ncclAllReduce itself 122.8 us non-blocking against 23.1 us
-    blocking; through shimrt, two processes, 181.0 us against 30.8 us. From 16 MiB up the
-    transfer hides the difference.
+    ``src/group.cc``), so a small collective takes several times longer (docs/results.md has the
+    figures); from some MiB up the transfer hides the difference.
     ``min_ctas``/``max_ctas`` bound NCCL's channels (one block each, 1-64), ``cta_policy`` is
     "default", "efficiency" or "zero" (NCCL 2.27+), ``cga_cluster_size`` 0-8, ``net_name`` the
     network plugin NCCL must use (e.g. "IB", "Socket"). Every field is checked here, when made.
