@@ -14,7 +14,6 @@ of its run, when its models are gone.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ContextManager
 
@@ -127,6 +126,7 @@ class Resources:
         ones), each whatever the others do."""
         parts = [] if self.keep_partitions else [x for p in self._partitions.values() for x in p.parts()]
         self._partitions = {}
-        with contextlib.ExitStack() as stack:
-            stack.callback(close_each, parts)
+        try:
             self.close_interposers()
+        finally:
+            close_each(parts)
