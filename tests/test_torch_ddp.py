@@ -207,6 +207,7 @@ def test_trials_check_their_candidates(candidates, message):
     (dict(reference="ddp"), "reference must be one of"),
     (dict(steps=0), "trial steps must be an int"),
     (dict(finalists=-1), "finalists must be an int"),
+    (dict(check=-1), "check rounds must be an int"),
 ])
 def test_trials_check_their_options(options, message):
     with pytest.raises(UsageError, match=message):
@@ -243,6 +244,7 @@ def test_overlaps_arguments_are_checked_before_the_ddp(options, message):
     (dict(sms=[32, 32]), "Auto.sms must list each SM count once"),
     (dict(sms=[10**6]), "Auto.sms must be an int in 1..1024"),
     (dict(trial_steps=0), "Auto.trial_steps must be an int in 1..1000"),
+    (dict(check_steps=-1), "Auto.check_steps must be an int in 0..1000"),
     (dict(margin=-0.1), "Auto.margin must be a finite number in 0..0.5"),
     (dict(margin=float("nan")), "Auto.margin must be a finite number"),
 ])
@@ -254,7 +256,7 @@ def test_autos_options_are_checked_where_they_enter(options, message):
 
 def test_auto_keeps_its_options_as_given():
     from shimrt.torch.policies import Auto
-    assert Auto() == Auto(sms=(32, 48, 64), trial_steps=3, margin=0.01)
+    assert Auto() == Auto(sms=(32, 48, 64), trial_steps=3, margin=0.01, check_steps=4)
     assert Auto(sms=[64, 32]).sms == (64, 32)
 
 
@@ -364,3 +366,48 @@ def test_every_torch_policy_kind_is_mapped_to_the_engines_vocabulary():
     from shimrt.torch.policies import ENGINE_POLICY, KINDS
     assert set(ENGINE_POLICY) == set(KINDS)
     assert all(v is None or v in POLICIES for v in ENGINE_POLICY.values())
+
+
+def _checked(check_times):
+    """Trials whose confirmation chose "a" over plain DDP, then its check with ``check_times``."""
+    t = Trials([P("ddp"), P("a"), P("b")], steps=2, warmup=1, finalists=1, reference="ddp", check=3)
+    trial = {"ddp": 10.0, "a": 8.0, "b": 9.0}
+    run(t, trial)
+    assert t.decide() is None and [c.name for c in t.final] == ["ddp", "a"]
+    run(t, trial)
+    assert t.decide() is None and t.picked is None and t.checking.name == "a"  # chosen, not yet kept
+    ran = run(t, check_times)
+    assert ran == ["ddp", "ddp", "a", "a"] * 3  # plain DDP and the pick alone, each visit warmed up
+    return t
+
+
+def test_a_pick_that_is_faster_alone_beside_plain_ddp_is_kept_and_the_check_is_reported():
+    t = _checked({"ddp": [10.0, 10.1, 9.9], "a": [8.1, 8.0, 7.9]})
+    assert t.decide().name == "a"
+    check = t.report()["check"]
+    assert check["held"] and check["policy"] == "a" and check["rounds"] == 3
+    assert check["means_ms"] == pytest.approx({"ddp": 10.0, "a": 8.0})
+    assert t.times["a"] == [8.0] * 4  # the trials' times are the search's and confirmation's only
+    assert t.check_times == {"ddp": [10.0, 10.1, 9.9], "a": [8.1, 8.0, 7.9]}
+
+
+@pytest.mark.parametrize("a", [[10.4, 10.6, 10.5],   # slower once alone: what the trials liked does not hold
+                               [9.0, 11.0, 9.0]])    # faster on average, within its own noise
+def test_a_pick_not_faster_alone_beside_plain_ddp_gives_way_to_plain_ddp(a):
+    t = _checked({"ddp": [10.0, 10.0, 10.0], "a": a})
+    assert t.decide().name == "ddp" and t.current().name == "ddp"
+    assert t.report()["check"]["held"] is False and t.report()["picked"] == "ddp"
+
+
+def test_plain_ddp_chosen_by_the_trials_is_kept_without_a_check():
+    t = Trials([P("ddp"), P("a")], steps=1, warmup=0, finalists=0, reference="ddp", check=3)
+    run(t, {"ddp": 10.0, "a": 12.0})
+    assert t.decide().name == "ddp" and t.report()["check"] is None and t.checking is None
+
+
+def test_the_check_decides_on_the_slowest_ranks_times():
+    t = _checked({"ddp": [10.0] * 3, "a": [8.0] * 3})
+
+    def agree(mine):  # another rank ran "a" at 11 ms in the check
+        return [max(x, y) for x, y in zip(mine, [10.0, 11.0] if mine[0] > 1 else [0.0, 0.0], strict=True)]
+    assert t.decide(agree).name == "ddp" and t.report()["check"]["means_ms"] == {"ddp": 10.0, "a": 11.0}

@@ -85,9 +85,11 @@ class Groups:
                                                  use_local_synchronization=True)
         return self.made[key]
 
-    def close(self, keep: Any = None) -> None:
-        """Destroy every group made but ``keep`` (NCCL's communicators and buffers go with them)."""
-        gone = [pg for pg in self.made.values() if pg is not keep]
-        self.made = {k: pg for k, pg in self.made.items() if pg is keep}
+    def close(self, keep: Any = ()) -> None:
+        """Destroy every group made but those in ``keep`` (NCCL's communicators and buffers go
+        with them)."""
+        stays = {id(pg) for pg in keep}
+        gone = [pg for pg in self.made.values() if id(pg) not in stays]
+        self.made = {k: pg for k, pg in self.made.items() if id(pg) in stays}
         for pg in gone:
             self.dist.destroy_process_group(pg)

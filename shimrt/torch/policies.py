@@ -160,17 +160,22 @@ class Auto:
     ``Auto()``): ``sms``, the SMs its partition and carveout candidates keep for NCCL;
     ``trial_steps``, the rounds of its search and of its confirmation (a round: one warm-up step
     and one timed step per candidate); ``margin``, how much faster than plain DDP its pick must
-    be (beyond the trials' noise, which it also asks)."""
+    be (beyond the trials' noise, which it also asks); ``check_steps``, the rounds of the check
+    that a pick other than plain DDP must pass once the others' resources are gone (a round: a
+    warm-up and a timed step of plain DDP, then of the pick; 0: no check)."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3
     margin: float = 0.01
+    check_steps: int = 4
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sms", tuple(kept_sms(self.sms, "Auto.sms")))
         object.__setattr__(self, "trial_steps", validate.integer(self.trial_steps, "Auto.trial_steps", least=1,
                                                                  most=1000))
         object.__setattr__(self, "margin", validate.number(self.margin, "Auto.margin", least=0, most=0.5))
+        object.__setattr__(self, "check_steps", validate.integer(self.check_steps, "Auto.check_steps", least=0,
+                                                                 most=1000))
 
 
 def kept_sms(values: Any, what: str = "sms") -> list[int]:

@@ -15,7 +15,7 @@ of its run, when its models are gone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ContextManager
+from typing import TYPE_CHECKING, Callable, Collection, ContextManager
 
 from ..device import Device, Partition
 from ..lifetime import close_each
@@ -114,11 +114,12 @@ class Resources:
         for part in self._partitions.values():
             part.stream.synchronize(timeout)
 
-    def close_interposers(self, keep: int | None = None) -> None:
-        """Close the Interposers but the one of cap ``keep`` (each whatever the others do): they
-        learn a model's kernels, and the next model starts with new ones; auto keeps its pick's."""
-        things = [i for cap, i in self._interposers.items() if cap != keep]
-        self._interposers = {cap: i for cap, i in self._interposers.items() if cap == keep}
+    def close_interposers(self, keep: Collection[int] = ()) -> None:
+        """Close the Interposers but those of the caps in ``keep`` (each whatever the others do):
+        they learn a model's kernels, and the next model starts with new ones; auto keeps its
+        pick's."""
+        things = [i for cap, i in self._interposers.items() if cap not in keep]
+        self._interposers = {cap: i for cap, i in self._interposers.items() if cap in keep}
         close_each(things)
 
     def close(self) -> None:

@@ -172,7 +172,7 @@ class Overlap:
                 kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto", "low-priority")]
                 candidates = self._usable(vocabulary.candidates(auto.sms, self.ranks_per_gpu, kinds))
                 self.auto, self.trials = True, Trials(candidates, steps=auto.trial_steps, margin=auto.margin,
-                                                      reference="ddp")
+                                                      reference="ddp", check=auto.check_steps)
             else:
                 fixed = vocabulary.parse(policy, self.ranks_per_gpu)
                 if self._usable([fixed]) == []:
@@ -315,25 +315,34 @@ class Overlap:
             t = torch.tensor(means, dtype=torch.float64, device=self.torch_device)
             self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
             return t.tolist()
-        picked = self.trials.decide(agree)  # None: the finalists run again first
+        picked = self.trials.decide(agree)  # None: the finalists, or the pick beside plain DDP, run again first
         if picked is None:
+            # What the coming steps cannot use goes now: the next stage runs as the job will.
+            checking = self.trials.checking
+            self._release([checking] if checking is not None else self.trials.final)
             return
-        self._settle(picked)
+        self._release([picked])
         if self.rank == 0 and log.isEnabledFor(logging.INFO):
             final = {c.name for c in self.trials.final}
             times = ", ".join(f"{n}{'*' if n in final else ''} {t:.2f}" for n, t in self.trials.means.items())
-            log.info("auto kept %s (%s) after %d trial steps; mean step ms (* finalists; ddp: plain %s): %s",
-                     picked.name, picked.describe(), len(self.trials.schedule), self.model.kind, times)
+            check = self.trials.check
+            checked = "" if not check else \
+                (f"; checked alone beside plain {self.model.kind}: " +
+                 ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items()) +
+                 (" (held)" if check["held"] else f" ({check['policy']} not kept)"))
+            log.info("auto kept %s (%s) after %d trial steps; mean step ms (* finalists; ddp: plain %s): %s%s",
+                     picked.name, picked.describe(), len(self.trials.schedule), self.model.kind, times, checked)
 
-    def _settle(self, picked: Policy) -> None:
-        """Auto kept ``picked``: the DDP stays on its group, and what no other step will use goes."""
-        group = self._group_of(picked)
-        self._use(picked)
-        self._groups.close(keep=group)
-        if not picked.window and self._window_hook is not None:
+    def _release(self, staying: list[Policy]) -> None:
+        """Only ``staying`` (and plain DDP, whose group is the model's own) run from the next
+        step: the other policies' groups (their NCCL communicators and buffers), Interposers and
+        the window's hook go. The DDP is put on the first's group."""
+        self._use(staying[0])
+        self._groups.close(keep=[self._group_of(p) for p in staying])
+        if not any(p.window for p in staying) and self._window_hook is not None:
             self._window_hook.remove()
             self._window_hook = None
-        self.resources.close_interposers(keep=picked.cap)
+        self.resources.close_interposers(keep=[p.cap for p in staying if p.cap is not None])
 
     # --- results and the end ---
     def report(self) -> dict:

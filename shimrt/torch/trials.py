@@ -5,8 +5,12 @@ under the candidate, untimed (what switching to it costs: a communicator's first
 plans for a carveout), then one timed step. After ``steps`` rounds of every candidate (the
 search), the ``finalists`` fastest and the reference (plain DDP) run ``steps`` rounds more among
 themselves (the confirmation); then the finalist of the least mean step time over all its timed
-steps is kept, except that the reference stays unless another beats it by more than ``margin``,
-so auto never settles on a policy measured slower than DDP.
+steps is chosen, except that the reference stays unless another beats it by more than ``margin``
+and the noise. A policy so chosen is then checked (``check`` rounds of it and the reference
+alone, once the losers' resources are gone, so that it runs as it will once kept): it is kept only
+if these steps alone show it faster than the reference by the same test; else the reference is.
+So auto never settles on a policy measured slower than DDP, and a pick that won the trials
+beside resources it no longer has, or in a lucky stretch, is measured again before it stays.
 
 Why rounds and means, not each candidate's steps back to back and their median: a GPU shared by
 several ranks can run stretches of steps at two speeds, and a stretch outlasts a few steps in a
@@ -45,7 +49,7 @@ class Trials:
     candidate in the search; ``reference``: the name of the one kept unless beaten."""
 
     def __init__(self, candidates: Sequence[Any], *, steps: int = 3, warmup: int = 1, finalists: int = 2,
-                 margin: float = 0.01, reference: str | None = None):
+                 margin: float = 0.01, reference: str | None = None, check: int = 0):
         if not candidates or not all(isinstance(getattr(c, "name", None), str) for c in candidates):
             raise UsageError(f"candidates must be a non-empty list of policies, not {candidates!r:.100}")
         names = [c.name for c in candidates]
@@ -55,6 +59,7 @@ class Trials:
         self.warmup = validate.integer(warmup, "warm-up steps", least=0, most=1000)
         self.finalists = validate.integer(finalists, "finalists", least=0, most=1000)
         self.margin = validate.number(margin, "margin", least=0, most=0.5)
+        self.check_rounds = validate.integer(check, "check rounds", least=0, most=1000)
         if reference is not None and reference not in names:
             raise UsageError(f"reference must be one of the candidates {names}, not {reference!r}")
         self.candidates, self.reference = list(candidates), reference
@@ -67,6 +72,12 @@ class Trials:
         self.errors: dict[str, float] = {}
         #: the candidates of the confirmation, once the search is decided (empty: none held)
         self.final: list[Any] = []
+        #: the policy the check measures against the reference (None: no check under way or done)
+        self.checking: Any = None
+        #: the check's timed steps per policy, its agreed means and errors, and whether the pick held
+        self.check_times: dict[str, list[float]] = {}
+        self.check: dict[str, Any] = {}
+        self._check_from: int | None = None  # the schedule's index where the check starts
         self.picked: Any = None
 
     def _rounds(self, policies: list[Any]) -> list[tuple[Any, bool]]:
@@ -104,26 +115,27 @@ class Trials:
         """Trial step ``index`` (from :meth:`done`) took ``ms`` milliseconds."""
         index = validate.integer(index, "index", least=0, most=len(self.schedule) - 1)
         ms = validate.number(ms, "ms", least=0)
-        self.times[self.schedule[index][0].name].append(ms)
+        name = self.schedule[index][0].name
+        if self._check_from is not None and index >= self._check_from:
+            self.check_times[name].append(ms)
+        else:
+            self.times[name].append(ms)
 
     def decide(self, agree: Agree | None = None) -> Any:
         """Once the steps scheduled so far have run: after the search, schedule the confirmation
-        and return None (or keep a policy at once, when there is nothing to confirm); after the
-        confirmation, keep one and return it. ``agree`` turns this rank's mean per candidate (in
-        candidate order; inf where none was timed) into the ranks' common ones (their maximum),
-        so every rank decides alike."""
+        and return None (or choose at once, when there is nothing to confirm); after the
+        confirmation, choose one: the reference is kept at once, another is checked (its rounds
+        scheduled, :attr:`checking` set, None returned) when ``check`` rounds were asked for, else
+        kept; after the check, keep the one checked or the reference, and return it. ``agree``
+        turns this rank's mean per candidate (in candidate order; inf where none was timed) into
+        the ranks' common ones (their maximum), so every rank decides alike."""
         if not self.exhausted:
             raise UsageError(f"auto decides after its {len(self.schedule)} trial steps, not after {self.position}")
         if self.picked is not None:
             raise UsageError(f"auto already kept {self.picked.name}")
-        mine = [statistics.fmean(self.times[c.name]) if self.times[c.name] else math.inf for c in self.candidates]
-        agreed = list(agree(mine)) if agree is not None else mine
-        if len(agreed) != len(mine):
-            raise UsageError(f"agree must give one time per candidate ({len(mine)}), not {len(agreed)}")
-        self.means = {c.name: float(t) for c, t in zip(self.candidates, agreed, strict=True)}
-        spread = [self._standard_error(c.name) for c in self.candidates]
-        agreed = list(agree(spread)) if agree is not None else spread
-        self.errors = {c.name: float(e) for c, e in zip(self.candidates, agreed, strict=True)}
+        if self.checking is not None:
+            return self._end_check(agree)
+        self.means, self.errors = self._agreed(self.times, self.candidates, agree)
         if not self.final:
             final = self._finalists()
             if len(final) > 1:
@@ -133,22 +145,59 @@ class Trials:
         pool = {c.name: self.means[c.name] for c in self.final or self.candidates}
         reference = self.reference if self.reference in pool else None
         try:
-            name = choose.fastest(pool, reference, self.margin)
+            name = self._winner(pool, self.errors, reference)
         except ShimrtError:
             raise UsageError("auto timed no candidate: no trial step all-reduced") from None
-        if reference is not None and name != reference and math.isfinite(pool[reference]):
-            # Faster by the margin, but also by more than the noise: SIGNIFICANCE standard errors
-            # of the difference of the two means (each the slowest rank's), or the reference stays.
-            noise = SIGNIFICANCE * math.hypot(self.errors[name], self.errors[reference])
-            if pool[reference] - pool[name] <= noise:
-                name = reference
-        self.picked = next(c for c in self.candidates if c.name == name)
+        chosen = self._named(name)
+        if reference is None or name == reference or not self.check_rounds:
+            self.picked = chosen
+            return chosen
+        self.checking = chosen
+        pair = [self._named(reference), chosen]
+        self.check_times = {p.name: [] for p in pair}
+        self._check_from = len(self.schedule)
+        self.schedule += [(p, w) for _ in range(self.check_rounds) for p in pair for w in [True] * self.warmup + [False]]
+        return None
+
+    def _end_check(self, agree: Agree | None) -> Any:
+        """The check's steps alone decide between the policy checked and the reference."""
+        pair = [self._named(self.reference), self.checking]
+        means, errors = self._agreed(self.check_times, pair, agree)
+        try:
+            name = self._winner(means, errors, self.reference)
+        except ShimrtError:  # neither timed: what the trials chose is all there is to go on
+            name = self.checking.name
+        self.check = {"policy": self.checking.name, "rounds": self.check_rounds, "times_ms": self.check_times,
+                      "means_ms": means, "standard_errors_ms": errors, "held": name == self.checking.name}
+        self.picked = self._named(name)
         return self.picked
 
-    def _standard_error(self, name: str) -> float:
-        """The standard error of candidate ``name``'s mean step (0 with fewer than two steps)."""
-        times = self.times[name]
-        return statistics.stdev(times) / math.sqrt(len(times)) if len(times) > 1 else 0.0
+    def _agreed(self, times: dict[str, list[float]], candidates: list[Any],
+                agree: Agree | None) -> tuple[dict[str, float], dict[str, float]]:
+        """The ranks' common mean and standard error per candidate of ``times``."""
+        mine = [statistics.fmean(times[c.name]) if times[c.name] else math.inf for c in candidates]
+        spread = [_standard_error(times[c.name]) for c in candidates]
+        out = []
+        for values in (mine, spread):
+            agreed = list(agree(values)) if agree is not None else values
+            if len(agreed) != len(values):
+                raise UsageError(f"agree must give one time per candidate ({len(values)}), not {len(agreed)}")
+            out.append({c.name: float(t) for c, t in zip(candidates, agreed, strict=True)})
+        return out[0], out[1]
+
+    def _winner(self, means: dict[str, float], errors: dict[str, float], reference: str | None) -> str:
+        """The fastest of ``means``; the reference stays unless another beats it by the margin
+        and by more than SIGNIFICANCE standard errors of the difference of the two means (each the
+        slowest rank's): a gain within the trials' own noise keeps the reference."""
+        name = choose.fastest(means, reference, self.margin)
+        if reference is not None and name != reference and math.isfinite(means[reference]):
+            noise = SIGNIFICANCE * math.hypot(errors[name], errors[reference])
+            if means[reference] - means[name] <= noise:
+                name = reference
+        return name
+
+    def _named(self, name: str) -> Any:
+        return next(c for c in self.candidates if c.name == name)
 
     def _finalists(self) -> list[Any]:
         """The reference and the ``finalists`` fastest others by the search's agreed means (those
@@ -164,4 +213,10 @@ class Trials:
         return {"candidates": [c.name for c in self.candidates], "times_ms": self.times, "means_ms": self.means,
                 "standard_errors_ms": self.errors, "significance": SIGNIFICANCE,
                 "finalists": [c.name for c in self.final], "picked": None if self.picked is None else self.picked.name,
-                "reference": self.reference, "margin": self.margin, "trial_steps": len(self.schedule)}
+                "check": dict(self.check) or None, "reference": self.reference, "margin": self.margin,
+                "trial_steps": len(self.schedule)}
+
+
+def _standard_error(times: list[float]) -> float:
+    """The standard error of the mean of ``times`` (0 with fewer than two)."""
+    return statistics.stdev(times) / math.sqrt(len(times)) if len(times) > 1 else 0.0

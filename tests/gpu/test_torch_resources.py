@@ -47,6 +47,6 @@ def test_interposers_are_made_once_and_auto_keeps_its_picks(device):
     assert run.interposer(2) is two and two.cap == 2 and three.cap == 3
     assert run.settle(Policy("s", compute=Shaping(2))) == two.settle
     assert run.settle(Policy("plain")) is None
-    run.close_interposers(keep=3)
+    run.close_interposers(keep=[3])
     assert run.interposer(3) is three and run.interposer(2) is not two
     run.close()
