@@ -161,10 +161,10 @@ class Trials:
 
     def _end_check(self, agree: Agree | None) -> Any:
         """The check's steps alone decide between the policy checked and the reference."""
-        pair = [self._named(self.reference), self.checking]
-        means, errors = self._agreed(self.check_times, pair, agree)
+        reference = str(self.reference)  # a check is scheduled only beside a reference
+        means, errors = self._agreed(self.check_times, [self._named(reference), self.checking], agree)
         try:
-            name = self._winner(means, errors, self.reference)
+            name = self._winner(means, errors, reference)
         except ShimrtError:  # neither timed: what the trials chose is all there is to go on
             name = self.checking.name
         self.check = {"policy": self.checking.name, "rounds": self.check_rounds, "times_ms": self.check_times,
