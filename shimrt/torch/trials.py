@@ -80,9 +80,9 @@ class Trials:
         self._check_from: int | None = None  # the schedule's index where the check starts
         self.picked: Any = None
 
-    def _rounds(self, policies: list[Any]) -> list[tuple[Any, bool]]:
+    def _rounds(self, policies: list[Any], rounds: int | None = None) -> list[tuple[Any, bool]]:
         visit = [True] * self.warmup + [False]
-        return [(p, w) for _ in range(self.rounds) for p in policies for w in visit]
+        return [(p, w) for _ in range(self.rounds if rounds is None else rounds) for p in policies for w in visit]
 
     @classmethod
     def settled(cls, policy: Any) -> "Trials":
@@ -156,7 +156,7 @@ class Trials:
         pair = [self._named(reference), chosen]
         self.check_times = {p.name: [] for p in pair}
         self._check_from = len(self.schedule)
-        self.schedule += [(p, w) for _ in range(self.check_rounds) for p in pair for w in [True] * self.warmup + [False]]
+        self.schedule += self._rounds(pair, self.check_rounds)
         return None
 
     def _end_check(self, agree: Agree | None) -> Any:
