@@ -66,7 +66,7 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
             "shimrt.bench collectives $lat --json $OUT/latency_2ranks.json" \
             "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json")
     ddp_steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 300 examples/ddp_overlap.py --policy auto --compare" \
-            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 590 -m shimrt.bench torch --steps 16 --sms 32,64 --optimizer adamw --loss-every 10 --timeout 570 --json $OUT/torch_ddp.json --plots $OUT")
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 590 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 570 --json $OUT/torch_ddp.json --plots $OUT")
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;

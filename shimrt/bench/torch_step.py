@@ -99,6 +99,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one process per rank: read the loss on the host every N steps, as a training loop that "
                         "logs it does (1: the host waits for every step's end; default 0: never, the host runs "
                         "ahead)")
+    p.add_argument("--settle", metavar="N", default=0, type=cli.count("--settle", 0),
+                   help="one process per rank: untimed steps every way runs before its warm-up, so that each is "
+                        "timed as far into the job as auto's kept policy (auto's trials count towards them; "
+                        "default 0)")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
                    help="one process per rank: fused SGD with momentum (default) or fused AdamW")
     p.add_argument("--local-ranks", metavar="N", default=None,
@@ -370,7 +374,8 @@ def run(args: argparse.Namespace) -> int:
     if launch.world_size > 1 and args.local_ranks is None:  # one process per rank: DDP and shimrt.torch.overlap
         from . import torch_ddp
         return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs or CONFIGS})
-    for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False)):
+    for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False),
+                          ("settle", 0)):
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "
                              "or python -m shimrt.launch --nproc N, without --local-ranks")
