@@ -63,3 +63,55 @@ def test_process_group_options_check_ctas_before_anything_else(ctas):
     from shimrt.torch import process_group_options
     with pytest.raises(UsageError, match="ctas must be an int in 1..64"):
         process_group_options(ctas=ctas)
+
+
+def test_comm_hooks_are_told_apart_python_and_built_in_refused_mixed_precisions_own_allowed(gloo):
+    """Real DDPs over gloo: a Python hook and a built-in (C++) one keep the all-reduces out of a
+    policy's reach and are named; DDP's own mixed_precision hook (the same function DDP registers
+    for ``mixed_precision``) all-reduces through the reducer's group, and is not refused."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.distributed.algorithms.ddp_comm_hooks.mixed_precision_hooks import (
+        _AllreduceUpcastHookState,
+        _reducer_allreduce_and_upcast_hook,
+    )
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch.ddp import hook_refusal
+    torch = gloo
+    assert hook_refusal(DDP(torch.nn.Linear(4, 4))) is None
+    python = DDP(torch.nn.Linear(4, 4))
+    python.register_comm_hook(None, allreduce_hook)
+    assert hook_refusal(python) == "a comm hook (allreduce_hook, register_comm_hook)"
+    builtin = DDP(torch.nn.Linear(4, 4))
+    builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    assert builtin._comm_hooks == []  # where a check of _comm_hooks alone would miss it
+    assert "a built-in comm hook (" in hook_refusal(builtin) and "ALLREDUCE" in hook_refusal(builtin)
+    mixed = DDP(torch.nn.Linear(4, 4))
+    mixed.register_comm_hook(_AllreduceUpcastHookState(ddp_weakref=None, upcast_stream=None),
+                             _reducer_allreduce_and_upcast_hook)
+    assert hook_refusal(mixed) is None
+
+
+def test_a_ddp_a_join_was_made_for_cannot_move_and_is_told_why(gloo):
+    """torch's Join keeps the process group it found; DDP keeps Join's config after the block."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch.groups import moveable
+    torch = gloo
+    ddp = DDP(torch.nn.Linear(4, 4))
+    assert moveable(ddp) is None
+    with Join([ddp]):
+        assert "Join was made for it" in moveable(ddp) and "after auto has decided" in moveable(ddp)
+    assert "Join was made for it" in moveable(ddp)
+
+
+def test_groups_over_the_whole_world_are_made_by_every_rank_and_a_world_group_is_no_sub_group(gloo):
+    import torch.distributed as dist
+
+    from shimrt.torch.groups import Groups, subgroup_refusal
+    assert subgroup_refusal(dist, dist.group.WORLD) is None
+    groups = Groups(dist, dist.group.WORLD, 5)
+    assert groups.local is False and groups.ranks == [0] and groups.device is None
+    assert groups.report() == {"made_mib": {}, "alive_mib": 0.0, "alive": 0}

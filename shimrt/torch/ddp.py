@@ -6,11 +6,19 @@ nothing of shimrt's on the path for a bucket: the DDP is pointed at a ProcessGro
 same ranks made with the policy's options (NCCL on streams of the greatest priority, its channels
 held to the SMs the policy keeps for it; :mod:`shimrt.torch.groups`). No comm hook is registered,
 so DDP keeps its C++ path, its gradient scaling into the buckets, and its host cost. ``no_sync()``
-steps, DDP's bucket rebuild, ``gradient_as_bucket_view``, ``mixed_precision``, sparse gradients
-and ``Join`` are DDP's own and need nothing more. Refused: a DDP with a comm hook (its
+steps, DDP's bucket rebuild, ``gradient_as_bucket_view`` and sparse gradients are DDP's own and
+need nothing more; ``mixed_precision``'s comm hook is DDP's own too, and all-reduces through the
+reducer's process group, so it follows the move. Refused, with the reason: a DDP with any other
+comm hook, Python (``register_comm_hook``) or built-in (``_register_builtin_comm_hook``; its
 all-reduces run in the hook, out of a group's reach), one over another backend than NCCL, one
-whose parameters span devices, and, for any policy but ``ddp``, one whose reducer cannot change
-its process group (:func:`shimrt.torch.groups.moveable`).
+whose parameters span devices, and, for any policy but ``ddp``, one whose all-reduces cannot move
+(:func:`shimrt.torch.groups.moveable`: no C++ reducer, delayed all-reduces, a ``Join`` made for
+it) or whose ranks are a sub-group of a device-bound world (:func:`shimrt.torch.groups.subgroup_refusal`).
+
+torch internals touched: ``DDP.reducer._update_process_group`` and ``DDP.process_group`` (the
+move), ``DDP._comm_hooks`` and ``DDP._get_ddp_logging_data()["comm_hook"]`` (hooks),
+``DDP._join_config`` (Join), ``DDP._use_python_reducer`` and ``_delay_all_reduce_params``, and the
+default group's ``bound_device_id``.
 """
 
 from __future__ import annotations
@@ -63,9 +71,10 @@ def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:
     if "nccl" not in backend:
         raise UsageError(f"overlap() needs a DDP over NCCL (its process group's backend is {backend!r}): the "
                          "policies' process groups are NCCL's; init_process_group('nccl')")
-    if getattr(ddp, "_comm_hooks", None):
-        raise UsageError("this DDP has a comm hook (register_comm_hook): its all-reduces run in the hook, where "
-                         "a policy's process group does not reach; overlap() needs a DDP without one")
+    why = hook_refusal(ddp)
+    if why:
+        raise UsageError(f"this DDP has {why}: its all-reduces run in the hook, where a policy's process group "
+                         "does not reach; overlap() needs a DDP without one")
     devices = {p.device for p in ddp.module.parameters()}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":
         raise UsageError(f"overlap() needs every parameter on one CUDA device (one process per GPU), not on "
@@ -74,3 +83,22 @@ def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:
     if ddp.device_ids and list(ddp.device_ids) != [index]:
         raise UsageError(f"the DDP's device_ids {ddp.device_ids} must be its parameters' device, [{index}]")
     return index
+
+
+#: DDP's own comm hook for ``mixed_precision``: it all-reduces through the reducer's process group.
+MIXED_PRECISION_HOOK = ("torch.distributed.algorithms.ddp_comm_hooks.mixed_precision_hooks",
+                        "_reducer_allreduce_and_upcast_hook")
+
+
+def hook_refusal(ddp: Any) -> str | None:
+    """The comm hook that keeps ``ddp``'s all-reduces out of a policy's reach, said in words
+    (None: none, or only ``mixed_precision``'s). A built-in (C++) hook is not in ``_comm_hooks``;
+    DDP's logging data names Python and built-in hooks alike."""
+    for hook, _state in getattr(ddp, "_comm_hooks", None) or []:
+        if (getattr(hook, "__module__", None), getattr(hook, "__qualname__", None)) != MIXED_PRECISION_HOOK:
+            return f"a comm hook ({getattr(hook, '__qualname__', hook)!s:.80}, register_comm_hook)"
+    logged = getattr(ddp, "_get_ddp_logging_data", None)
+    named = (logged() or {}).get("comm_hook") if callable(logged) else None
+    if named and not getattr(ddp, "_comm_hooks", None):
+        return f"a built-in comm hook ({named}, _register_builtin_comm_hook)"
+    return None

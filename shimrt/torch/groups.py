@@ -26,7 +26,7 @@ Key = tuple[str, "int | None"]
 
 
 def moveable(ddp: Any) -> str | None:
-    """Why ``ddp``'s all-reduces cannot be moved to another process group (None: they can)."""
+    """Why ``ddp``'s all-reduces cannot be moved to another process group now (None: they can)."""
     reducer = getattr(ddp, "reducer", None)
     if reducer is None or getattr(ddp, "_use_python_reducer", False):
         return "it has no C++ reducer (torch.compile's Python reducer, or every all-reduce delayed)"
@@ -34,6 +34,13 @@ def moveable(ddp: Any) -> str | None:
         return "this torch's reducer cannot change its process group (Reducer._update_process_group)"
     if getattr(ddp, "_delay_all_reduce_params", None):
         return "its delay_all_reduce_named_params (those all-reduces run outside the reducer)"
+    if getattr(getattr(ddp, "_join_config", None), "enable", False):
+        # torch's Join keeps the group it found when made, for its joined ranks' shadow all-reduces,
+        # while the others follow the DDP's: a move inside its block leaves them waiting on two
+        # groups. DDP keeps Join's config after the block, so a Join made at all counts.
+        return ("a torch.distributed.algorithms.Join was made for it (Join keeps the process group it found; "
+                "moving the DDP inside its block hangs the ranks that ran out of inputs); make the Join after "
+                "auto has decided (ov.report()['policy'] is not None), or use a fixed policy")
     return None
 
 
@@ -67,23 +74,67 @@ def options(dist: Any, priority: str, ctas: int | None) -> Any:
     return made
 
 
+def subgroup_refusal(dist: Any, group: Any) -> str | None:
+    """Why policy groups cannot be made over the ranks of ``group`` (None: they can). A group
+    over some ranks of the world is made by splitting the default group's NCCL communicator when
+    that group is bound to a device (``init_process_group(device_id=...)``), and every rank of the
+    world must then join the split; the ranks outside ``group`` never call :func:`overlap`."""
+    if dist.get_world_size(group) == dist.get_world_size():
+        return None
+    default = dist.distributed_c10d._get_default_group()
+    if getattr(default, "bound_device_id", None) is not None:
+        return ("its process group is a sub-group of the world, and the default group is bound to a device "
+                "(init_process_group(device_id=...)): a new group splits the default one's NCCL communicator, "
+                "which every rank of the world must join, and the others never call overlap(); initialise "
+                "without device_id, or give overlap() a DDP over every rank")
+    return None
+
+
+def comm_memory(torch: Any, device: Any) -> int:
+    """Bytes free on ``device`` (every process's allocations counted, NCCL's among them)."""
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
 class Groups:
     """Process groups over the ranks of ``group`` (the DDP's), one per :data:`Key`, made on
-    first use: collective over those ranks only (``use_local_synchronization``), in the same
-    order on each, so every rank must ask for the same keys in the same order."""
+    first use, in the same order on every rank, so every rank must ask for the same keys in the
+    same order. Over the whole world every rank makes them (names by torch's count, which never
+    repeats); over a sub-group only its ranks do (``use_local_synchronization``; refused where
+    that cannot work: :func:`subgroup_refusal`). A group's communicator is made at once, by an
+    all-reduce of one element on ``device`` (a CUDA device, or None: left to torch), and the
+    device memory it took is measured around it (:attr:`memory`)."""
 
-    def __init__(self, dist: Any, group: Any, timeout: float):
-        self.dist, self.parent = dist, group
+    def __init__(self, dist: Any, group: Any, timeout: float, device: Any = None):
+        self.dist, self.parent, self.device = dist, group, device
         self.ranks = dist.get_process_group_ranks(group)
+        self.local = dist.get_world_size(group) != dist.get_world_size()
         self.timeout = datetime.timedelta(seconds=validate.number(timeout, "timeout", positive=True))
         self.made: dict[Key, Any] = {}
+        #: key -> bytes of device memory its communicator took (on a GPU shared by several ranks,
+        #: all of theirs, made at the same time), for each group made, alive or not
+        self.memory: dict[Key, int] = {}
 
     def get(self, key: Key) -> Any:
         if key not in self.made:
-            self.made[key] = self.dist.new_group(self.ranks, timeout=self.timeout, backend="nccl",
-                                                 pg_options=options(self.dist, *key),
-                                                 use_local_synchronization=True)
+            import torch
+            # the one element first, so that its allocation is not counted as NCCL's
+            one = torch.zeros(1, device=self.device) if self.device is not None else None
+            before = comm_memory(torch, self.device) if self.device is not None else 0
+            pg = self.dist.new_group(self.ranks, timeout=self.timeout, backend="nccl",
+                                     pg_options=options(self.dist, *key), use_local_synchronization=self.local)
+            self.made[key] = pg
+            if one is not None:
+                self.dist.all_reduce(one, group=pg)
+                torch.cuda.synchronize(self.device)
+                self.memory[key] = max(0, before - comm_memory(torch, self.device))
         return self.made[key]
+
+    def report(self) -> dict:
+        """The device memory of the groups' communicators, in MiB: each made, and those alive."""
+        mib = {f"{priority}-priority, {'NCCL' if ctas is None else ctas} channels": round(n / 2**20, 1)
+               for (priority, ctas), n in self.memory.items()}
+        alive = sum(n for k, n in self.memory.items() if k in self.made)
+        return {"made_mib": mib, "alive_mib": round(alive / 2**20, 1), "alive": len(self.made)}
 
     def close(self, keep: Any = ()) -> None:
         """Destroy every group made but those in ``keep`` (NCCL's communicators and buffers go

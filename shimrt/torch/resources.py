@@ -109,6 +109,11 @@ class Resources:
         """What runs after each warm-up step of ``policy`` (its Interposer learns the kernels)."""
         return self.interposer(policy.cap).settle if policy.cap is not None else None
 
+    def held(self) -> dict:
+        """What this run holds now: the SMs kept by each partition (the process keeps them: see
+        the module's docstring) and the caps of the open Interposers."""
+        return {"partitions_sms": sorted(self._partitions), "interposers_caps": sorted(self._interposers)}
+
     def synchronize(self, timeout: float) -> None:
         """Wait for the work on the partitions' streams, at most ``timeout`` s each."""
         for part in self._partitions.values():

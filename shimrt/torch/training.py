@@ -29,11 +29,15 @@ leaving SMs free, for the step or, with ``windowed-carveout``, from the first ac
 gradient on). ``ddp`` is the plain job: its own groups, and ``ov.step()`` only counts.
 
 ``policy="auto"`` times the plain job beside every candidate in rounds over the first steps,
-then the fastest few again beside it, and keeps the fastest by the slowest rank's mean step
+then the fastest few again beside it, and chooses the fastest by the slowest rank's mean step
 time: the plain job unless another is more than ``margin`` faster and faster beyond the trials'
-noise (:mod:`shimrt.torch.trials`). The groups it does not keep are destroyed; when the plain job
-wins, it runs as if :func:`overlap` had never been called. ``ov.report()`` gives the reference's
-time and each policy's host time per step. A collective whose peer is gone ends as in the plain
+noise (:mod:`shimrt.torch.trials`). What the next stage cannot use is destroyed as it goes (the
+losers' groups after the search, the other finalists' after the confirmation); a policy chosen
+over the plain job is then checked alone beside it (``Auto.check_steps`` rounds) and stays only
+if still faster. When the plain job is kept, nothing of the trials is left (``ov.report()["held"]``)
+and it runs as if :func:`overlap` had never been called. ``ov.report()`` gives the reference's
+time, the check, each policy's host time per step and the device memory of the groups' NCCL
+communicators. A collective whose peer is gone ends as in the plain
 job: torch's NCCL watchdog, after the group's timeout. For a loop without DDP or FSDP2,
 :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
 same policies through shimrt's own Communicators.
@@ -148,15 +152,16 @@ class Overlap:
                 raise UsageError(f"policy {named.name!r} reduces after backward, which DDP and FSDP2 do not do; "
                                  "the no-overlap reference is 'ddp' (the plain job)")
         self.model = wrap(model)
-        if (named is None or named.comm != "torch") and (why := self.model.moveable()):
+        self.group = self.model.group
+        if (named is None or named.comm != "torch") and \
+                (why := self.model.moveable() or pgs.subgroup_refusal(dist, self.group)):
             raise UsageError(f"policy {policy!r} moves this {self.model.kind}'s collectives to process groups of its "
                              f"own, and they cannot move: {why}; policy='ddp' leaves the {self.model.kind} as it is")
-        self.group = self.model.group
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.torch_device = torch.device("cuda", self.model.index)
         self.device = Device(self.model.index)
         self.ranks_per_gpu = self._ranks_per_gpu()
-        self._groups = pgs.Groups(dist, self.group, timeout)
+        self._groups = pgs.Groups(dist, self.group, timeout, device=self.torch_device)
         self.resources = Resources(self.device, keep_partitions=True)
         self.dropped: dict[str, str] = {}
         self.cost = HostCost()
@@ -165,6 +170,7 @@ class Overlap:
         self._window: Any = None
         self._window_hook: Any = None
         self._timed: list = []        # (trial index, start event, end event) not yet read
+        self._current: Any = self.group  # the group the model's collectives are on
         self.closed = False
         try:
             if auto is not None:
@@ -238,7 +244,9 @@ class Overlap:
 
     def _use(self, policy: Policy) -> None:
         """The model's collectives on ``policy``'s group (and streams) from the next step."""
-        self.model.use(self._group_of(policy), policy.comm != "torch" and policy.priority == "high")
+        group = self._group_of(policy)
+        self.model.use(group, policy.comm != "torch" and policy.priority == "high")
+        self._current = group
 
     def open_window(self) -> None:
         """The first gradient of a ``windowed-carveout`` step is accumulated: cuBLAS leaves the
@@ -271,6 +279,9 @@ class Overlap:
         torch = self._torch
         current = torch.cuda.current_stream(self.torch_device)
         if timed:
+            if self._group_of(policy) is not self._current and (why := self.model.moveable()):
+                raise UsageError(f"auto's trials move this {self.model.kind}'s collectives between process groups, "
+                                 f"and they cannot move now: {why}")
             self._use(policy)  # between steps, at the same step on every rank
             # A no_sync() step reduces nothing: it does not count.
             synced = self.model.synced()
@@ -358,6 +369,10 @@ class Overlap:
                               "mean_ms": means.get("ddp")} if self.auto else None,
                 "trials": self.trials.report() if self.auto else None,
                 "host_us": self.cost.report(),
+                # what the policies' NCCL communicators took of the GPU's memory, outside torch's stats
+                "nccl_memory": self._groups.report(),
+                # what the policies hold now: once plain DDP is kept, no group, Interposer or hook
+                "held": dict(self.resources.held(), window_hook=self._window_hook is not None),
                 "dropped": dict(self.dropped), "ranks": self.size, "ranks_per_gpu": self.ranks_per_gpu}
 
     def close(self, timeout: float = 120.0) -> None:

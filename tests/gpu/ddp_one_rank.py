@@ -1,7 +1,10 @@
 """One rank of DDP over NCCL (world size 1) under shimrt.torch.overlap, beside a plain DDP copy
 trained on the same data: what tests/gpu/test_ddp.py's one-rank cases check, printed as JSON.
 
-Usage: python ddp_one_rank.py POLICY MARGIN STEPS
+Usage: python ddp_one_rank.py POLICY MARGIN STEPS [second]
+
+``second``: then a second overlap() in the same process while the first still holds its group,
+and a third after both are closed (torch names groups; a name made twice is refused).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ def mlp(device: torch.device) -> torch.nn.Module:
 
 def main() -> None:
     policy, margin, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    second = sys.argv[4:] == ["second"]
+    blas = torch.backends.cuda.preferred_blas_library()
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
@@ -48,11 +53,29 @@ def main() -> None:
     report = ov.report()
     group = model.process_group
     high = group._get_backend(device).options.is_high_priority_stream
+    # what of the trials is left once a policy is kept, beside torch's global knobs they touch
+    left = dict(report["held"], nccl_groups=report["nccl_memory"]["alive"],
+                carveout=torch._C._get_sm_carveout_experimental(),
+                blas_restored=torch.backends.cuda.preferred_blas_library() == blas)
+    seconds = []
+    if second:  # a second Overlap while the first holds its group, then a third after both closed
+        for _ in range(2):
+            other = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1)
+            ov2 = shimrt.torch.overlap(other, policy=shimrt.torch.Auto(sms=(32,), trial_steps=1), timeout=60)
+            for _ in range(30):
+                with ov2.step():
+                    other(torch.randn(256, 512, device=device)).pow(2).mean().backward()
+            seconds.append(ov2.report()["policy"])
+            ov2.close()
+            if len(seconds) == 1:
+                ov.close()
     ov.close()
     print(json.dumps({"policy": report["policy"], "process_group": report["process_group"],
                       "own_group": group is own, "high_priority": high, "groups_seen": len(groups_seen),
                       "own_group_after_close": model.process_group is own, "hooks": len(model._comm_hooks),
-                      "reference": report["reference"], "host_us": report["host_us"], "diff": diff}), flush=True)
+                      "reference": report["reference"], "host_us": report["host_us"], "diff": diff,
+                      "left": left, "nccl_memory": report["nccl_memory"], "trials": report["trials"],
+                      "seconds": seconds}), flush=True)
     dist.destroy_process_group()
 
 
