@@ -74,6 +74,24 @@ def pytest_runtest_call(item):
         raise
 
 
+#: Modules a test imports with pytest.importorskip that CI may require by name (SHIMRT_TEST_REQUIRE):
+#: there, a skip for want of one is a failure.
+REQUIRABLE_MODULES = ("torch",)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped:
+        import os
+        required = {w.strip() for w in os.environ.get("SHIMRT_TEST_REQUIRE", "").split(",") if w.strip()}
+        for name in REQUIRABLE_MODULES:
+            if name in required and f"could not import '{name}'" in str(report.longrepr):
+                report.outcome = "failed"
+                report.longrepr = f"{name} is required here (SHIMRT_TEST_REQUIRE) but: {report.longrepr}"
+    return report
+
+
 @pytest.fixture(scope="session")
 def device():
     import shimrt
