@@ -62,7 +62,7 @@ def main() -> None:
         for _ in range(2):
             other = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1)
             ov2 = shimrt.torch.overlap(other, policy=shimrt.torch.Auto(sms=(32,), trial_steps=1), timeout=60)
-            for _ in range(30):
+            for _ in range(60):
                 with ov2.step():
                     other(torch.randn(256, 512, device=device)).pow(2).mean().backward()
             seconds.append(ov2.report()["policy"])
