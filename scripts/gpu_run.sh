@@ -30,7 +30,8 @@ fail() { failed+=("$1"); status=1; }
 # stack after 150 s, even when the main thread is blocked in C,
 # instead of taking the whole call with it; the slowest tests are listed at the end.
 if [ "$part" = all ] || [ "$part" = tests ]; then
-python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 tests 2>&1 \
+# PYTEST_PATHS (default tests) runs a part of the suite, e.g. tests/gpu, where one call cannot hold it all.
+python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 ${PYTEST_PATHS:-tests} 2>&1 \
   | tee "$OUT/pytest.log" | tail -3 || fail pytest
 # pytest's summary line ("1 failed, ...", "1 error in ..."), not any log line that says "error" (torch's warnings do)
 tail -n 3 "$OUT/pytest.log" | grep -qE "(^|[ =])[0-9]+ (failed|errors?)( |,|$)" && fail "pytest's summary"
