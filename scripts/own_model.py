@@ -44,10 +44,10 @@ def net(width: int, blocks: int, classes: int = 1000) -> nn.Module:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--width", type=int, default=384)
+    p.add_argument("--width", type=int, default=512)
     p.add_argument("--blocks", type=int, default=16)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--image", type=int, default=56)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--image", type=int, default=32)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--json", default=None)
