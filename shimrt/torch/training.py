@@ -69,6 +69,9 @@ from .trials import Trials
 
 #: Where auto says what it kept (INFO, rank 0).
 log = logging.getLogger("shimrt.torch")
+#: Untimed steps of the plain job before auto's first round: a job's first steps (DDP's bucket
+#: rebuild, the allocator's growth) ran 4-30% above the rest (:mod:`shimrt.torch.trials`).
+LEAD_STEPS = 3
 
 
 
@@ -178,7 +181,7 @@ class Overlap:
                 kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto", "low-priority")]
                 candidates = self._usable(vocabulary.candidates(auto.sms, self.ranks_per_gpu, kinds))
                 self.auto, self.trials = True, Trials(candidates, steps=auto.trial_steps, margin=auto.margin,
-                                                      reference="ddp", check=auto.check_steps)
+                                                      reference="ddp", check=auto.check_steps, lead=LEAD_STEPS)
             else:
                 fixed = vocabulary.parse(policy, self.ranks_per_gpu)
                 if self._usable([fixed]) == []:

@@ -1,6 +1,9 @@
 """auto over a training loop's first steps: which policy to keep, from the steps' own times.
 
-The trials run in rounds. A round visits every candidate in turn; a visit is ``warmup`` steps
+The trials start with ``lead`` untimed steps under the reference (the job's own first steps:
+DDP's bucket rebuild, the allocator's growth, the libraries' first calls; on an H100 the first
+timed step of plain DDP ran 4-30% above its others in three of five bench configurations). Then
+they run in rounds. A round visits every candidate in turn; a visit is ``warmup`` steps
 under the candidate, untimed (what switching to it costs: a communicator's first use, cuBLAS's
 plans for a carveout), then one timed step. After ``steps`` rounds of every candidate (the
 search), the ``finalists`` fastest and the reference (plain DDP) run ``steps`` rounds more among
@@ -8,7 +11,10 @@ themselves (the confirmation); then the finalist of the least mean step time ove
 steps is chosen, except that the reference stays unless another beats it by more than ``margin``
 and the noise. A policy so chosen is then checked (``check`` rounds of it and the reference
 alone, once the losers' resources are gone, so that it runs as it will once kept): it is kept only
-if these steps alone show it faster than the reference by the same test; else the reference is.
+if these steps show it faster than the reference by the margin, and all its timed steps (trials
+and check together) faster by the margin and the noise; else the reference is. The check's few
+steps alone would let a reference that runs at two speeds (plain DDP of ranks sharing a GPU does)
+veto a steady gain by its spread; its direction still must hold.
 So auto never settles on a policy measured slower than DDP, and a pick that won the trials
 beside resources it no longer has, or in a lucky stretch, is measured again before it stays.
 
@@ -49,7 +55,7 @@ class Trials:
     candidate in the search; ``reference``: the name of the one kept unless beaten."""
 
     def __init__(self, candidates: Sequence[Any], *, steps: int = 3, warmup: int = 1, finalists: int = 2,
-                 margin: float = 0.01, reference: str | None = None, check: int = 0):
+                 margin: float = 0.01, reference: str | None = None, check: int = 0, lead: int = 0):
         if not candidates or not all(isinstance(getattr(c, "name", None), str) for c in candidates):
             raise UsageError(f"candidates must be a non-empty list of policies, not {candidates!r:.100}")
         names = [c.name for c in candidates]
@@ -60,11 +66,16 @@ class Trials:
         self.finalists = validate.integer(finalists, "finalists", least=0, most=1000)
         self.margin = validate.number(margin, "margin", least=0, most=0.5)
         self.check_rounds = validate.integer(check, "check rounds", least=0, most=1000)
+        lead = validate.integer(lead, "lead-in steps", least=0, most=1000)
+        if lead and reference is None:
+            raise UsageError("lead-in steps run under the reference: give a reference, or lead=0")
         if reference is not None and reference not in names:
             raise UsageError(f"reference must be one of the candidates {names}, not {reference!r}")
         self.candidates, self.reference = list(candidates), reference
-        #: (policy, warm-up?) per trial step, in order: the search's rounds, then the confirmation's
-        self.schedule: list[tuple[Any, bool]] = self._rounds(self.candidates)
+        #: (policy, warm-up?) per trial step, in order: the lead-in, the search's rounds, then the
+        #: confirmation's and the check's
+        self.schedule: list[tuple[Any, bool]] = [(self._named(str(reference)), True)] * lead if lead else []
+        self.schedule += self._rounds(self.candidates)
         self.position = 0
         self.times: dict[str, list[float]] = {n: [] for n in names}
         self.means: dict[str, float] = {}
@@ -162,14 +173,19 @@ class Trials:
     def _end_check(self, agree: Agree | None) -> Any:
         """The check's steps alone decide between the policy checked and the reference."""
         reference = str(self.reference)  # a check is scheduled only beside a reference
-        means, errors = self._agreed(self.check_times, [self._named(reference), self.checking], agree)
+        pair = [self._named(reference), self.checking]
+        means, errors = self._agreed(self.check_times, pair, agree)
+        pooled = {p.name: self.times[p.name] + self.check_times[p.name] for p in pair}
+        all_means, all_errors = self._agreed(pooled, pair, agree)
         try:
-            name = self._winner(means, errors, reference)
-        except ShimrtError:  # neither timed: what the trials chose is all there is to go on
-            name = self.checking.name
+            direction = choose.fastest(means, reference, self.margin)
+            held = direction == self.checking.name and self._winner(all_means, all_errors, reference) == direction
+        except ShimrtError:  # the check timed neither: what the trials chose is all there is to go on
+            held = True
         self.check = {"policy": self.checking.name, "rounds": self.check_rounds, "times_ms": self.check_times,
-                      "means_ms": means, "standard_errors_ms": errors, "held": name == self.checking.name}
-        self.picked = self._named(name)
+                      "means_ms": means, "standard_errors_ms": errors, "all_means_ms": all_means,
+                      "all_standard_errors_ms": all_errors, "held": held}
+        self.picked = self.checking if held else self._named(reference)
         return self.picked
 
     def _agreed(self, times: dict[str, list[float]], candidates: list[Any],

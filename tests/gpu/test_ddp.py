@@ -68,9 +68,22 @@ def _failure(text: str) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range: a port the kernel hands out (bind to
+    port 0) can be taken by another process's outgoing connection, NCCL's among them, before the
+    rank's store listens on it (EADDRINUSE, seen on the H100)."""
+    import random
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.sample(range(max(1024, low - 12000), low), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("localhost", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _env(lib, **more) -> dict:
