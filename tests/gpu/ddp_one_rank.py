@@ -1,10 +1,11 @@
 """One rank of DDP over NCCL (world size 1) under shimrt.torch.overlap, beside a plain DDP copy
 trained on the same data: what tests/gpu/test_ddp.py's one-rank cases check, printed as JSON.
 
-Usage: python ddp_one_rank.py POLICY MARGIN STEPS [second]
+Usage: python ddp_one_rank.py POLICY MARGIN STEPS [second|mixed]
 
 ``second``: then a second overlap() in the same process while the first still holds its group,
 and a third after both are closed (torch names groups; a name made twice is refused).
+``mixed``: both DDPs with DDP's own ``mixed_precision`` (bf16 parameters and reduction).
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ def mlp(device: torch.device) -> torch.nn.Module:
 
 def main() -> None:
     policy, margin, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-    second = sys.argv[4:] == ["second"]
+    second, mixed = sys.argv[4:] == ["second"], sys.argv[4:] == ["mixed"]
     blas = torch.backends.cuda.preferred_blas_library()
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
-    model, plain = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1), DDP(mlp(device), device_ids=[0], bucket_cap_mb=1)
+    more = {}
+    if mixed:  # DDP's own mixed precision: its comm hook all-reduces through the reducer's group
+        from torch.nn.parallel.distributed import _MixedPrecision
+        more["mixed_precision"] = _MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    model = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1, **more)
+    plain = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1, **more)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
     own = model.process_group

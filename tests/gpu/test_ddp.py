@@ -168,6 +168,27 @@ def test_a_rank_that_leaves_ends_the_other_within_the_timeout_as_plain_ddp_does(
     assert re.search(r"[Tt]imed? ?out|[Ww]atchdog", out0), out0[-3000:]
 
 
+@pytest.mark.timeout(200)
+def test_a_ddp_over_a_sub_group_of_a_device_bound_world_is_refused_at_once_not_hung(device):
+    """A policy's group over some ranks would split the world's communicator, which the ranks
+    outside the DDP never join: overlap() refuses it with the reason on the DDP's rank, before
+    any collective; ``ddp`` makes no group and runs; both ranks end."""
+    lib, indices = _two_ranks(device)
+    env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
+    script = str(Path(__file__).with_name("ddp_subgroup.py"))
+    procs = [subprocess.Popen([sys.executable, script, indices[r]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert "rank 0: refused:" in outs[0] and "sub-group of the world" in outs[0], _failure(outs[0])
+    assert "rank 0: ddp ran" in outs[0] and "rank 0: done" in outs[0], _failure(outs[0])
+    assert "rank 1: done" in outs[1] and all(p.returncode == 0 for p in procs), _failure(outs[1])
+
+
 def _one_rank(device, policy: str, margin: float, steps: int, *more: str) -> dict:
     """tests/gpu/ddp_one_rank.py in a process of its own: one rank over NCCL (any NCCL will do)."""
     torch = pytest.importorskip("torch")
@@ -215,6 +236,16 @@ def test_a_second_overlap_in_the_process_while_a_group_is_kept_and_after_close_m
     assert got["policy"] == "priority" and got["seconds"] and len(got["seconds"]) == 2, got
     assert all(p is not None for p in got["seconds"]), got
     assert got["nccl_memory"]["alive"] == 1, got  # the first's group, measured where it was made
+
+
+@pytest.mark.timeout(300)
+def test_a_ddp_with_mixed_precision_moves_to_the_policys_group_and_trains_as_plain(device):
+    """DDP's mixed_precision registers a comm hook of its own, which all-reduces through the
+    reducer's process group: overlap() takes it, the DDP trains on priority's group, and one
+    rank's average is the identity either way: bit for bit against a plain mixed-precision DDP."""
+    got = _one_rank(device, "priority", 0.01, 12, "mixed")
+    assert got["policy"] == "priority" and not got["own_group"] and got["high_priority"], got
+    assert got["hooks"] == 1 and got["own_group_after_close"] and got["diff"] == 0.0, got
 
 
 @pytest.mark.timeout(300)
