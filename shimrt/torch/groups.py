@@ -120,8 +120,19 @@ class Groups:
             # the one element first, so that its allocation is not counted as NCCL's
             one = torch.zeros(1, device=self.device) if self.device is not None else None
             before = comm_memory(torch, self.device) if self.device is not None else 0
-            pg = self.dist.new_group(self.ranks, timeout=self.timeout, backend="nccl",
-                                     pg_options=options(self.dist, *key), use_local_synchronization=self.local)
+            try:
+                pg = self.dist.new_group(self.ranks, timeout=self.timeout, backend="nccl",
+                                         pg_options=options(self.dist, *key), use_local_synchronization=self.local)
+            except ValueError as exc:
+                if "already been created" not in str(exc):
+                    raise
+                # torch 2.11 names a sub-group by its ranks and the count of groups alive (2.14 by a
+                # count that never falls): once a group made earlier is destroyed, a new one can take a
+                # live one's name.
+                raise UsageError(f"torch could not name a new process group over ranks {self.ranks} ({exc}): this "
+                                 "torch names groups over some ranks by how many are alive, and another overlap() "
+                                 "of this process still holds one; close() it first, or give overlap() a model "
+                                 "over every rank") from None
             self.made[key] = pg
             if one is not None:
                 self.dist.all_reduce(one, group=pg)

@@ -331,28 +331,32 @@ class Overlap:
             return t.tolist()
         picked = self.trials.decide(agree)  # None: the finalists, or the pick beside plain DDP, run again first
         if picked is None:
-            # What the coming steps cannot use goes now: the next stage runs as the job will.
+            # What the coming steps cannot use goes now (each trial step puts the model on its own
+            # policy's group): the next stage runs as the job will.
             checking = self.trials.checking
             self._release([checking] if checking is not None else self.trials.final)
             return
+        if self._group_of(picked) is not self._current and (why := self.model.moveable()):
+            raise UsageError(f"auto kept {picked.name}, and this {self.model.kind}'s collectives cannot move to its "
+                             f"process group now: {why}")
+        self._use(picked)
         self._release([picked])
         if self.rank == 0 and log.isEnabledFor(logging.INFO):
             final = {c.name for c in self.trials.final}
             times = ", ".join(f"{n}{'*' if n in final else ''} {t:.2f}" for n, t in self.trials.means.items())
+            log.info("auto kept %s (%s) after %d trial steps; mean step ms (* finalists; ddp: plain %s): %s",
+                     picked.name, picked.describe(), len(self.trials.schedule), self.model.kind, times)
             check = self.trials.check
-            checked = "" if not check else \
-                (f"; checked alone beside plain {self.model.kind}: " +
-                 ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items()) +
-                 (" (held)" if check["held"] else f" ({check['policy']} not kept)"))
-            log.info("auto kept %s (%s) after %d trial steps; mean step ms (* finalists; ddp: plain %s): %s%s",
-                     picked.name, picked.describe(), len(self.trials.schedule), self.model.kind, times, checked)
+            if check:
+                log.info("auto's check of %s alone beside plain %s, mean step ms: %s (%s)", check["policy"],
+                         self.model.kind, ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items()),
+                         "held" if check["held"] else "plain " + self.model.kind + " kept")
 
     def _release(self, staying: list[Policy]) -> None:
         """Only ``staying`` (and plain DDP, whose group is the model's own) run from the next
         step: the other policies' groups (their NCCL communicators and buffers), Interposers and
-        the window's hook go. The DDP is put on the first's group."""
-        self._use(staying[0])
-        self._groups.close(keep=[self._group_of(p) for p in staying])
+        the window's hook go. The model is on one of those groups (the last step's, or the pick's)."""
+        self._groups.close(keep=[self._group_of(p) for p in staying] + [self._current])
         if not any(p.window for p in staying) and self._window_hook is not None:
             self._window_hook.remove()
             self._window_hook = None

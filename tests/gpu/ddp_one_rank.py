@@ -3,8 +3,9 @@ trained on the same data: what tests/gpu/test_ddp.py's one-rank cases check, pri
 
 Usage: python ddp_one_rank.py POLICY MARGIN STEPS [second|mixed]
 
-``second``: then a second overlap() in the same process while the first still holds its group,
-and a third after both are closed (torch names groups; a name made twice is refused).
+``second``: then overlap() B under carveout:32 while the first (A) holds its group, A closed,
+auto C while B's group lives, and auto D after every one is closed (torch names groups; a name
+made twice is refused).
 ``mixed``: both DDPs with DDP's own ``mixed_precision`` (bf16 parameters and reduction).
 """
 
@@ -64,17 +65,24 @@ def main() -> None:
                 carveout=torch._C._get_sm_carveout_experimental(),
                 blas_restored=torch.backends.cuda.preferred_blas_library() == blas)
     seconds = []
-    if second:  # a second Overlap while the first holds its group, then a third after both closed
-        for _ in range(2):
+    if second:
+        # torch 2.11 named a group made by some ranks by the count of groups alive: with A's group
+        # and then B's made, A closed, a group made next took B's name while B still held it.
+        def auto_run() -> str | None:
             other = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1)
-            ov2 = shimrt.torch.overlap(other, policy=shimrt.torch.Auto(sms=(32,), trial_steps=1), timeout=60)
+            ov3 = shimrt.torch.overlap(other, policy=shimrt.torch.Auto(sms=(32,), trial_steps=1), timeout=60)
             for _ in range(60):
-                with ov2.step():
+                with ov3.step():
                     other(torch.randn(256, 512, device=device)).pow(2).mean().backward()
-            seconds.append(ov2.report()["policy"])
-            ov2.close()
-            if len(seconds) == 1:
-                ov.close()
+            kept = ov3.report()["policy"]
+            ov3.close()
+            return kept
+        b_model = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1)
+        b = shimrt.torch.overlap(b_model, policy="carveout:32", timeout=60)  # B's group, made after A's
+        ov.close()                                                            # A's group goes
+        seconds.append(auto_run())                                            # C's groups while B's lives
+        b.close()
+        seconds.append(auto_run())                                            # D's after every one closed
     ov.close()
     print(json.dumps({"policy": report["policy"], "process_group": report["process_group"],
                       "own_group": group is own, "high_priority": high, "groups_seen": len(groups_seen),

@@ -229,9 +229,10 @@ def test_plain_ddp_kept_by_auto_or_asked_for_leaves_the_ddp_on_its_own_group(dev
 @pytest.mark.timeout(300)
 def test_a_second_overlap_in_the_process_while_a_group_is_kept_and_after_close_makes_its_own_groups(device):
     """torch 2.11 named a group over some ranks by the count of groups alive, so a group made
-    after others were destroyed could take a kept group's name (ValueError). Over the whole world
-    the groups are named by torch's count, which never repeats: a second overlap() while the
-    first keeps priority's group, and a third after both closed, run their trials."""
+    after others were destroyed could take a live group's name (ValueError). Over the whole world
+    the groups are named by torch's count, which never repeats: A keeps priority's group, B makes
+    carveout:32's, A is closed, and auto C runs its trials while B's group lives; auto D after
+    every one is closed."""
     got = _one_rank(device, "priority", 0.01, 6, "second")
     assert got["policy"] == "priority" and got["seconds"] and len(got["seconds"]) == 2, got
     assert all(p is not None for p in got["seconds"]), got
