@@ -21,9 +21,13 @@ import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+try:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+except ImportError:  # one line and exit 2, as shimrt's own commands say what is missing
+    print("ddp_overlap.py: this example needs PyTorch: pip install 'shimrt[torch]'", file=sys.stderr)
+    sys.exit(2)
 
 import shimrt.launch
 import shimrt.torch

@@ -457,3 +457,26 @@ def test_ranks_start_without_nccl_and_only_those_that_need_it_fail(tmp_path, how
     ends = [line for lines in rank_lines(run.stdout).values() for line in lines]
     assert ends and all(e.startswith("NO-DEVICE") or "could not make the shared unique id" in e for e in ends), \
         run.stdout + run.stderr
+
+
+def test_the_mps_check_run_alone_ends_in_one_line_or_passes_as_one_rank():
+    """python -m shimrt.launch.mpscheck is a launch's rank side; alone it is one rank of one. On a
+    machine without a GPU (or NCCL) it says why in one line, exit 2; with one, its sum is numpy's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SHIMRT_RANK", "SHIMRT_WORLD", "RANK"))}
+    env["PYTHONPATH"] = str(root)
+    out = subprocess.run([sys.executable, "-m", "shimrt.launch.mpscheck"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert "Traceback" not in out.stderr, out.stderr
+    if out.returncode == 0:
+        assert out.stdout.strip() == "MPSCHECK 0 1 OK", out.stdout
+    else:
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("shimrt.launch.mpscheck: "), lines
+    helped = subprocess.run([sys.executable, "-m", "shimrt.launch.mpscheck", "--help"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m shimrt.launch.mpscheck")

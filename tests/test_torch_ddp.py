@@ -367,6 +367,19 @@ def test_the_ddp_example_ends_with_one_line_on_a_machine_without_a_gpu():
     assert re.match(r"shimrt.launch: rank [01] exited with code 2", lines[1]), lines  # whichever ended first
 
 
+def test_the_ddp_example_without_torch_says_so_in_one_line():
+    """The example run where torch cannot be imported (None in sys.modules: Python's import then
+    fails as it does without torch): one line saying what to install, exit 2, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "examples" / "ddp_overlap.py"
+    code = f"import runpy, sys; sys.modules['torch'] = None; runpy.run_path({str(script)!r}, run_name='__main__')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == "ddp_overlap.py: this example needs PyTorch: pip install 'shimrt[torch]'"
+
+
 def test_every_torch_policy_kind_is_mapped_to_the_engines_vocabulary():
     from shimrt.overlap.planner import POLICIES
     from shimrt.torch.policies import ENGINE_POLICY, KINDS

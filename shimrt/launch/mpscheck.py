@@ -127,4 +127,7 @@ def selftest(dev: Device, lib: Library) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The rank side: under python -m shimrt.launch (see the module's docstring). Run alone, it is
+    # one rank of one; what it lacks (a GPU, NCCL) is said in one line, exit 2, as by every command.
+    from .. import cli
+    sys.exit(cli.main(cli.parser("python -m shimrt.launch.mpscheck", __doc__), run=lambda args: main()))
