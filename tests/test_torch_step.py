@@ -146,6 +146,14 @@ def test_bad_bench_torch_options_are_refused(capsys):
         assert f"argument {needle}" in err and "Traceback" not in err
 
 
+def test_a_width_the_heads_do_not_divide_is_refused_before_the_gpu_is_looked_for(capsys):
+    from shimrt.bench.__main__ import main
+    assert main(["torch", "--width", "257"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("shimrt.bench torch: --width must be a multiple of heads (2) with a head size that is a multiple "
+                   "of 8, not 257"), err
+
+
 def test_shimrt_torch_without_torch_says_how_to_get_it():
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed here")

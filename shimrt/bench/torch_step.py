@@ -125,6 +125,11 @@ def check(args: argparse.Namespace) -> None:
                          "--policies or leave --trial-steps out")
     if args.trial_steps is None:
         args.trial_steps = 3
+    for name in args.configs or CONFIGS:  # a shape torch cannot build is refused here, before any GPU
+        try:
+            model_size(name, args)
+        except UsageError as exc:
+            raise cli.renamed(exc, "ModelSize.width", "--width") if args.width is not None else exc from None
 
 
 #: What --policies takes (shimrt.torch.policies' kinds but ``ddp``: one process here holds every
