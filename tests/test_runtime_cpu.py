@@ -102,6 +102,11 @@ def test_selftest_runs_environment_and_compile_sections(tmp_path, request):
         strict = subprocess.run([sys.executable, "-m", "shimrt.selftest", "--strict", "--quiet"],
                                 capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
         assert strict.returncode == 1 and "skipped" in strict.stdout
+    # Without --quiet, into a pipe: the report once, on stdout; no progress list before it (a
+    # progress line is drawn only on a terminal, and erased before the report).
+    plain = subprocess.run([sys.executable, "-m", "shimrt.selftest"], capture_output=True, text=True, timeout=300,
+                           env=env, cwd=ROOT)
+    assert plain.stderr == "" and plain.stdout.count("== compile") == 1, plain.stderr[:500]
 
 
 def test_collective_bus_bandwidth_factors_follow_nccl_tests():

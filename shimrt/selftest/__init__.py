@@ -61,8 +61,8 @@ def _run(section: str, name: str, fn, results: list, progress) -> object:
     except Exception as exc:  # a bug in shimrt or a binding: show where
         status, detail, fix = "fail", f"{type(exc).__name__}: {exc}\n" + traceback.format_exc(limit=3), ""
     results.append(Check(section, name, status, detail, fix, time.perf_counter() - t0))
-    if progress:
-        print(f"  {status:4s}  {section}: {name}", file=sys.stderr, flush=True)
+    if progress:  # one line, rewritten in place and erased before the report: the report says it all
+        print(f"\r\033[K  {len(results)} checks: {section}: {name} ({status})", end="", file=sys.stderr, flush=True)
     return value if status == "pass" else None
 
 
@@ -385,17 +385,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = cli.parser("python -m shimrt.selftest", __doc__)
     parser.add_argument("--json", action="store_true", help="print the results as JSON (every check with its fix)")
     parser.add_argument("--strict", action="store_true", help="count skipped checks as failures")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress line on stderr (there is one only where stderr is a terminal)")
     return cli.main(parser, argv, run)
 
 
 def run(args: argparse.Namespace) -> int:
     """The selftest command: every section, its table (or --json), its exit code."""
     results: list[Check] = []
-    progress = not args.quiet
-    check_environment(results, progress)
-    check_compile(results, progress)
-    check_communication(check_device(results, progress), results, progress)
+    progress = not args.quiet and sys.stderr.isatty()
+    try:
+        check_environment(results, progress)
+        check_compile(results, progress)
+        check_communication(check_device(results, progress), results, progress)
+    finally:
+        if progress:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps({"results": [asdict(r) for r in results]}, indent=2))
     else:
