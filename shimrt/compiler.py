@@ -34,7 +34,7 @@ from typing import Any, Iterable
 from . import backends, includes, kernels, targets, validate
 from . import cache as disk
 from .config import settings
-from .errors import UsageError
+from .errors import CompileError, UsageError
 from .program import Program
 from .targets import Target
 
@@ -69,9 +69,25 @@ def compile(source: str, target: "str | Target", *, options: Iterable[str] = (),
     cfg = settings()
     use_cache = cfg.cache_enabled if cache is None else cache
     job = _Job(backend, source, target, name, full, backend.version(), expressions)
-    program = job.cached(cfg.cache_dir) if use_cache else job.program(*backend.compile_source(*job.args))
+    try:
+        program = job.cached(cfg.cache_dir) if use_cache else job.program(*backend.compile_source(*job.args))
+    except CompileError as exc:
+        raise _said_of_expressions(exc, expressions) from None
     _warn_unreachable(source, program)
     return program
+
+
+def _said_of_expressions(exc: CompileError, expressions: tuple[str, ...]) -> CompileError:
+    """``exc`` with a first line naming the name expression the compiler could not read, where
+    its log says so (NVRTC compiles each in a pragma of its own, "__nv_name_map"); the log stays."""
+    if not expressions or "__nv_name_map" not in exc.log:
+        return exc
+    bad = [e for e in expressions if re.search(r"nv_mangled_name\s+" + re.escape(e) + r"\s*$", exc.log, re.M)]
+    first = next((line.split("error:", 1)[1].strip() for line in exc.log.splitlines() if "error:" in line), "")
+    shown = ", ".join(repr(e) for e in bad) if bad else "one of " + ", ".join(repr(e) for e in expressions)
+    return CompileError(f"name expression {shown} names no kernel the source can instantiate ({first}): "
+                        "write it as the kernel's C++ name with its template arguments, e.g. 'scale<float>'",
+                        log=exc.log, options=exc.options, name=exc.name)
 
 
 class _Job:

@@ -126,9 +126,12 @@ class Device(Owning):
             raise outcome[0]
 
     # --- compile and load ---
-    def compile(self, source: str, *, options: Iterable[str] = (), name: str = "kernel.cu") -> Program:
-        """``shimrt.compile`` for this device's own target."""
-        return compiler.compile(source, self.target, options=options, name=name)
+    def compile(self, source: str, *, options: Iterable[str] = (), name: str = "kernel.cu",
+                include_dirs: Any = None, cache: bool | None = None,
+                name_expressions: Iterable[str] = ()) -> Program:
+        """``shimrt.compile`` for this device's own target, with the same arguments."""
+        return compiler.compile(source, self.target, options=options, name=name, include_dirs=include_dirs,
+                                cache=cache, name_expressions=name_expressions)
 
     def load(self, program: Program) -> Module:
         """Load a compiled program; its kernels are ``module["name"]``."""

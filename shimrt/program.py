@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import validate
 from .errors import UsageError
@@ -57,6 +58,29 @@ class KernelResources:
         return cls(**{n: d[n] for n in names}, extra=dict(d.get("extra", {})))
 
 
+class Resources(dict):
+    """A program's kernel name -> :class:`KernelResources`, where a name expression given to
+    ``compile(..., name_expressions=...)`` (``"k<float>"``) finds its kernel too."""
+
+    def __init__(self, resources: dict, names: dict[str, str]):
+        super().__init__(resources)
+        self.names = dict(names)
+
+    def __missing__(self, name: Any) -> KernelResources:
+        if isinstance(name, str) and name in self.names:
+            return self[self.names[name]]
+        raise KeyError(name)
+
+    def get(self, name: Any, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or (isinstance(name, str) and name in self.names)
+
+
 @dataclass(frozen=True)
 class Program:
     """A compiled program: ``binary`` (CUBIN or AMDGPU code object) for exactly ``target``."""
@@ -96,6 +120,8 @@ class Program:
                 isinstance(k, str) and k and v in self.resources for k, v in self.names.items()):
             raise UsageError(f"Program.names must be a dict of name expression -> a kernel of the program, "
                              f"not {self.names!r:.200}")
+        # resources["k<float>"] finds a kernel by a name expression of the compile too
+        object.__setattr__(self, "resources", Resources(self.resources, self.names))
 
     @property
     def kernels(self) -> list[str]:
