@@ -1,5 +1,5 @@
 """One rank of tests/test_torch_groups.py's two-rank run (gloo, CPU): a DDP moved between process
-groups by shimrt.torch.groups.use, step by step, beside a plain DDP copy; prints what the test checks.
+groups by shimrt.torch.ddp.use, step by step, beside a plain DDP copy; prints what the test checks.
 
 Usage: python groups_ranks.py RANK PORT [--bucket-view]
 """
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from shimrt.torch.groups import moveable, use
+from shimrt.torch.ddp import moveable, use
 
 
 def model() -> torch.nn.Module:

@@ -21,7 +21,7 @@ def test_a_ddp_moved_between_groups_trains_as_plain_ddp_bit_for_bit(view, gloo_r
 def test_a_ddp_whose_all_reduces_cannot_move_is_said_why(gloo):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from shimrt.torch.groups import moveable
+    from shimrt.torch.ddp import moveable
     torch = gloo
     ddp = DDP(torch.nn.Linear(4, 4))
     assert moveable(ddp) is None
@@ -35,7 +35,7 @@ def test_a_ddp_whose_all_reduces_cannot_move_is_said_why(gloo):
 def test_use_leaves_a_ddp_already_on_the_group_as_it_is(gloo):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from shimrt.torch.groups import use
+    from shimrt.torch.ddp import use
     torch = gloo
     ddp = DDP(torch.nn.Linear(4, 4))
     group = ddp.process_group
@@ -98,7 +98,7 @@ def test_a_ddp_a_join_was_made_for_cannot_move_and_is_told_why(gloo):
     from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from shimrt.torch.groups import moveable
+    from shimrt.torch.ddp import moveable
     torch = gloo
     ddp = DDP(torch.nn.Linear(4, 4))
     assert moveable(ddp) is None

@@ -12,7 +12,7 @@ reducer's process group, so it follows the move. Refused, with the reason: a DDP
 comm hook, Python (``register_comm_hook``) or built-in (``_register_builtin_comm_hook``; its
 all-reduces run in the hook, out of a group's reach), one over another backend than NCCL, one
 whose parameters span devices, and, for any policy but ``ddp``, one whose all-reduces cannot move
-(:func:`shimrt.torch.groups.moveable`: no C++ reducer, delayed all-reduces, a ``Join`` made for
+(:func:`moveable`: no C++ reducer, delayed all-reduces, a ``Join`` made for
 it) or whose ranks are a sub-group of a device-bound world (:func:`shimrt.torch.groups.subgroup_refusal`).
 
 torch internals touched: ``DDP.reducer._update_process_group`` and ``DDP.process_group`` (the
@@ -27,7 +27,6 @@ from typing import Any
 
 from .. import validate
 from ..errors import UsageError
-from . import groups as pgs
 
 
 class Ddp:
@@ -42,11 +41,11 @@ class Ddp:
         self.ddp, self.group = ddp, ddp.process_group
 
     def moveable(self) -> str | None:
-        return pgs.moveable(self.ddp)
+        return moveable(self.ddp)
 
     def use(self, group: Any, high: bool) -> None:
         # DDP's collectives run on ProcessGroupNCCL's own streams: the group's options carry ``high``.
-        pgs.use(self.ddp, group)
+        use(self.ddp, group)
 
     def before_step(self) -> None:
         pass
@@ -102,3 +101,33 @@ def hook_refusal(ddp: Any) -> str | None:
     if named and not getattr(ddp, "_comm_hooks", None):
         return f"a built-in comm hook ({named}, _register_builtin_comm_hook)"
     return None
+
+
+def moveable(ddp: Any) -> str | None:
+    """Why ``ddp``'s all-reduces cannot be moved to another process group now (None: they can)."""
+    reducer = getattr(ddp, "reducer", None)
+    if reducer is None or getattr(ddp, "_use_python_reducer", False):
+        return "it has no C++ reducer (torch.compile's Python reducer, or every all-reduce delayed)"
+    if not hasattr(reducer, "_update_process_group"):
+        return "this torch's reducer cannot change its process group (Reducer._update_process_group)"
+    if getattr(ddp, "_delay_all_reduce_params", None):
+        return "its delay_all_reduce_named_params (those all-reduces run outside the reducer)"
+    if getattr(getattr(ddp, "_join_config", None), "enable", False):
+        # torch's Join keeps the group it found when made, for its joined ranks' shadow all-reduces,
+        # while the others follow the DDP's: a move inside its block leaves them waiting on two
+        # groups. DDP keeps Join's config after the block, so a Join made at all counts.
+        return ("a torch.distributed.algorithms.Join was made for it (Join keeps the process group it found; "
+                "moving the DDP inside its block hangs the ranks that ran out of inputs); make the Join after "
+                "auto has decided (ov.report()['policy'] is not None), or use a fixed policy")
+    return None
+
+
+def use(ddp: Any, group: Any) -> None:
+    """Make ``group`` the process group of ``ddp`` and of its reducer. Call it between steps, on
+    every rank at the same step. Unlike ``DDP._update_process_group`` the reducer's state is kept:
+    the ranks are the same, so its buckets and their order still hold, and no rebuild (with its
+    host synchronisation) falls into the next step."""
+    if ddp.process_group is group:
+        return
+    ddp.reducer._update_process_group(group)
+    ddp.process_group = group

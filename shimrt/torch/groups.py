@@ -1,5 +1,7 @@
-"""The communication side of a policy under DDP: process groups of torch's own ProcessGroupNCCL,
-made with the policy's stream priority and NCCL channel count, and DDP moved between them.
+"""The communication side of a policy: process groups of torch's own ProcessGroupNCCL over the
+model's ranks, made with the policy's stream priority and NCCL channel count, for DDP and FSDP2
+alike (their adapters, :mod:`shimrt.torch.ddp` and :mod:`shimrt.torch.fsdp`, move the model's
+collectives onto them).
 
 DDP's reducer all-reduces each bucket through ``ddp.process_group``, from C++, with no Python
 on its path. A comm hook puts Python, a CUDA future and a second GIL acquisition on that path
@@ -8,8 +10,8 @@ on a step bound by the host it cost 15 ms of a 36 ms step (``docs/ddp.md``). So 
 communication is not a hook but a process group over the same ranks whose options carry it:
 ``is_high_priority_stream`` (NCCL's kernels on a stream of the greatest priority) and NCCL's
 ``min_ctas``/``max_ctas`` (its channels, one block each, on the SMs a policy keeps for it).
-:func:`use` points the DDP's reducer at one of them between two steps; the buckets, their
-order and their memory stay as they are.
+:func:`shimrt.torch.ddp.use` points the DDP's reducer at one of them between two steps; the
+buckets, their order and their memory stay as they are.
 """
 
 from __future__ import annotations
@@ -23,36 +25,6 @@ from ..stream import PRIORITIES
 
 #: A group's options, as (stream priority, NCCL channels or None for NCCL's own choice).
 Key = tuple[str, "int | None"]
-
-
-def moveable(ddp: Any) -> str | None:
-    """Why ``ddp``'s all-reduces cannot be moved to another process group now (None: they can)."""
-    reducer = getattr(ddp, "reducer", None)
-    if reducer is None or getattr(ddp, "_use_python_reducer", False):
-        return "it has no C++ reducer (torch.compile's Python reducer, or every all-reduce delayed)"
-    if not hasattr(reducer, "_update_process_group"):
-        return "this torch's reducer cannot change its process group (Reducer._update_process_group)"
-    if getattr(ddp, "_delay_all_reduce_params", None):
-        return "its delay_all_reduce_named_params (those all-reduces run outside the reducer)"
-    if getattr(getattr(ddp, "_join_config", None), "enable", False):
-        # torch's Join keeps the group it found when made, for its joined ranks' shadow all-reduces,
-        # while the others follow the DDP's: a move inside its block leaves them waiting on two
-        # groups. DDP keeps Join's config after the block, so a Join made at all counts.
-        return ("a torch.distributed.algorithms.Join was made for it (Join keeps the process group it found; "
-                "moving the DDP inside its block hangs the ranks that ran out of inputs); make the Join after "
-                "auto has decided (ov.report()['policy'] is not None), or use a fixed policy")
-    return None
-
-
-def use(ddp: Any, group: Any) -> None:
-    """Make ``group`` the process group of ``ddp`` and of its reducer. Call it between steps, on
-    every rank at the same step. Unlike ``DDP._update_process_group`` the reducer's state is kept:
-    the ranks are the same, so its buckets and their order still hold, and no rebuild (with its
-    host synchronisation) falls into the next step."""
-    if ddp.process_group is group:
-        return
-    ddp.reducer._update_process_group(group)
-    ddp.process_group = group
 
 
 def options(dist: Any, priority: str, ctas: int | None) -> Any:

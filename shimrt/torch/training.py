@@ -58,12 +58,11 @@ from typing import Any, Iterator, Protocol
 from .. import validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
-from . import groups as pgs
-from . import policies as vocabulary
 from .cost import HostCost, now
+from .groups import Groups, subgroup_refusal
 from .interop import require_torch, sm_carveout
 from .interop import stream as torch_stream
-from .policies import Policy
+from .policies import KINDS, Auto, Policy, candidates, parse
 from .resources import Resources
 from .trials import Trials
 
@@ -140,31 +139,31 @@ class Overlap:
         self._torch, self._dist = torch, dist
         # The plain arguments first (no GPU, no collective), then the DDP.
         timeout = CommOptions(timeout=timeout).timeout
-        if not isinstance(policy, (str, Policy, vocabulary.Auto)):  # before any comparison: numpy compares elementwise
+        if not isinstance(policy, (str, Policy, Auto)):  # before any comparison: numpy compares elementwise
             raise UsageError(f"policy must be 'auto', an Auto, a policy's name or a Policy, not "
                              f"{validate.shown(policy)}")
-        policy = policy if isinstance(policy, (Policy, vocabulary.Auto)) else str(policy)
-        auto = vocabulary.Auto() if policy == "auto" else policy if isinstance(policy, vocabulary.Auto) else None
+        policy = policy if isinstance(policy, (Policy, Auto)) else str(policy)
+        auto = Auto() if policy == "auto" else policy if isinstance(policy, Auto) else None
         named = None
         if auto is not None:
             policy = "auto"
         else:
             # The name's own checks; its channels are sized once the ranks are known.
-            named = vocabulary.parse(policy)
+            named = parse(policy)
             if not named.overlap:
                 raise UsageError(f"policy {named.name!r} reduces after backward, which DDP and FSDP2 do not do; "
                                  "the no-overlap reference is 'ddp' (the plain job)")
         self.model = wrap(model)
         self.group = self.model.group
         if (named is None or named.comm != "torch") and \
-                (why := self.model.moveable() or pgs.subgroup_refusal(dist, self.group)):
+                (why := self.model.moveable() or subgroup_refusal(dist, self.group)):
             raise UsageError(f"policy {policy!r} moves this {self.model.kind}'s collectives to process groups of its "
                              f"own, and they cannot move: {why}; policy='ddp' leaves the {self.model.kind} as it is")
         self.rank, self.size = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.torch_device = torch.device("cuda", self.model.index)
         self.device = Device(self.model.index)
         self.ranks_per_gpu = self._ranks_per_gpu()
-        self._groups = pgs.Groups(dist, self.group, timeout, device=self.torch_device)
+        self._groups = Groups(dist, self.group, timeout, device=self.torch_device)
         self.resources = Resources(self.device, keep_partitions=True)
         self.dropped: dict[str, str] = {}
         self.cost = HostCost()
@@ -178,12 +177,12 @@ class Overlap:
         try:
             if auto is not None:
                 # low-priority under DDP would be plain DDP's own streams and channels again.
-                kinds = [k for k in vocabulary.KINDS if k not in ("sequential", "auto", "low-priority")]
-                candidates = self._usable(vocabulary.candidates(auto.sms, self.ranks_per_gpu, kinds))
-                self.auto, self.trials = True, Trials(candidates, steps=auto.trial_steps, margin=auto.margin,
+                kinds = [k for k in KINDS if k not in ("sequential", "auto", "low-priority")]
+                usable = self._usable(candidates(auto.sms, self.ranks_per_gpu, kinds))
+                self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
                                                       reference="ddp", check=auto.check_steps, lead=LEAD_STEPS)
             else:
-                fixed = vocabulary.parse(policy, self.ranks_per_gpu)
+                fixed = parse(policy, self.ranks_per_gpu)
                 if self._usable([fixed]) == []:
                     raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
                 self.auto, self.trials = False, Trials.settled(fixed)
