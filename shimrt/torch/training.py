@@ -42,7 +42,7 @@ job: torch's NCCL watchdog, after the group's timeout. For a loop without DDP or
 :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
 same policies through shimrt's own Communicators.
 
-About 400 lines: the step, auto's trials and the policies' process groups are one state machine
+About 440 lines: the step, auto's trials and the policies' process groups are one state machine
 (each step reads what the others set), kept in one class; the policies' device resources are
 :mod:`shimrt.torch.resources`'s.
 """
