@@ -115,3 +115,17 @@ def test_groups_over_the_whole_world_are_made_by_every_rank_and_a_world_group_is
     groups = Groups(dist, dist.group.WORLD, 5)
     assert groups.local is False and groups.ranks == [0] and groups.device is None
     assert groups.report() == {"made_mib": {}, "alive_mib": 0.0, "alive": 0}
+
+
+def test_both_adapters_refuse_alike_a_model_off_one_cuda_device_and_a_group_not_nccls(gloo):
+    import torch.distributed as dist
+
+    from shimrt.torch.groups import one_cuda_device, require_nccl
+    torch = gloo
+    with pytest.raises(UsageError, match=r"needs every parameter on one CUDA device .*not on \['cpu'\]"):
+        one_cuda_device({torch.device("cpu")}, "every parameter")
+    with pytest.raises(UsageError, match=r"needs FSDP2 on one CUDA device .*\['cuda:0', 'cuda:1'\]"):
+        one_cuda_device({torch.device("cuda", 0), torch.device("cuda", 1)}, "FSDP2")
+    assert one_cuda_device({torch.device("cuda", 3)}, "x") == 3
+    with pytest.raises(UsageError, match=r"needs FSDP2 over NCCL \(its process group's backend is 'gloo'\)"):
+        require_nccl(dist, dist.group.WORLD, "FSDP2")

@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import validate
 from ..errors import UsageError
+from .groups import one_cuda_device, require_nccl
 
 
 class Ddp:
@@ -64,21 +65,12 @@ def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:
     """The CUDA device index of ``ddp``'s parameters; UsageError for what overlap() cannot take."""
     if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
         raise UsageError(f"overlap() takes a torch.nn.parallel.DistributedDataParallel, not {validate.shown(ddp)}")
-    if not dist.is_initialized():
-        raise UsageError("torch.distributed is not initialised: call torch.distributed.init_process_group first")
-    backend = str(dist.get_backend(ddp.process_group)).lower()
-    if "nccl" not in backend:
-        raise UsageError(f"overlap() needs a DDP over NCCL (its process group's backend is {backend!r}): the "
-                         "policies' process groups are NCCL's; init_process_group('nccl')")
+    require_nccl(dist, ddp.process_group, "a DDP")
     why = hook_refusal(ddp)
     if why:
         raise UsageError(f"this DDP has {why}: its all-reduces run in the hook, where a policy's process group "
                          "does not reach; overlap() needs a DDP without one")
-    devices = {p.device for p in ddp.module.parameters()}
-    if len(devices) != 1 or next(iter(devices)).type != "cuda":
-        raise UsageError(f"overlap() needs every parameter on one CUDA device (one process per GPU), not on "
-                         f"{sorted(map(str, devices))}")
-    index = next(iter(devices)).index
+    index = one_cuda_device({p.device for p in ddp.module.parameters()}, "every parameter")
     if ddp.device_ids and list(ddp.device_ids) != [index]:
         raise UsageError(f"the DDP's device_ids {ddp.device_ids} must be its parameters' device, [{index}]")
     return index

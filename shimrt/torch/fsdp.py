@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import validate
 from ..errors import UsageError
+from .groups import one_cuda_device, require_nccl
 
 
 def is_fsdp(model: Any) -> bool:
@@ -83,22 +84,15 @@ class Fsdp:
     def __init__(self, model: Any):
         import torch
         import torch.distributed as dist
-        if not dist.is_initialized():
+        if not dist.is_initialized():  # before the groups are read (require_nccl says it again)
             raise UsageError("torch.distributed is not initialised: call torch.distributed.init_process_group first")
         self.model = model
         self.groups = param_groups(model)
         if not self.groups:
             raise UsageError("this FSDP2 module has no parameters to shard (fully_shard its submodules or itself)")
         self.group = self.groups[0].mesh_info.shard_process_group
-        backend = str(dist.get_backend(self.group)).lower()
-        if "nccl" not in backend:
-            raise UsageError(f"overlap() needs FSDP2 over NCCL (its shard group's backend is {backend!r}): the "
-                             "policies' process groups are NCCL's")
-        devices = {g.device for g in self.groups}
-        if len(devices) != 1 or next(iter(devices)).type != "cuda":
-            raise UsageError(f"overlap() needs every FSDP2 group on one CUDA device, not on "
-                             f"{sorted(map(str, devices))}")
-        self.index = next(iter(devices)).index
+        require_nccl(dist, self.group, "FSDP2")
+        self.index = one_cuda_device({g.device for g in self.groups}, "every FSDP2 group")
         ranks = dist.get_process_group_ranks(self.group)
         for g in self.groups:
             if dist.get_process_group_ranks(g.mesh_info.shard_process_group) != ranks:

@@ -46,6 +46,26 @@ def options(dist: Any, priority: str, ctas: int | None) -> Any:
     return made
 
 
+def require_nccl(dist: Any, group: Any, what: str) -> None:
+    """UsageError unless torch.distributed is up and ``group`` (``what``'s, e.g. "a DDP") is NCCL's:
+    a policy's groups are ProcessGroupNCCL over the same ranks. Both adapters' first refusals."""
+    if not dist.is_initialized():
+        raise UsageError("torch.distributed is not initialised: call torch.distributed.init_process_group first")
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" not in backend:
+        raise UsageError(f"overlap() needs {what} over NCCL (its process group's backend is {backend!r}): the "
+                         "policies' process groups are NCCL's; init_process_group('nccl')")
+
+
+def one_cuda_device(devices: set, what: str) -> int:
+    """The index of the one CUDA device in ``devices`` (where ``what`` lives); UsageError for
+    several, or for one that is not CUDA's (one process per GPU)."""
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        raise UsageError(f"overlap() needs {what} on one CUDA device (one process per GPU), not on "
+                         f"{sorted(map(str, devices))}")
+    return next(iter(devices)).index
+
+
 def subgroup_refusal(dist: Any, group: Any) -> str | None:
     """Why policy groups cannot be made over the ranks of ``group`` (None: they can). A group
     over some ranks of the world is made by splitting the default group's NCCL communicator when
