@@ -17,6 +17,11 @@ Refused, with the reason: an HSDP (2-D) mesh, CPU offload, ``reshard_after_forwa
 post-forward mesh is another group's), and a torch whose FSDP2 keeps its groups elsewhere.
 ``windowed-carveout`` is not offered: FSDP2 sets its sharded gradients itself, after the
 reduce-scatter, so no gradient hook marks the window's start.
+
+torch internals touched: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_group`` (torch
+2.11) or ``_fsdp_param_groups``; each group's ``mesh_info.shard_process_group`` (the move),
+``_reduce_scatter_process_group``, ``post_forward_mesh_info``, ``fsdp_params[i].offload_to_cpu``,
+``reduce_grads`` and ``comm_ctx.all_gather_stream``/``reduce_scatter_stream`` (the streams).
 """
 
 from __future__ import annotations
