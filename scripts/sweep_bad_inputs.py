@@ -386,7 +386,7 @@ def cases() -> list[Case]:
             "from shimrt.torch.model import ModelSize; ModelSize(width=10**30, heads=16)"),
         api("ModelSize weights 'fp8'", "weights", "from shimrt.torch.model import ModelSize; ModelSize(weights='fp8')"),
         api("compute_context not a Policy", "policy",
-            "from shimrt.torch.step import compute_context\nwith compute_context('sequential'): pass"),
+            "from shimrt.torch.resources import compute_context\nwith compute_context('sequential'): pass"),
     ]
     # the overlap planner and specs
     problem = ("from shimrt import targets; from shimrt.occupancy import NCCL_2_28_SM90\n"

@@ -378,7 +378,8 @@ def test_the_trainer_refuses_a_learning_rate_that_is_none(lr):
 
 def test_the_trainer_and_compute_context_check_what_they_take():
     from shimrt.bench.torch_trainer import Trainer
-    from shimrt.torch.step import GradientBuckets, compute_context
+    from shimrt.torch.resources import compute_context
+    from shimrt.torch.step import GradientBuckets
     torch, model = _model()
     with pytest.raises(UsageError, match="buckets must be a GradientBuckets, not None"):
         Trainer(model, (torch.ones(2, 4),), None)

@@ -1,6 +1,8 @@
-"""The device resources a policy's compute side needs, made on first use and held for a run: SM
-partitions (torch's compute on a stream of all but K SMs, :class:`~shimrt.torch.policies.Partition`)
-and Interposers (every kernel capped at N blocks per SM, :class:`~shimrt.torch.policies.Shaping`).
+"""A policy's compute side: the device resources it needs, made on first use and held for a run
+(SM partitions, torch's compute on a stream of all but K SMs, :class:`~shimrt.torch.policies.Partition`;
+Interposers, every kernel capped at N blocks per SM, :class:`~shimrt.torch.policies.Shaping`), and
+:func:`compute_context`, torch's compute as the policy shapes it with them (or with cuBLAS's
+carveout, :class:`~shimrt.torch.policies.Carveout`).
 One object serves :func:`shimrt.torch.overlap` and ``bench torch``; they differ only in whether
 the partitions outlive it (``keep_partitions``).
 
@@ -14,15 +16,18 @@ of its run, when its models are gone.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Collection, ContextManager
+from typing import TYPE_CHECKING, Callable, Collection, ContextManager, Iterator
 
+from .. import validate
 from ..device import Device, Partition
+from ..errors import UsageError
 from ..lifetime import close_each
 from ..stream import Stream
 from .interop import sm_carveout
+from .interop import stream as torch_stream
 from .policies import Policy
-from .step import compute_context
 
 if TYPE_CHECKING:
     from ..overlap.interpose import Interposer
@@ -100,7 +105,7 @@ class Resources:
         return self.partition(policy.partition).stream if policy.partition is not None else None
 
     def context(self, policy: Policy) -> ContextManager[None]:
-        """torch's compute as ``policy`` shapes it (:func:`~shimrt.torch.step.compute_context`)
+        """torch's compute as ``policy`` shapes it (:func:`compute_context`)
         with this run's partition and Interposer."""
         return compute_context(policy, self.interposer(policy.cap) if policy.cap is not None else None,
                                self.stream_of(policy))
@@ -136,3 +141,27 @@ class Resources:
             self.close_interposers()
         finally:
             close_each(parts)
+
+
+@contextlib.contextmanager
+def compute_context(policy: Policy, interposer: Interposer | None = None,
+                    partition_stream: Stream | None = None) -> Iterator[None]:
+    """torch's compute as ``policy`` shapes it: on ``partition_stream`` (a shimrt Stream of an SM
+    partition), with cuBLAS's carveout, or inside ``interposer``'s block."""
+    if not isinstance(policy, Policy):
+        raise UsageError(f"policy must be a Policy, not {validate.shown(policy)}")
+    import torch
+
+    from .interop import sm_carveout
+    with contextlib.ExitStack() as stack:
+        if policy.partition is not None:
+            if partition_stream is None:
+                raise UsageError(f"policy {policy.name!r} needs the partition's stream")
+            stack.enter_context(torch.cuda.stream(torch_stream(partition_stream)))
+        if policy.carveout is not None and not policy.window:  # a window's is held by NcclBuckets(beside=)
+            stack.enter_context(sm_carveout(policy.carveout))
+        if policy.cap is not None:
+            if interposer is None:
+                raise UsageError(f"policy {policy.name!r} needs an Interposer")
+            stack.enter_context(interposer)
+        yield

@@ -11,24 +11,22 @@
   are peers that add zeros, so rank 0's gradients come out bit for bit as they went in.
 
 Buckets and their all-reduces live together: each is the other's one user (bench torch's
-:class:`~shimrt.bench.torch_trainer.Trainer` drives them); :func:`compute_context` is a policy's
-compute side, under DDP and FSDP2 too.
+:class:`~shimrt.bench.torch_trainer.Trainer` drives them); a policy's compute side is
+:func:`shimrt.torch.resources.compute_context`, here as under DDP and FSDP2.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from .. import nccl, validate
 from ..errors import UsageError
 from ..stream import PRIORITIES
 from .interop import stream as torch_stream
-from .policies import Policy
 
 if TYPE_CHECKING:
-    from ..overlap.interpose import Interposer
-    from ..stream import Stream
+    pass
 
 
 class GradientBuckets:
@@ -207,27 +205,3 @@ class NcclBuckets:
             s.synchronize(timeout)
             s.close()
         self.calls = []
-
-
-@contextlib.contextmanager
-def compute_context(policy: Policy, interposer: Interposer | None = None,
-                    partition_stream: Stream | None = None) -> Iterator[None]:
-    """torch's compute as ``policy`` shapes it: on ``partition_stream`` (a shimrt Stream of an SM
-    partition), with cuBLAS's carveout, or inside ``interposer``'s block."""
-    if not isinstance(policy, Policy):
-        raise UsageError(f"policy must be a Policy, not {validate.shown(policy)}")
-    import torch
-
-    from .interop import sm_carveout
-    with contextlib.ExitStack() as stack:
-        if policy.partition is not None:
-            if partition_stream is None:
-                raise UsageError(f"policy {policy.name!r} needs the partition's stream")
-            stack.enter_context(torch.cuda.stream(torch_stream(partition_stream)))
-        if policy.carveout is not None and not policy.window:  # a window's is held by NcclBuckets(beside=)
-            stack.enter_context(sm_carveout(policy.carveout))
-        if policy.cap is not None:
-            if interposer is None:
-                raise UsageError(f"policy {policy.name!r} needs an Interposer")
-            stack.enter_context(interposer)
-        yield

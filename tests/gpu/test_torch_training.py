@@ -102,7 +102,8 @@ def test_nccl_buckets_refuse_what_is_not_communicators_and_gradient_buckets(setu
 
 def test_a_step_on_a_partition_gives_the_same_loss(setup, partition16):
     from shimrt.torch.policies import Partition, Policy
-    from shimrt.torch.step import NcclBuckets, compute_context
+    from shimrt.torch.resources import compute_context
+    from shimrt.torch.step import NcclBuckets
     torch, comms, buckets, trainer = setup
     trainer.reset()
     want = trainer.step(None)
