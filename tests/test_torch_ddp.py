@@ -473,3 +473,17 @@ def test_the_check_decides_on_the_slowest_ranks_times():
     def agree(mine):  # another rank ran "a" at 11 ms in the check
         return [max(x, y) for x, y in zip(mine, [10.0, 11.0] if mine[0] > 1 else [0.0, 0.0], strict=True)]
     assert t.decide(agree).name == "ddp" and t.report()["check"]["means_ms"] == {"ddp": 10.0, "a": 11.0}
+
+
+def test_a_policy_of_ones_own_is_exported_and_taken_by_overlap(gloo):
+    """shimrt.torch exports Policy and its compute sides; overlap() takes one (here refused for the
+    model, a DDP over gloo, not for the policy)."""
+    import shimrt.torch
+    from shimrt.torch import policies
+    assert shimrt.torch.Policy is policies.Policy and shimrt.torch.Carveout is policies.Carveout
+    mine = shimrt.torch.Policy("mine", compute=shimrt.torch.Carveout(32, window=True), ctas=16)
+    assert mine.window and mine.describe() == ("high priority, cuBLAS leaves 32 SMs while all-reduces run, "
+                                               "NCCL 16 channels/rank")
+    ddp = gloo.nn.parallel.DistributedDataParallel(gloo.nn.Linear(4, 4))
+    with pytest.raises(UsageError, match="needs a DDP over NCCL"):
+        shimrt.torch.overlap(ddp, policy=mine)

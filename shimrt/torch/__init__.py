@@ -16,7 +16,8 @@ SM partitions, and cuBLAS told how many SMs to leave free.
   auto: the policy's process group (stream priority, NCCL channels) and its compute side
   (:mod:`shimrt.torch.training`, DDP's and FSDP2's adapters :mod:`shimrt.torch.ddp` and
   :mod:`shimrt.torch.fsdp`; the policies: :mod:`shimrt.torch.policies`); :class:`Auto`, auto's
-  options.
+  options; :class:`Policy` and its compute sides (:class:`Shaping`, :class:`Partition`,
+  :class:`Carveout`) for a policy of your own.
 
 torch is imported when a function is called, never at shimrt's import.
 """
@@ -24,7 +25,8 @@ torch is imported when a function is called, never at shimrt's import.
 from __future__ import annotations
 
 from .interop import process_group_options, sm_carveout, stream
-from .policies import Auto
+from .policies import Auto, Carveout, Partition, Policy, Shaping
 from .training import overlap
 
-__all__ = ["stream", "sm_carveout", "process_group_options", "overlap", "Auto"]
+__all__ = ["stream", "sm_carveout", "process_group_options", "overlap", "Auto", "Policy", "Shaping", "Partition",
+           "Carveout"]
