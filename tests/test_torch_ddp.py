@@ -11,7 +11,7 @@ from conftest import require_matplotlib
 
 from shimrt import UsageError
 from shimrt.torch import policies
-from shimrt.torch.step import Policy
+from shimrt.torch.policies import Policy
 from shimrt.torch.trials import Trials
 
 
