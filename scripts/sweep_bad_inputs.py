@@ -369,13 +369,13 @@ def cases() -> list[Case]:
         api("Policy name lone surrogate", "name", "from shimrt.torch.policies import Policy; Policy('p\\ud800')"),
         api("Policy name empty", "name", "from shimrt.torch.policies import Policy; Policy('')"),
         api("Trainer lr nan", "lr", MODEL + textwrap.dedent("""
-            from shimrt.torch.step import Trainer
+            from shimrt.bench.torch_trainer import Trainer
             Trainer(m, (torch.ones(2, 4),), GradientBuckets(m, 1 << 20), lr=float('nan'))""")),
         api("Trainer lr -1", "lr", MODEL + textwrap.dedent("""
-            from shimrt.torch.step import Trainer
+            from shimrt.bench.torch_trainer import Trainer
             Trainer(m, (torch.ones(2, 4),), GradientBuckets(m, 1 << 20), lr=-1.0)""")),
         api("Trainer buckets not GradientBuckets", "buckets", MODEL + textwrap.dedent("""
-            from shimrt.torch.step import Trainer
+            from shimrt.bench.torch_trainer import Trainer
             Trainer(m, (torch.ones(2, 4),), None)""")),
         api("sm_carveout 10**12", "sms", "import shimrt.torch as st\nwith st.sm_carveout(10**12): pass"),
         api("sm_carveout -1", "sms", "import shimrt.torch as st\nwith st.sm_carveout(-1): pass"),
@@ -383,8 +383,8 @@ def cases() -> list[Case]:
         api("process_group_options 'yes'", "high_priority",
             "import shimrt.torch as st; st.process_group_options('yes')"),
         api("ModelSize width 10**30", "width",
-            "from shimrt.torch.model import ModelSize; ModelSize(width=10**30, heads=16)"),
-        api("ModelSize weights 'fp8'", "weights", "from shimrt.torch.model import ModelSize; ModelSize(weights='fp8')"),
+            "from shimrt.bench.torch_model import ModelSize; ModelSize(width=10**30, heads=16)"),
+        api("ModelSize weights 'fp8'", "weights", "from shimrt.bench.torch_model import ModelSize; ModelSize(weights='fp8')"),
         api("compute_context not a Policy", "policy",
             "from shimrt.torch.resources import compute_context\nwith compute_context('sequential'): pass"),
     ]
