@@ -384,7 +384,8 @@ def cases() -> list[Case]:
             "import shimrt.torch as st; st.process_group_options('yes')"),
         api("ModelSize width 10**30", "width",
             "from shimrt.bench.torch_model import ModelSize; ModelSize(width=10**30, heads=16)"),
-        api("ModelSize weights 'fp8'", "weights", "from shimrt.bench.torch_model import ModelSize; ModelSize(weights='fp8')"),
+        api("ModelSize weights 'fp8'", "weights",
+            "from shimrt.bench.torch_model import ModelSize; ModelSize(weights='fp8')"),
         api("compute_context not a Policy", "policy",
             "from shimrt.torch.resources import compute_context\nwith compute_context('sequential'): pass"),
     ]
