@@ -89,8 +89,6 @@ class Fsdp:
     def __init__(self, model: Any):
         import torch
         import torch.distributed as dist
-        if not dist.is_initialized():  # before the groups are read (require_nccl says it again)
-            raise UsageError("torch.distributed is not initialised: call torch.distributed.init_process_group first")
         self.model = model
         self.groups = param_groups(model)
         if not self.groups:

@@ -151,8 +151,6 @@ def compute_context(policy: Policy, interposer: Interposer | None = None,
     if not isinstance(policy, Policy):
         raise UsageError(f"policy must be a Policy, not {validate.shown(policy)}")
     import torch
-
-    from .interop import sm_carveout
     with contextlib.ExitStack() as stack:
         if policy.partition is not None:
             if partition_stream is None:

@@ -18,15 +18,12 @@ Buckets and their all-reduces live together: each is the other's one user (bench
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager
 
 from .. import nccl, validate
 from ..errors import UsageError
 from ..stream import PRIORITIES
 from .interop import stream as torch_stream
-
-if TYPE_CHECKING:
-    pass
 
 
 class GradientBuckets:

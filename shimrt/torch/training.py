@@ -245,8 +245,12 @@ class Overlap:
         return self._groups.get((policy.priority, policy.ctas))
 
     def _use(self, policy: Policy) -> None:
-        """The model's collectives on ``policy``'s group (and streams) from the next step."""
+        """The model's collectives on ``policy``'s group (and streams) from the next step;
+        UsageError, before anything moves, where they cannot move now (a Join made since)."""
         group = self._group_of(policy)
+        if group is not self._current and (why := self.model.moveable()):
+            raise UsageError(f"auto would move this {self.model.kind}'s collectives to {policy.name}'s process "
+                             f"group, and they cannot move now: {why}")
         self.model.use(group, policy.comm != "torch" and policy.priority == "high")
         self._current = group
 
@@ -281,9 +285,6 @@ class Overlap:
         torch = self._torch
         current = torch.cuda.current_stream(self.torch_device)
         if timed:
-            if self._group_of(policy) is not self._current and (why := self.model.moveable()):
-                raise UsageError(f"auto's trials move this {self.model.kind}'s collectives between process groups, "
-                                 f"and they cannot move now: {why}")
             self._use(policy)  # between steps, at the same step on every rank
             # A no_sync() step reduces nothing: it does not count.
             synced = self.model.synced()
@@ -335,9 +336,6 @@ class Overlap:
             checking = self.trials.checking
             self._release([checking] if checking is not None else self.trials.final)
             return
-        if self._group_of(picked) is not self._current and (why := self.model.moveable()):
-            raise UsageError(f"auto kept {picked.name}, and this {self.model.kind}'s collectives cannot move to its "
-                             f"process group now: {why}")
         self._use(picked)
         self._release([picked])
         if self.rank == 0 and log.isEnabledFor(logging.INFO):

@@ -171,7 +171,9 @@ class Trials:
         return None
 
     def _end_check(self, agree: Agree | None) -> Any:
-        """The check's steps alone decide between the policy checked and the reference."""
+        """Keep the policy checked or the reference: the check's own means must show the policy
+        faster by the margin, and its trial and check steps together faster by the margin and the
+        noise (see the module's docstring)."""
         reference = str(self.reference)  # a check is scheduled only beside a reference
         pair = [self._named(reference), self.checking]
         means, errors = self._agreed(self.check_times, pair, agree)
