@@ -140,7 +140,8 @@ def test_bad_bench_torch_options_are_refused(capsys):
                          (["--steps", "0"], "--steps"), (["--local-ranks", "1"], "--local-ranks"),
                          (["--policies", "sequential,fast"], "--policies"), (["--timeout", "0"], "--timeout"),
                          (["--width", "32"], "--width"), (["--layers", "0"], "--layers"),
-                         (["--loss-every", "-1"], "--loss-every"), (["--optimizer", "adam"], "--optimizer")):
+                         (["--loss-every", "-1"], "--loss-every"), (["--optimizer", "adam"], "--optimizer"),
+                         (["--settle", "-1"], "--settle"), (["--settle", "x"], "--settle")):
         assert main(["torch", *argv]) == 2
         err = capsys.readouterr().err
         assert f"argument {needle}" in err and "Traceback" not in err
