@@ -1,10 +1,14 @@
 """A user's job that shimrt was not tuned for, under torchrun: plain DDP, then the same job with
 ``shimrt.torch.overlap(policy="auto")``, then plain DDP again, in one run (a check, not a test).
 
-The model is a convolutional network (residual blocks of 3x3 convolutions, cuDNN's kernels, not
-the transformers of bench torch), channels-last under bf16 autocast, SGD with momentum, the loss
-read every 10 steps; each phase is a fresh DDP of the same weights, ``--warmup`` steps (auto: its
-trials, then as many as remain), then ``--steps`` timed as a whole on the slowest rank.
+Two models, neither the bench's ``nn.TransformerEncoderLayer`` stack:
+- ``gpt`` (default): a decoder written out by hand as researchers write one (RMSNorm, causal
+  ``scaled_dot_product_attention``, a SwiGLU MLP, a tied embedding), AdamW;
+- ``cnn``: residual blocks of 3x3 convolutions with BatchNorm (cuDNN's kernels, DDP's buffer
+  broadcast every forward), channels-last, SGD with momentum.
+Both under bf16 autocast with the loss read every 10 steps. Each phase is a fresh DDP of the same
+weights, ``--warmup`` steps (auto: its trials, then as many as remain), then ``--steps`` timed as a
+whole on the slowest rank.
 
     torchrun --standalone --nproc-per-node 2 scripts/own_model.py --steps 60
 """
@@ -36,18 +40,49 @@ class Block(nn.Module):
         return torch.relu(x + self.nb(self.b(torch.relu(self.na(self.a(x))))))
 
 
-def net(width: int, blocks: int, classes: int = 1000) -> nn.Module:
+def cnn(width: int, blocks: int, classes: int = 1000) -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
                          *[Block(width) for _ in range(blocks)], nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(width, classes))
 
 
+class Decoder(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads, hidden = heads, 8 * d // 3
+        self.n1, self.n2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.qkv, self.out = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.gate_up, self.down = nn.Linear(d, 2 * hidden, bias=False), nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.n1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        gate, up = self.gate_up(self.n2(x)).chunk(2, dim=-1)
+        return x + self.down(nn.functional.silu(gate) * up)
+
+
+class Gpt(nn.Module):
+    def __init__(self, d: int, layers: int, heads: int, vocab: int = 32000):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.Sequential(*[Decoder(d, heads) for _ in range(layers)])
+        self.norm = nn.RMSNorm(d)
+
+    def forward(self, tokens):
+        return self.norm(self.blocks(self.embed(tokens))) @ self.embed.weight.t()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--blocks", type=int, default=16)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--image", type=int, default=32)
+    p.add_argument("--model", choices=("gpt", "cnn"), default="gpt")
+    p.add_argument("--width", type=int, default=1024, help="gpt: model width; cnn: channels")
+    p.add_argument("--blocks", type=int, default=12, help="decoder layers or residual blocks")
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=1024, help="gpt: tokens per sequence")
+    p.add_argument("--image", type=int, default=32, help="cnn: image side")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--json", default=None)
@@ -55,22 +90,31 @@ def main() -> None:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local % torch.cuda.device_count())  # two ranks on one GPU: both on 0
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=90))
     rank = dist.get_rank()
     g = torch.Generator().manual_seed(1 + rank)
-    x = torch.randn(args.batch, 3, args.image, args.image, generator=g).to(device, memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (args.batch,), generator=g).to(device)
+    if args.model == "gpt":
+        x = torch.randint(0, 32000, (args.batch, args.seq + 1), generator=g).to(device)
+        x, y = x[:, :-1], x[:, 1:].reshape(-1)
+        make = lambda: Gpt(args.width, args.blocks, args.heads).to(device)  # noqa: E731
+        optimizer = lambda params: torch.optim.AdamW(params, lr=1e-4, fused=True)  # noqa: E731
+    else:
+        shape = (args.batch, 3, args.image, args.image)
+        x = torch.randn(shape, generator=g).to(device, memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (args.batch,), generator=g).to(device)
+        make = lambda: cnn(args.width, args.blocks).to(device, memory_format=torch.channels_last)  # noqa: E731
+        optimizer = lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9)  # noqa: E731
 
     def phase(name: str, policy: str | None) -> dict:
         torch.manual_seed(0)
-        model = DDP(net(args.width, args.blocks).to(device, memory_format=torch.channels_last), device_ids=[device])
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        model = DDP(make(), device_ids=[device])
+        opt = optimizer(model.parameters())
         ov = shimrt.torch.overlap(model, policy=policy) if policy else None
 
         def step(i: int) -> None:
             with ov.step() if ov is not None else contextlib.nullcontext():
                 with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = nn.functional.cross_entropy(model(x), y)
+                    loss = nn.functional.cross_entropy(model(x).reshape(y.numel(), -1), y)
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=False)
