@@ -284,10 +284,10 @@ class Communicator:
             enqueue(calls, q)
             return None
         run(q)
-        return self._work(q.stream, name) if async_op else None
+        return self._work(q.stream, name, send if recv is None else recv) if async_op else None
 
-    def _work(self, stream: Any, what: str) -> Work:
-        return Work(self, self.device.event(timing=False).record(stream), stream, what)
+    def _work(self, stream: Any, what: str, output: Any = None) -> Work:
+        return Work(self, self.device.event(timing=False).record(stream), stream, what, output)
 
     def prepare(self, name: str, send: Any, recv: Any = None, *, op: Any = None, root: int | None = None,
                 peer: int | None = None, stream: Any = None) -> PreparedCall:
@@ -349,7 +349,7 @@ class Communicator:
             inner = open_calls()
             for q in calls:
                 enqueue(inner if inner is not None else [], q)
-        return self._work(calls[0].stream, "all_to_all") if async_op else None
+        return self._work(calls[0].stream, "all_to_all", recv) if async_op else None
 
     def barrier(self, timeout: Any = None) -> None:
         """Return once every rank has called it: a one-element all-reduce the host waits for, at

@@ -123,6 +123,13 @@ def waited(comm) -> list[str]:
     want = np.concatenate([xs[q][comm.rank * block:(comm.rank + 1) * block] for q in range(n)])
     assert np.array_equal(out.numpy(), want), "async all_to_all"
     done.append("async all_to_all")
+    fresh = comm.device.to_device(np.full(count, -99.0, np.float32))
+    work = comm.all_reduce(send, fresh, async_op=True)
+    future = work.get_future()
+    assert work.get_future() is future, "one future per Work"
+    assert future.result(timeout=60) is fresh, "the future's value is the output"
+    assert np.array_equal(fresh.numpy(), np.sum(stacked, axis=0).astype(np.float32)), "async all_reduce, future"
+    done.append("async all_reduce, future")
     for _ in range(3):
         comm.barrier(timeout=datetime.timedelta(seconds=30))
     done.append("barrier")
