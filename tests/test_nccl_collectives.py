@@ -368,3 +368,24 @@ def test_torch_reduce_ops_and_timedeltas_are_taken():
     assert timeout_seconds(datetime.timedelta(minutes=2)) == 120.0
     with pytest.raises(UsageError, match="timeout must be a finite positive number, not 0.0"):
         timeout_seconds(datetime.timedelta(0))
+
+
+# --- a packed call --------------------------------------------------------------------------------
+
+def test_a_packed_call_converts_once_and_reaches_nccl_as_the_prototyped_one_does(nccl):
+    """Library.packed: every argument of its C type (a pointer above 4 GiB kept whole, the enums
+    as C ints), the function bound without a prototype, and NCCL's own answer unchanged: on a
+    NULL communicator both the packed and the prototyped ncclAllReduce say ncclInvalidArgument."""
+    high = 0x7F12_3456_7000  # a device address above 32 bits: must not be cut to a C int
+    fn, args = nccl.packed("ncclAllReduce", (high, high, 2, 7, 0, ctypes.c_void_p(None), 0x5678))
+    assert fn.argtypes is None and fn.restype is ctypes.c_int
+    assert nccl.ncclAllReduce.argtypes is not None, "the prototyped function keeps its prototype"
+    assert [type(a) for a in args] == [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, int, int,
+                                       ctypes.c_void_p, ctypes.c_void_p]
+    assert args[0].value == high and args[2].value == 2 and args[6].value == 0x5678
+    assert fn(*args) == nccl.ncclAllReduce(high, high, 2, 7, 0, None, 0x5678) == 4  # ncclInvalidArgument
+    assert nccl.packed("ncclAllReduce", args)[0] is fn, "one bare function per name"
+    with pytest.raises(UsageError, match="ncclAllReduce takes 7 arguments, not 6"):
+        nccl.packed("ncclAllReduce", args[:6])
+    with pytest.raises(UsageError, match="is not an NCCL function shimrt binds"):
+        nccl.packed("ncclNoSuchCall", ())

@@ -7,7 +7,10 @@ communicator and stream:
   resolved, and a non-blocking communicator's ncclInProgress polled), and the same call made
   with ``comm.prepare("all_reduce", buf)`` (checked and packed once; each call checks that the
   communicator and buffer are alive);
-- direct: ``ncclAllReduce`` through ctypes with the arguments packed once, and the same poll;
+- direct: ``ncclAllReduce`` through ctypes with the arguments packed once, and the same poll,
+  called through its prototype (argtypes, as a ctypes binding declares it: the ratios' base) and
+  without one, its arguments already of their C types (ctypes' floor, as shimrt's prepared call
+  makes it);
 for a non-blocking and a blocking communicator, with one rank and, where this NCCL can put two
 ranks on one GPU (2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1) or there are two GPUs, with two ranks
 of this process in one group (``shimrt.nccl.group`` against ncclGroupStart/End); and
@@ -50,9 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=run)
 
 
-def _direct(comms: list, bufs: list) -> Callable[[], None]:
+def _direct(comms: list, bufs: list, bare: bool = False) -> Callable[[], None]:
     """The NCCL calls with everything packed once: one ncclAllReduce, or a group of one per rank,
-    then the poll a non-blocking communicator needs."""
+    then the poll a non-blocking communicator needs. Through the prototype, as a ctypes binding
+    declares it; ``bare``: the arguments of their C types and no prototype, ctypes' floor."""
     from ..nccl import library
     lib = comms[0].lib
     calls = [(ctypes.c_void_p(c.handle), ctypes.c_void_p(b.device_pointer), ctypes.c_void_p(c.stream.handle))
@@ -60,6 +64,10 @@ def _direct(comms: list, bufs: list) -> Callable[[], None]:
     state = ctypes.c_int()
     handles = [h for h, _, _ in calls]
     fn, get = lib.ncclAllReduce, lib.ncclCommGetAsyncError
+    count: int | ctypes.c_size_t = _COUNT
+    if bare:
+        fn, packed = lib.packed("ncclAllReduce", (None, None, _COUNT, 7, 0, None, None))
+        count = packed[2]
 
     def settle(result: int) -> None:
         if result == library.IN_PROGRESS:  # polled back to back, as a C caller would, for at most 60 s
@@ -75,12 +83,12 @@ def _direct(comms: list, bufs: list) -> Callable[[], None]:
 
     if len(calls) == 1:
         h, p, s = calls[0]
-        return lambda: settle(fn(p, p, _COUNT, 7, 0, h, s))
+        return lambda: settle(fn(p, p, count, 7, 0, h, s))
 
     def grouped() -> None:
         lib.ncclGroupStart()
         for h, p, s in calls:
-            fn(p, p, _COUNT, 7, 0, h, s)
+            fn(p, p, count, 7, 0, h, s)
         settle(lib.ncclGroupEnd())
     return grouped
 
@@ -196,6 +204,7 @@ def measure(dev: Device, calls: int = 200, batches: int = 50, torch_too: bool = 
             methods[f"{label}: shimrt"] = (_shimrt(comms, bufs), wait_all)
             methods[f"{label}: shimrt prepared"] = (_shimrt(comms, bufs, prepared=True), wait_all)
             methods[f"{label}: direct ctypes"] = (_direct(comms, bufs), wait_all)
+            methods[f"{label}: direct ctypes, no prototype"] = (_direct(comms, bufs, bare=True), wait_all)
         torch_setup = _torch(dev) if torch_too else None
         torch_version = None
         if torch_setup is not None:

@@ -39,7 +39,8 @@ class Queued:
     """One call, checked and packed: ``comm`` (its Communicator), ``stream`` (what the call runs
     on, as given) and ``stream_handle`` (its integer handle), ``name`` (the NCCL function's
     name), ``function`` (the bound C function), ``args`` (its C arguments) and ``handle`` (the
-    ncclComm_t among them, which must still be the communicator's when the call is made)."""
+    ncclComm_t among them, which must still be the communicator's when the call is made).
+    :meth:`pack` readies a call that is made again and again."""
 
     __slots__ = ("comm", "state", "stream", "stream_handle", "name", "function", "args", "handle", "what")
 
@@ -47,6 +48,12 @@ class Queued:
                  handle: Any, what: str):
         self.comm, self.state, self.stream, self.stream_handle = comm, comm.state, stream, stream_handle
         self.name, self.function, self.args, self.handle, self.what = name, comm.lib.function(name), args, handle, what
+
+    def pack(self) -> None:
+        """Convert the arguments to their C types once, and call the function bound without a
+        prototype (:meth:`Library.packed`): for a call made again and again, which then costs
+        the host no conversion per call."""
+        self.function, self.args = self.comm.lib.packed(self.name, self.args)
 
 
 def bounded(call: Callable[[], Any], name: str, timeout: float, hint: str = "") -> Any:

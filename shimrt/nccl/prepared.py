@@ -45,6 +45,7 @@ class PreparedCall:
         self._first: Any = held[0] if len(held) <= 2 else _AllOf(held)
         self._last: Any = held[-1] if len(held) <= 2 else _ALWAYS
         self._stream = stream if hasattr(stream, "closed") else _ALWAYS
+        queued.pack()
         self.queued = queued
 
     def live(self) -> bool:
