@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|own]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
-#   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps); all: every part but latency and
-#   ddp (which nccl includes).
+#   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps); own: a model of a user's own
+#   (scripts/own_model.py, OWN_ARGS its flags) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
+#   all: every part but latency, ddp (which nccl includes) and own.
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl|latency|ddp) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency|ddp|own) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|own]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -49,7 +50,7 @@ if [ "$part" = all ] || [ "$part" = benches ]; then
             "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json" \
             "shimrt.bench host-cost --timeout 240 --json $OUT/host_cost.json")
 fi
-if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ]; then
+if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
     # Latency against torch.distributed, 8 B to 256 MiB, blocking and non-blocking communicators: two processes
     # on the GPU under MPS (the launcher's own daemon), and two ranks in one process.
@@ -71,6 +72,7 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;
+      own) steps=() ;;
       *) steps+=("${latency_steps[@]}" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
             "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
@@ -81,6 +83,20 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
   else
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
   fi
+fi
+# torchrun and MPS as a user starts them by hand; every rank bounded (the script's group timeout, then timeout).
+if [ "$part" = own ] && [ -n "${mpsflag+set}" ]; then
+  control=$(python3 -c "from shimrt.launch import mps; print(mps.find_control())")
+  mpsdir=$(mktemp -d /tmp/own-mps.XXXXXX)
+  export CUDA_MPS_PIPE_DIRECTORY=$mpsdir/pipe CUDA_MPS_LOG_DIRECTORY=$mpsdir/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  [ -n "$mpsflag" ] && "$control" -d
+  echo "== torchrun scripts/own_model.py ${OWN_ARGS:-}" | tee -a "$summary"
+  timeout -k 10 ${OWN_TIMEOUT:-500} python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+    scripts/own_model.py --json "$OUT/own_model.json" ${OWN_ARGS:-} 2>&1 | tee -a "$summary" || fail own_model
+  [ -n "$mpsflag" ] && { echo quit | "$control"; sleep 1; }
+  rm -rf "$mpsdir"
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 fi
 for step in ${steps[@]+"${steps[@]}"}; do
   echo "== python -m $step" | tee -a "$summary"
