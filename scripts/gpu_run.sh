@@ -68,7 +68,7 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
             "shimrt.bench collectives $lat --json $OUT/latency_2ranks.json" \
             "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json")
     ddp_steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 300 examples/ddp_overlap.py --policy auto --compare" \
-            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 590 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 570 --json $OUT/torch_ddp.json --plots $OUT")
+            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 590 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 570 --json $OUT/torch_ddp.json --plots $OUT/plots")
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;
@@ -76,13 +76,20 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
       *) steps+=("${latency_steps[@]}" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
             "shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_nccl.json" \
-            "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT" \
+            "shimrt.bench torch --quiet --timeout 300 --json $OUT/torch.json --plots $OUT/plots" \
             "${ddp_steps[@]}") ;;
     esac
     export MASTER_ADDR=localhost MASTER_PORT=29512  # torch.distributed's rendezvous for one process per rank
   else
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
   fi
+fi
+# The GPU's clocks, power and throttle reasons, 4 a second, beside the DDP runs (plain DDP runs at two speeds;
+# python scripts/clocks_by_way.py OUT/torch_ddp.json OUT/gpu_clocks.csv says which ran at which clock).
+if [ "$part" = ddp ] || [ "$part" = own ]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,nounits -lms 250 > "$OUT/gpu_clocks.csv" 2>&1 &
+  sampler=$!
 fi
 # torchrun and MPS as a user starts them by hand; every rank bounded (the script's group timeout, then timeout).
 if [ "$part" = own ] && [ -n "${mpsflag+set}" ]; then
@@ -102,6 +109,9 @@ for step in ${steps[@]+"${steps[@]}"}; do
   echo "== python -m $step" | tee -a "$summary"
   python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || fail "$step"
 done
+[ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
+# The device tool brings back at most 8 files: the plots come as one tar.
+if [ -d "$OUT/plots" ]; then tar -C "$OUT" -cf "$OUT/plots.tar" plots && rm -rf "$OUT/plots"; fi
 # Nothing of --mps may outlive the run: no daemon, no private folder.
 python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob('/tmp/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up"
 for f in ${failed[@]+"${failed[@]}"}; do echo "FAILED: $f" | tee -a "$summary"; done

@@ -197,6 +197,7 @@ def save_png(figure, path) -> Path:
 
     FigureCanvasAgg(figure)
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # --plots may name a folder not made yet
     figure.savefig(path, dpi=DPI, format="png")
     return path
 

@@ -44,6 +44,7 @@ import datetime
 import gc
 import math
 import statistics
+import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
@@ -184,7 +185,9 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 entry.update(trial_steps=trials, trials=ov.report()["trials"])
             settle = max(0, args.settle - trials)
             entry["untimed_steps"] = trials + settle + args.warmup
+            began = time.time()
             ms, losses = _step_ms(torch, step, settle + args.warmup, args.steps)
+            entry["timed_between"] = (began, time.time())  # the host's clock: to match GPU clock samples
             if ov is not None:
                 report = ov.report()
                 entry.update(kept=report["policy"], choice=report["describe"], dropped=report["dropped"],
