@@ -154,6 +154,10 @@ def op_of(name: str, row: Collective, op: str | None) -> int | None:
         if op is not None:
             raise UsageError(f"{name} takes no op (it reduces nothing)")
         return None
+    if type(op) is str:  # the common case, shimrt's own names: one lookup
+        code = library.REDOPS.get(op)
+        if code is not None:
+            return code
     op = "sum" if op is None else _torch_op(op)
     code = library.REDOPS.get(op) if isinstance(op, str) else None  # str subclasses too (np.str_)
     if code is None:
@@ -182,6 +186,8 @@ def _torch_op(op: Any) -> Any:
 def rank_of(name: str, row: Collective, size: int, root: int | None, peer: int | None) -> int | None:
     """The root (default 0) or peer rank the collective takes, checked against ``size``; None
     for one that takes neither."""
+    if row.rank is None and root is None and peer is None:  # the common case: neither taken nor given
+        return None
     for kind, value in (("root", root), ("peer", peer)):
         if value is not None and row.rank != kind:
             raise UsageError(f"{name} takes no {kind}")

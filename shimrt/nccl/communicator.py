@@ -126,6 +126,7 @@ class Communicator:
         self.options = options or CommOptions()
         self._clique = bytes(uid)
         self.stream = device.stream("high")
+        self._own_handle = device.stream_handle(self.stream)  # the default stream of every call: read once
         self._barrier: Any = None  # barrier()'s one element, made on its first call
 
         def record(event: Event, stream: Any) -> None:
@@ -254,8 +255,10 @@ class Communicator:
         s, r = buffers_of(name, row, send, recv)
         datatype = datatype_of(s, name, row.buffers)
         count = count_of(name, row, s, r, self.size)
-        target = self._target(stream)
-        stream_handle = self.device.stream_handle(target)
+        if stream is None:
+            target, stream_handle = self.stream, self._own_handle
+        else:
+            target, stream_handle = stream, self.device.stream_handle(stream)
         handle = self.state.handle
         if not handle:
             raise self.state.dead()

@@ -47,7 +47,8 @@ class Queued:
     def __init__(self, comm: "Communicator", stream: Any, stream_handle: int, name: str, args: tuple,
                  handle: Any, what: str):
         self.comm, self.state, self.stream, self.stream_handle = comm, comm.state, stream, stream_handle
-        self.name, self.function, self.args, self.handle, self.what = name, comm.lib.function(name), args, handle, what
+        # ``name`` comes from the collectives' table, a TABLE name: read straight from the library
+        self.name, self.function, self.args, self.handle, self.what = name, getattr(comm.lib, name), args, handle, what
 
     def pack(self) -> None:
         """Convert the arguments to their C types once, and call the function bound without a
