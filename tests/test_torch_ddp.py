@@ -16,19 +16,48 @@ from shimrt.torch.trials import Trials
 
 
 @pytest.mark.parametrize("text, name, fields", [
-    ("ddp", "ddp", dict(comm="torch", ctas=None)),
-    ("priority", "priority", dict(priority="high", ctas=None)),
+    ("ddp", "ddp", dict(baseline="plain", plain=True, ctas=None)),
+    ("priority", "priority", dict(priority="high", ctas=None, baseline=None)),
     ("low-priority", "low-priority", dict(priority="low")),
     ("shaping:2", "shaping:2", dict(cap=2)),
-    ("partition:48", "partition:48", dict(partition=48, ctas=24)),
-    ("carveout:32", "carveout:32", dict(carveout=32, ctas=16, window=False)),
-    ("windowed-carveout:32", "windowed-carveout:32", dict(carveout=32, ctas=16, window=True)),
-    ("sequential", "sequential", dict(overlap=False)),
+    ("partition:48", "partition:48", dict(partition=48, ctas=None)),
+    ("carveout:32", "carveout:32", dict(carveout=32, window=False)),
+    ("windowed-carveout:32", "windowed-carveout:32", dict(carveout=32, window=True)),
+    ("sequential", "sequential", dict(baseline="sequential", sequential=True)),
 ])
 def test_a_policy_name_stands_for_one_policy(text, name, fields):
-    p = policies.parse(text, ranks_per_gpu=2)
+    p = policies.parse(text)
     assert p.name == name and all(getattr(p, k) == v for k, v in fields.items()), p
     assert policies.kind(p) == text.partition(":")[0]
+    assert policies.parse(p) is p, "a Policy is parsed once: as it is"
+
+
+@pytest.mark.parametrize("text, ranks, channels", [
+    ("partition:48", 2, 24), ("partition:48", 1, 48), ("carveout:32", 2, 16), ("windowed-carveout:32", 3, 10),
+    ("carveout:112", 1, 64), ("priority", 2, None), ("shaping:2", 2, None), ("ddp", 2, None),
+])
+def test_nccls_channels_follow_the_sms_kept_and_the_ranks_per_gpu(text, ranks, channels):
+    p = policies.parse(text)
+    assert p.channels(ranks) == channels
+    assert p.sized(ranks).ctas == channels and p.sized(ranks).name == p.name
+
+
+def test_a_users_own_policy_adapts_to_the_ranks_per_gpu_as_a_named_one_does():
+    mine = Policy("mine", compute=policies.Carveout(32, window=True))
+    assert mine.channels(2) == policies.parse("windowed-carveout:32").channels(2) == 16
+    held = Policy("held", compute=policies.Partition(48), ctas=4)  # channels given: kept as given
+    assert held.channels(1) == held.channels(2) == 4
+    assert "NCCL 16 channels/rank" in mine.describe(2) and "channels" not in mine.describe()
+
+
+def test_the_vocabulary_is_one_enum_and_its_tables_cover_it():
+    assert policies.KINDS == tuple(k.value for k in policies.Kind)
+    assert set(policies.ENGINE_POLICY) == set(policies.KINDS)
+    assert set(policies.NUMBERED) <= set(policies.KINDS)
+    for kind in policies.KINDS[:-1]:  # every kind but auto makes a policy of its own name
+        p = policies.make(kind, 32 if kind in policies.NUMBERED else None)
+        assert policies.kind(p) == kind
+    assert policies.Kind("carveout") is policies.Kind.CARVEOUT and policies.Kind.CARVEOUT == "carveout"
 
 
 @pytest.mark.parametrize("text, message", [
@@ -47,20 +76,22 @@ def test_a_bad_policy_name_is_refused_with_what_is_allowed(text, message):
         policies.parse(text)
 
 
-def test_a_torch_policy_takes_no_nccl_channels():
-    with pytest.raises(UsageError, match="ctas sets shimrt's communicators"):
-        Policy("x", comm="torch", ctas=4)
-    with pytest.raises(UsageError, match="Policy.comm must be one of"):
-        Policy("x", comm="gloo")
+def test_the_plain_job_takes_no_channels_and_no_compute_side():
+    with pytest.raises(UsageError, match="runs its own collectives as they are: no ctas, no compute side"):
+        Policy("x", baseline="plain", ctas=4)
+    with pytest.raises(UsageError, match="runs its own collectives as they are"):
+        Policy("x", baseline="plain", compute=policies.Shaping(2))
+    with pytest.raises(UsageError, match="Policy.baseline must be one of"):
+        Policy("x", baseline="gloo")
 
 
 def test_autos_candidates_start_with_plain_ddp_and_size_nccl_by_the_ranks_on_a_gpu():
     kinds = [k for k in policies.KINDS if k not in ("sequential", "auto")]
-    got = policies.candidates([32, 64], ranks_per_gpu=2, kinds=kinds)
+    got = policies.candidates([32, 64], kinds=kinds)
     assert [p.name for p in got] == ["ddp", "low-priority", "priority", "shaping:2", "shaping:1", "partition:32",
                                      "carveout:32", "windowed-carveout:32", "partition:64", "carveout:64",
                                      "windowed-carveout:64"]
-    assert [p.ctas for p in got if p.partition] == [16, 32]
+    assert [p.channels(2) for p in got if p.partition] == [16, 32]
 
 
 class P:

@@ -41,8 +41,9 @@ def test_bad_model_sizes_are_refused(fields, message):
                                                               "Carveout or None"),
     (lambda: Policy("p", compute=16), "Policy.compute must be"),
     (lambda: Policy("p", ctas=65), "Policy.ctas must be an int"),
-    (lambda: Policy("p", overlap="yes"), "Policy.overlap must be"),
-    (lambda: Policy("p", compute=Carveout(16, window=True), overlap=False), "a windowed carveout needs overlap=True"),
+    (lambda: Policy("p", baseline="yes"), "Policy.baseline must be one of"),
+    (lambda: Policy("p", compute=Carveout(16, window=True), baseline="sequential"),
+     "a windowed carveout needs the all-reduces beside backward"),
     (lambda: Carveout(16, window=1), "Carveout.window must be"),
 ])
 def test_bad_policies_are_refused(make, message):
@@ -72,7 +73,7 @@ def test_the_policies_keep_one_nccl_block_per_kept_sm():
     fixed = torch_step.policies([16, 32], ranks_per_gpu=2)
     names = [p.name for p in fixed]
     assert names[:3] == ["sequential", "low-priority", "priority"]
-    assert not fixed[0].overlap and fixed[1].priority == "low" and fixed[2].priority == "high"
+    assert fixed[0].sequential and fixed[1].priority == "low" and fixed[2].priority == "high"
     by_name = {p.name: p for p in fixed}
     assert by_name["partition:32"].ctas == 16 and by_name["carveout:16"].ctas == 8
     assert torch_step.policies([16], ranks_per_gpu=1)[-1].ctas == 16

@@ -158,7 +158,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
     ways: list[tuple[str, Any]] = [("plain DDP", None)]
-    fixed = [p for p in vocabulary.candidates(args.sms, 1, kinds) if p.overlap and p.comm == "shimrt"
+    fixed = [p for p in vocabulary.candidates(args.sms, kinds) if p.baseline is None
              and not (args.fsdp and p.window)]  # FSDP2 marks no window (shimrt.torch.fsdp)
     # by name: overlap() sizes each policy's channels by the ranks per GPU; ddp: auto's kept plain job
     ways += [(p.name, p.name) for p in fixed] + ([("ddp", "ddp"), ("auto", "auto")] if "auto" in kinds else [])

@@ -135,12 +135,14 @@ def check(args: argparse.Namespace) -> None:
 #: What --policies takes (shimrt.torch.policies' kinds but ``ddp``: one process here holds every
 #: rank, so there is no torch.distributed process group to all-reduce through).
 KINDS = tuple(k for k in policies_mod.KINDS if k != "ddp")
-channels = policies_mod.channels
+channels = policies_mod.channels_for
 
 
 def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
-    """The fixed policies of ``kinds``, baselines first (:func:`shimrt.torch.policies.candidates`)."""
-    return policies_mod.candidates(sms, ranks_per_gpu, [k for k in kinds if k != "ddp"])
+    """The fixed policies of ``kinds``, baselines first (:func:`shimrt.torch.policies.candidates`),
+    their NCCL channels fixed for ``ranks_per_gpu`` ranks per GPU (``ctas``): this run's
+    communicators are made per channel setting."""
+    return [p.sized(ranks_per_gpu) for p in policies_mod.candidates(sms, [k for k in kinds if k != "ddp"])]
 
 
 class Bench:
@@ -288,18 +290,19 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
                     p, entry = _tune(torch, trainer, sound, comm_of, context, settle, args)
                 comm = comm_of(p)
                 with context(p):
-                    step_ms, losses, grads = timed_steps(torch, trainer, comm, p.overlap, args.warmup, args.steps,
+                    overlapped = not p.sequential
+                    step_ms, losses, grads = timed_steps(torch, trainer, comm, overlapped, args.warmup, args.steps,
                                                          keep=True, settle=settle(p))
                     # A windowed carveout exists only beside all-reduces: its compute alone is the plain one.
                     plain = p.window or (p.cap is None and p.partition is None and p.carveout is None)
                     alone_ms = compute_ms if plain else \
                         timed_steps(torch, trainer, None, True, 1, args.steps, settle=settle(p))[0]
-                    steps_seen = (torch_measure.timeline(dev, torch, trainer, comm, p.overlap)
+                    steps_seen = (torch_measure.timeline(dev, torch, trainer, comm, overlapped)
                                   if args.plots or args.json else [])
                     # The reference once more: are its kernels deterministic? (else no policy can be bitwise).
                     # Not a shaping one: its interposer learnt the kernels, so the repeat's first step differs.
-                    repeat = timed_steps(torch, trainer, comm, p.overlap, args.warmup, 1, keep=True, settle=settle(p)) \
-                        if reference is None and p.cap is None else None
+                    repeat = timed_steps(torch, trainer, comm, overlapped, args.warmup, 1, keep=True,
+                                         settle=settle(p)) if reference is None and p.cap is None else None
             except (ShimrtError, RuntimeError) as exc:  # one policy that cannot run here: said, the rest go on
                 if is_fatal(exc):
                     raise  # the device's context is broken: nothing after this could be trusted
@@ -358,7 +361,7 @@ def _tune(torch: Any, trainer: Any, fixed: list, comm_of: Any, context: Any, set
         while not trials.exhausted:
             p = trials.current()
             with context(p):  # the visit: its warm-up step (the interposer learns), then the timed one
-                ms = timed_steps(torch, trainer, comm_of(p), p.overlap, 1, 1, settle=settle(p))[0]
+                ms = timed_steps(torch, trainer, comm_of(p), not p.sequential, 1, 1, settle=settle(p))[0]
             trials.done(True)  # the warm-up
             index = trials.done(True)
             if index is not None:

@@ -23,7 +23,8 @@ ProcessGroupNCCL made with them (:mod:`shimrt.torch.groups`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Iterable
 
 from .. import validate
@@ -31,8 +32,26 @@ from ..errors import UsageError
 from ..stream import PRIORITIES
 from ..targets import MAX_SMS
 
-#: Who all-reduces: shimrt's Communicator, or torch.distributed's process group (plain DDP's way).
-COMMS = ("shimrt", "torch")
+
+class Kind(str, Enum):
+    """The kinds of policy, by name (what ``bench torch --policies`` takes), baselines first.
+    The tables below are keyed by them, and a test checks each covers the enum."""
+
+    SEQUENTIAL = "sequential"
+    DDP = "ddp"
+    LOW_PRIORITY = "low-priority"
+    PRIORITY = "priority"
+    SHAPING = "shaping"
+    PARTITION = "partition"
+    CARVEOUT = "carveout"
+    WINDOWED_CARVEOUT = "windowed-carveout"
+    AUTO = "auto"
+
+
+#: What a baseline policy is: ``plain``, the job's own collectives as they are (plain DDP or
+#: FSDP2: nothing of shimrt's); ``sequential``, every all-reduce after backward (no overlap; bench
+#: torch's one-process mode only). A policy without one overlaps through shimrt's groups.
+BASELINES = ("plain", "sequential")
 
 
 @dataclass(frozen=True)
@@ -74,36 +93,45 @@ Compute = Shaping | Partition | Carveout | None
 
 @dataclass(frozen=True)
 class Policy:
-    """How a step overlaps its all-reduces (see the module's docstring): ``overlap`` (False: after
-    backward), the collectives' stream ``priority``, its ``compute`` side (one of
-    :class:`Shaping`, :class:`Partition`, :class:`Carveout`, or None: a policy cannot hold two),
-    NCCL's channels per rank (``ctas``, where a partition or carveout keeps SMs for them), and
-    ``comm``: "shimrt" (a Communicator, or a process group shimrt makes) or "torch" (the plain
-    job's own, as plain DDP)."""
+    """How a step overlaps its all-reduces (see the module's docstring): the collectives' stream
+    ``priority``, its ``compute`` side (one of :class:`Shaping`, :class:`Partition`,
+    :class:`Carveout`, or None: a policy cannot hold two), ``ctas``, NCCL's channels per rank
+    where they are to be held to a number (None: :meth:`channels` derives them from the SMs a
+    partition or carveout keeps, for the ranks sharing the GPU, where the group is made), and
+    ``baseline``, where the policy is one (:data:`BASELINES`): ``"plain"`` or ``"sequential"``."""
 
     name: str
-    overlap: bool = True
     priority: str = "high"
     compute: Compute = None
     ctas: int | None = None
-    comm: str = "shimrt"
+    baseline: str | None = None
 
     def __post_init__(self) -> None:
         validate.text(self.name, "Policy.name")
-        validate.one_of(self.comm, "Policy.comm", COMMS)
-        if self.comm == "torch" and self.ctas is not None:
-            raise UsageError(f"Policy {self.name!r}: ctas sets shimrt's communicators, not torch.distributed's "
-                             "(comm='torch')")
-        object.__setattr__(self, "overlap", validate.boolean(self.overlap, "Policy.overlap"))
+        if self.baseline is not None:
+            validate.one_of(self.baseline, "Policy.baseline", BASELINES)
         validate.one_of(self.priority, "Policy.priority", PRIORITIES)
         if self.compute is not None and not isinstance(self.compute, (Shaping, Partition, Carveout)):
             raise UsageError(f"Policy.compute must be a Shaping, Partition, Carveout or None, not "
                              f"{validate.shown(self.compute)}")
         if self.ctas is not None:
             object.__setattr__(self, "ctas", validate.integer(self.ctas, "Policy.ctas", least=1, most=64))
-        if self.window and not self.overlap:
-            raise UsageError(f"Policy {self.name!r}: a windowed carveout needs overlap=True (it limits the carveout "
-                             "to the time all-reduces run beside backward)")
+        if self.plain and (self.ctas is not None or self.compute is not None):
+            raise UsageError(f"Policy {self.name!r}: the plain job (baseline='plain') runs its own collectives "
+                             "as they are: no ctas, no compute side")
+        if self.window and self.sequential:
+            raise UsageError(f"Policy {self.name!r}: a windowed carveout needs the all-reduces beside backward "
+                             "(it limits the carveout to the time they run there), not baseline='sequential'")
+
+    @property
+    def plain(self) -> bool:
+        """The plain job's own collectives (plain DDP or FSDP2)."""
+        return self.baseline == "plain"
+
+    @property
+    def sequential(self) -> bool:
+        """Every all-reduce after backward: no overlap."""
+        return self.baseline == "sequential"
 
     # The compute side's numbers, None where the policy has another (or none).
     @property
@@ -122,25 +150,40 @@ class Policy:
     def window(self) -> bool:
         return isinstance(self.compute, Carveout) and self.compute.window
 
-    def describe(self) -> str:
-        parts = ["after backward" if not self.overlap else
-                 "plain DDP's own all-reduce, no hook" if self.comm == "torch" else f"{self.priority} priority"]
+    def channels(self, ranks_per_gpu: int) -> int | None:
+        """NCCL's channels per rank with ``ranks_per_gpu`` ranks sharing the GPU: ``ctas`` where
+        given, else one per SM a partition or carveout keeps for those ranks (:func:`channels_for`),
+        else None (NCCL's own number)."""
+        if self.ctas is not None:
+            return self.ctas
+        kept = self.partition if self.partition is not None else self.carveout
+        return None if kept is None else channels_for(kept, ranks_per_gpu)
+
+    def sized(self, ranks_per_gpu: int) -> "Policy":
+        """This policy with its channels fixed for ``ranks_per_gpu`` ranks per GPU (``ctas`` set)."""
+        return replace(self, ctas=self.channels(ranks_per_gpu))
+
+    def describe(self, ranks_per_gpu: int | None = None) -> str:
+        """What the policy does, in words; its NCCL channels where ``ranks_per_gpu`` (or ``ctas``)
+        says them."""
+        parts = ["after backward" if self.sequential else
+                 "plain DDP's own all-reduce, no hook" if self.plain else f"{self.priority} priority"]
         if self.cap is not None:
             parts.append(f"compute capped at {self.cap} blocks/SM")
         if self.partition is not None:
             parts.append(f"compute on all but {self.partition} SMs")
         if self.carveout is not None:
             parts.append(f"cuBLAS leaves {self.carveout} SMs" + (" while all-reduces run" if self.window else ""))
-        if self.ctas is not None:
-            parts.append(f"NCCL {self.ctas} channels/rank")
+        ctas = self.ctas if ranks_per_gpu is None else self.channels(ranks_per_gpu)
+        if ctas is not None:
+            parts.append(f"NCCL {ctas} channels/rank")
         return ", ".join(parts)
 
 
-#: Kinds of policy (what ``bench torch --policies`` takes), baselines first.
-KINDS = ("sequential", "ddp", "low-priority", "priority", "shaping", "partition", "carveout",
-         "windowed-carveout", "auto")
+#: Kinds of policy (what ``bench torch --policies`` takes), baselines first: :class:`Kind`'s values.
+KINDS = tuple(k.value for k in Kind)
 #: Kinds that take a number after a colon: the cap, or the SMs kept for NCCL.
-NUMBERED = ("shaping", "partition", "carveout", "windowed-carveout")
+NUMBERED = (Kind.SHAPING.value, Kind.PARTITION.value, Kind.CARVEOUT.value, Kind.WINDOWED_CARVEOUT.value)
 #: The overlap engine's policy (:data:`shimrt.overlap.planner.POLICIES`, its own kernels'
 #: vocabulary) that each kind here corresponds to: the same two controls, named for what the
 #: engine varies. None: the engine has no such policy (``ddp`` is torch's own all-reduce; a
@@ -191,39 +234,38 @@ def kept_sms(values: Any, what: str = "sms") -> list[int]:
     return out
 
 
-def channels(sms: int, ranks_per_gpu: int) -> int:
+def channels_for(sms: int, ranks_per_gpu: int) -> int:
     """NCCL's channels per rank where ``sms`` SMs are kept for the ranks on a GPU: one block per
     channel, one NCCL block per SM, between 1 and NCCL's 64."""
     return max(1, min(64, sms // ranks_per_gpu))
 
 
-def make(kind: str, number: int | None = None, ranks_per_gpu: int = 1) -> Policy:
+def make(kind: str, number: int | None = None) -> Policy:
     """The policy of ``kind`` (see the module's docstring) with its number (the cap, or the SMs
-    kept), NCCL's channels sized for ``ranks_per_gpu`` ranks sharing a GPU."""
+    kept); its NCCL channels follow from the SMs kept once the ranks per GPU are known
+    (:meth:`Policy.channels`)."""
     validate.one_of(kind, "policy kind", KINDS[:-1])
-    ranks_per_gpu = validate.integer(ranks_per_gpu, "ranks_per_gpu", least=1, most=MAX_SMS)
     if kind not in NUMBERED:
         if number is not None:
             raise UsageError(f"policy {kind!r} takes no number, not {number!r}")
-        if kind == "sequential":
-            return Policy("sequential", overlap=False, priority="low")
-        if kind == "ddp":
-            return Policy("ddp", comm="torch")
-        return Policy(kind, priority="high" if kind == "priority" else "low")
+        if kind == Kind.SEQUENTIAL:
+            return Policy("sequential", priority="low", baseline="sequential")
+        if kind == Kind.DDP:
+            return Policy("ddp", baseline="plain")
+        return Policy(kind, priority="high" if kind == Kind.PRIORITY else "low")
     if number is None:
         raise UsageError(f"policy {kind!r} needs a number: {kind}:N (e.g. {kind}:{2 if kind == 'shaping' else 48})")
-    n = validate.integer(number, f"{kind}'s number", least=1, most=64) if kind == "shaping" else \
+    n = validate.integer(number, f"{kind}'s number", least=1, most=64) if kind == Kind.SHAPING else \
         validate.integer(number, f"{kind}'s number", **SMS_BOUNDS)
-    if kind == "shaping":
+    if kind == Kind.SHAPING:
         return Policy(f"shaping:{n}", compute=Shaping(n))
-    ctas = channels(n, ranks_per_gpu)
-    if kind == "partition":
-        return Policy(f"partition:{n}", compute=Partition(n), ctas=ctas)
-    return Policy(f"{kind}:{n}", compute=Carveout(n, window=kind == "windowed-carveout"), ctas=ctas)
+    if kind == Kind.PARTITION:
+        return Policy(f"partition:{n}", compute=Partition(n))
+    return Policy(f"{kind}:{n}", compute=Carveout(n, window=kind == Kind.WINDOWED_CARVEOUT))
 
 
-def parse(text: Any, ranks_per_gpu: int = 1) -> Policy:
-    """The policy a name such as ``"priority"`` or ``"partition:48"`` stands for."""
+def parse(text: Any) -> Policy:
+    """The policy a name such as ``"priority"`` or ``"partition:48"`` stands for (a Policy as it is)."""
     if isinstance(text, Policy):
         return text
     if type(text) is not str and isinstance(text, str):  # a str subclass (numpy's str_) is its text
@@ -236,19 +278,18 @@ def parse(text: Any, ranks_per_gpu: int = 1) -> Policy:
         raise UsageError(f"policy must be {allowed}, not {text!r:.100}")
     if number and not (number.isascii() and number.isdigit()):
         raise UsageError(f"{kind}:N takes a positive whole number N, not {number!r:.40}")
-    return make(kind, int(number) if number else None, ranks_per_gpu)
+    return make(kind, int(number) if number else None)
 
 
-def candidates(sms: Iterable[int], ranks_per_gpu: int, kinds: Iterable[str] = KINDS) -> list[Policy]:
+def candidates(sms: Iterable[int], kinds: Iterable[str] = KINDS) -> list[Policy]:
     """The fixed policies of ``kinds`` (auto's candidates, or a bench's list), baselines first:
     shaping at N=2 and 1, partition and both carveouts at each of ``sms``."""
     kinds = tuple(kinds)
-    out = [make(k, None, ranks_per_gpu) for k in ("sequential", "ddp", "low-priority", "priority") if k in kinds]
+    out = [make(k) for k in ("sequential", "ddp", "low-priority", "priority") if k in kinds]
     if "shaping" in kinds:
         out += [make("shaping", n) for n in (2, 1)]
     for k in sms:
-        out += [make(kind, k, ranks_per_gpu) for kind in ("partition", "carveout", "windowed-carveout")
-                if kind in kinds]
+        out += [make(kind, k) for kind in ("partition", "carveout", "windowed-carveout") if kind in kinds]
     return out
 
 

@@ -148,14 +148,14 @@ class Overlap:
         if auto is not None:
             policy = "auto"
         else:
-            # The name's own checks; its channels are sized once the ranks are known.
+            # Parsed once, here, before any collective; its channels follow the ranks per GPU (_group_of).
             named = parse(policy)
-            if not named.overlap:
+            if named.sequential:
                 raise UsageError(f"policy {named.name!r} reduces after backward, which DDP and FSDP2 do not do; "
                                  "the no-overlap reference is 'ddp' (the plain job)")
         self.model = wrap(model)
         self.group = self.model.group
-        if (named is None or named.comm != "torch") and \
+        if (named is None or not named.plain) and \
                 (why := self.model.moveable() or subgroup_refusal(dist, self.group)):
             raise UsageError(f"policy {policy!r} moves this {self.model.kind}'s collectives to process groups of its "
                              f"own, and they cannot move: {why}; policy='ddp' leaves the {self.model.kind} as it is")
@@ -178,14 +178,13 @@ class Overlap:
             if auto is not None:
                 # low-priority under DDP would be plain DDP's own streams and channels again.
                 kinds = [k for k in KINDS if k not in ("sequential", "auto", "low-priority")]
-                usable = self._usable(candidates(auto.sms, self.ranks_per_gpu, kinds))
+                usable = self._usable(candidates(auto.sms, kinds))
                 self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
                                                       reference="ddp", check=auto.check_steps, lead=LEAD_STEPS)
-            else:
-                fixed = parse(policy, self.ranks_per_gpu)
-                if self._usable([fixed]) == []:
-                    raise UsageError(f"policy {fixed.name!r} cannot run here: {self.dropped[fixed.name]}")
-                self.auto, self.trials = False, Trials.settled(fixed)
+            elif named is not None:  # a fixed policy: parsed above
+                if self._usable([named]) == []:
+                    raise UsageError(f"policy {named.name!r} cannot run here: {self.dropped[named.name]}")
+                self.auto, self.trials = False, Trials.settled(named)
             for p in self.trials.candidates:  # every group now, in the same order on every rank
                 self._group_of(p)
             if any(p.window for p in self.trials.candidates):
@@ -239,10 +238,10 @@ class Overlap:
 
     def _group_of(self, policy: Policy) -> Any:
         """The process group ``policy``'s all-reduces run on: the DDP's own for plain DDP, else
-        the one of its stream priority and NCCL channels."""
-        if policy.comm == "torch":
+        the one of its stream priority and NCCL channels (for the ranks sharing this GPU)."""
+        if policy.plain:
             return self.group
-        return self._groups.get((policy.priority, policy.ctas))
+        return self._groups.get((policy.priority, policy.channels(self.ranks_per_gpu)))
 
     def _use(self, policy: Policy) -> None:
         """The model's collectives on ``policy``'s group (and streams) from the next step;
@@ -251,7 +250,7 @@ class Overlap:
         if group is not self._current and (why := self.model.moveable()):
             raise UsageError(f"auto would move this {self.model.kind}'s collectives to {policy.name}'s process "
                              f"group, and they cannot move now: {why}")
-        self.model.use(group, policy.comm != "torch" and policy.priority == "high")
+        self.model.use(group, not policy.plain and policy.priority == "high")
         self._current = group
 
     def open_window(self) -> None:
@@ -277,7 +276,7 @@ class Overlap:
         timed = self.trials.picked is None
         if not timed:  # a trial's step sets the model up in _use() below
             self.model.before_step()
-        if policy.comm == "torch" and not timed:  # plain DDP kept: nothing to do
+        if policy.plain and not timed:  # plain DDP kept: nothing to do
             counts[0] += now() - start
             counts[1] += 1
             yield policy
@@ -342,7 +341,8 @@ class Overlap:
             final = {c.name for c in self.trials.final}
             times = ", ".join(f"{n}{'*' if n in final else ''} {t:.2f}" for n, t in self.trials.means.items())
             log.info("auto kept %s (%s) after %d trial steps; mean step ms (* finalists; ddp: plain %s): %s",
-                     picked.name, picked.describe(), len(self.trials.schedule), self.model.kind, times)
+                     picked.name, picked.describe(self.ranks_per_gpu), len(self.trials.schedule), self.model.kind,
+                     times)
             check = self.trials.check
             if check:
                 log.info("auto's check of %s alone beside plain %s, mean step ms: %s (%s)", check["policy"],
@@ -367,8 +367,8 @@ class Overlap:
         policy = self.trials.picked
         means = self.trials.means if self.auto else {}
         return {"policy": None if policy is None else policy.name,
-                "describe": None if policy is None else policy.describe(),
-                "process_group": None if policy is None else _group_said(policy),
+                "describe": None if policy is None else policy.describe(self.ranks_per_gpu),
+                "process_group": None if policy is None else _group_said(policy, self.ranks_per_gpu),
                 "reference": {"policy": "ddp", "what": f"plain {self.model.kind}, timed in the same rounds",
                               "mean_ms": means.get("ddp")} if self.auto else None,
                 "trials": self.trials.report() if self.auto else None,
@@ -414,10 +414,11 @@ class Overlap:
         self.close()
 
 
-def _group_said(policy: Policy) -> str:
-    if policy.comm == "torch":
+def _group_said(policy: Policy, ranks_per_gpu: int) -> str:
+    if policy.plain:
         return "the model's own"
-    channels = "NCCL's own channels" if policy.ctas is None else f"NCCL held to {policy.ctas} channels"
+    ctas = policy.channels(ranks_per_gpu)
+    channels = "NCCL's own channels" if ctas is None else f"NCCL held to {ctas} channels"
     return f"ProcessGroupNCCL, {policy.priority}-priority streams, {channels}"
 
 
