@@ -401,6 +401,58 @@ def test_sm_carveout_is_refused_beyond_any_gpu(sms):
             pass
 
 
+def test_a_window_holds_the_carveout_from_its_opening_to_its_close_and_only_when_aimed():
+    """resources.Window on torch's real carveout knob (present in CPU builds too): aimed, opened
+    once, closed back to what was there; unaimed, opening does nothing; as NcclBuckets' beside."""
+    torch = pytest.importorskip("torch")
+    from shimrt.torch.resources import Window
+    get = torch._C._get_sm_carveout_experimental
+    before = get()
+    w = Window()
+    w.open()
+    assert not w.is_open and get() == before, "nothing aimed: no carveout"
+    w.aim(24)
+    w.open()
+    w.open()  # held once
+    assert w.is_open and get() == 24
+    w.close()
+    assert not w.is_open and get() == before
+    w.close()  # closing an unopened window does nothing
+    with Window(8).held():
+        assert get() == 8
+    assert get() == before
+    with pytest.raises(UsageError, match="Window sms must be an int"):
+        w.aim(-1)
+
+
+def test_the_window_hook_opens_the_window_at_the_first_gradient_and_never_keeps_it_alive():
+    """window_hook on a real CPU parameter: backward accumulates its gradient, the hook opens the
+    aimed window; once the Window is gone, the hook does nothing."""
+    torch = pytest.importorskip("torch")
+    import gc
+
+    from shimrt.torch.resources import Window, window_hook
+    get = torch._C._get_sm_carveout_experimental
+    before = get()
+    layer = torch.nn.Linear(4, 4)
+    w = Window()
+    handle = window_hook(layer.weight, w)
+    try:
+        layer(torch.ones(2, 4)).sum().backward()
+        assert not w.is_open, "not aimed: the gradient opens nothing"
+        w.aim(16)
+        layer(torch.ones(2, 4)).sum().backward()
+        assert w.is_open and get() == 16
+        w.close()
+        assert get() == before
+        del w
+        gc.collect()
+        layer(torch.ones(2, 4)).sum().backward()  # the hook's Window is gone: nothing happens
+        assert get() == before
+    finally:
+        handle.remove()
+
+
 def test_the_step_timer_takes_the_median_of_the_timed_steps_after_the_warm_up():
     """median_step_ms with a clock standing in for CUDA's events (each record reads it): the
     warm-up steps are run but not timed, every step's result comes back, the collector is paused

@@ -217,8 +217,8 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     import torch
 
     from ..occupancy import Footprint
-    from ..torch import sm_carveout
     from ..torch.policies import Policy
+    from ..torch.resources import Window
     from ..torch.step import GradientBuckets, NcclBuckets
     from .torch_model import batch, build
     from .torch_trainer import Trainer
@@ -235,7 +235,7 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     def comm_of(policy):
         key = (policy.ctas, policy.priority, policy.carveout if policy.window else None)
         if key not in comm_sets:
-            beside = (lambda k=policy.carveout: sm_carveout(k)) if policy.window else None
+            beside = Window(policy.carveout).held if policy.window else None
             comm_sets[key] = NcclBuckets(bench.comms(policy.ctas), buckets, policy.priority, beside=beside)
         return comm_sets[key]
 

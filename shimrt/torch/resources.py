@@ -2,7 +2,9 @@
 (SM partitions, torch's compute on a stream of all but K SMs, :class:`~shimrt.torch.policies.Partition`;
 Interposers, every kernel capped at N blocks per SM, :class:`~shimrt.torch.policies.Shaping`), and
 :func:`compute_context`, torch's compute as the policy shapes it with them (or with cuBLAS's
-carveout, :class:`~shimrt.torch.policies.Carveout`).
+carveout, :class:`~shimrt.torch.policies.Carveout`), and :class:`Window`, a windowed carveout's
+(held only while collectives run beside compute), opened alike by :func:`shimrt.torch.overlap`'s
+gradient hook (:func:`window_hook`) and ``bench torch``'s ``NcclBuckets(beside=window.held)``.
 One object serves :func:`shimrt.torch.overlap` and ``bench torch``; they differ only in whether
 the partitions outlive it (``keep_partitions``).
 
@@ -17,14 +19,16 @@ of its run, when its models are gone.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Collection, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Collection, ContextManager, Iterator
 
 from .. import validate
 from ..device import Device, Partition
 from ..errors import UsageError
 from ..lifetime import close_each
 from ..stream import Stream
+from ..targets import MAX_SMS
 from .interop import sm_carveout
 from .interop import stream as torch_stream
 from .policies import Policy
@@ -156,10 +160,66 @@ def compute_context(policy: Policy, interposer: Interposer | None = None,
             if partition_stream is None:
                 raise UsageError(f"policy {policy.name!r} needs the partition's stream")
             stack.enter_context(torch.cuda.stream(torch_stream(partition_stream)))
-        if policy.carveout is not None and not policy.window:  # a window's is held by NcclBuckets(beside=)
+        if policy.carveout is not None and not policy.window:  # a window: Window holds it (below)
             stack.enter_context(sm_carveout(policy.carveout))
         if policy.cap is not None:
             if interposer is None:
                 raise UsageError(f"policy {policy.name!r} needs an Interposer")
             stack.enter_context(interposer)
         yield
+
+
+class Window:
+    """A windowed carveout (``windowed-carveout:K``): cuBLAS leaves ``sms`` SMs free from
+    :meth:`open` (the first gradient, or the first bucket launched) to :meth:`close` (the step's
+    end, or the all-reduces joined). :meth:`aim` sets the SMs of the next opening (None: no
+    window, :meth:`open` does nothing), so that one Window serves a run's steps under changing
+    policies. Opening twice holds it once; closing an unopened one does nothing."""
+
+    def __init__(self, sms: int | None = None):
+        self._sms: int | None = None
+        self._held: Any = None
+        self.aim(sms)
+
+    def aim(self, sms: int | None) -> None:
+        """The SMs the next :meth:`open` leaves free (None: none)."""
+        self._sms = None if sms is None else validate.integer(sms, "Window sms", least=0, most=MAX_SMS)
+
+    @property
+    def is_open(self) -> bool:
+        return self._held is not None
+
+    def open(self) -> None:
+        """Enter the carveout, unless it is held already or nothing is aimed at."""
+        if self._sms is not None and self._held is None:
+            held = sm_carveout(self._sms)
+            held.__enter__()
+            self._held = held
+
+    def close(self) -> None:
+        """Leave the carveout if it is held (torch's previous carveout and BLAS back)."""
+        held, self._held = self._held, None
+        if held is not None:
+            held.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The window as a context manager (``NcclBuckets(beside=window.held)``)."""
+        self.open()
+        try:
+            yield
+        finally:
+            self.close()
+
+
+def window_hook(param: Any, window: Window) -> Any:
+    """A post-accumulate-grad hook on ``param`` (the one registered last: DDP's first bucket
+    starts with it, FSDP2's last group holds it; its gradient is expected first) that opens
+    ``window``, held by a weak reference (the hook never keeps it alive). Its removable handle."""
+    ref = weakref.ref(window)
+
+    def opened(_param: Any) -> None:
+        w = ref()
+        if w is not None:
+            w.open()
+    return param.register_post_accumulate_grad_hook(opened)

@@ -117,7 +117,7 @@ class NcclBuckets:
     Calls are checked and packed once (:meth:`Communicator.prepare`, :func:`nccl.prepare_group`).
     ``beside``: a function giving a context manager that holds while all-reduces run: entered at
     the first :meth:`launch` after a :meth:`join`, left at the next :meth:`join` (for example
-    ``lambda: shimrt.torch.sm_carveout(48)``: cuBLAS leaves NCCL its SMs only then)."""
+    ``shimrt.torch.resources.Window(48).held``: cuBLAS leaves NCCL its SMs only then)."""
 
     def __init__(self, comms: list, buckets: GradientBuckets, priority: str = "high",
                  beside: Callable[[], ContextManager[Any]] | None = None):

@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import weakref
 from typing import Any, Iterator, Protocol
 
 from .. import validate
@@ -60,10 +59,10 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from .cost import HostCost, now
 from .groups import Groups, subgroup_refusal
-from .interop import require_torch, sm_carveout
+from .interop import require_torch
 from .interop import stream as torch_stream
 from .policies import KINDS, Auto, Policy, candidates, parse
-from .resources import Resources
+from .resources import Resources, Window, window_hook
 from .trials import Trials
 
 #: Where auto says what it kept (INFO, rank 0).
@@ -168,8 +167,7 @@ class Overlap:
         self.dropped: dict[str, str] = {}
         self.cost = HostCost()
         self._active: Policy | None = None
-        self._wanted: int | None = None  # the SMs a window will carve out at the first gradient
-        self._window: Any = None
+        self.window = Window()  # a windowed carveout's, aimed at each step, opened by the hook
         self._window_hook: Any = None
         self._timed: list = []        # (trial index, start event, end event) not yet read
         self._current: Any = self.group  # the group the model's collectives are on
@@ -188,7 +186,7 @@ class Overlap:
             for p in self.trials.candidates:  # every group now, in the same order on every rank
                 self._group_of(p)
             if any(p.window for p in self.trials.candidates):
-                self._window_hook = _first_gradient_hook(self.model.last_parameter(), weakref.ref(self))
+                self._window_hook = window_hook(self.model.last_parameter(), self.window)
             if not self.auto:
                 self._use(self.trials.current())
         except BaseException:
@@ -253,13 +251,6 @@ class Overlap:
         self.model.use(group, not policy.plain and policy.priority == "high")
         self._current = group
 
-    def open_window(self) -> None:
-        """The first gradient of a ``windowed-carveout`` step is accumulated: cuBLAS leaves the
-        policy's SMs free from here to the end of ``ov.step()`` (called by the gradient hook)."""
-        if self._wanted is not None and self._window is None:
-            self._window = sm_carveout(self._wanted)
-            self._window.__enter__()
-
     # --- the step ---
     @contextlib.contextmanager
     def step(self) -> Iterator[Policy]:
@@ -293,7 +284,7 @@ class Overlap:
         if part is not None:  # the partition's stream starts after what came before, and hands back
             torch_stream(part).wait_stream(current)
         self._active = policy
-        self._wanted = policy.carveout if policy.window else None
+        self.window.aim(policy.carveout if policy.window else None)
         with contextlib.ExitStack() as inside:
             inside.enter_context(self.resources.context(policy))
             counts[0] += now() - start
@@ -301,10 +292,9 @@ class Overlap:
                 yield policy
             finally:
                 start = now()
-                self._active, self._wanted = None, None
-                if self._window is not None:
-                    window, self._window = self._window, None
-                    window.__exit__(None, None, None)
+                self._active = None
+                self.window.aim(None)
+                self.window.close()
                 if part is not None:
                     current.wait_stream(torch_stream(part))
         if timed:
@@ -420,16 +410,3 @@ def _group_said(policy: Policy, ranks_per_gpu: int) -> str:
     ctas = policy.channels(ranks_per_gpu)
     channels = "NCCL's own channels" if ctas is None else f"NCCL held to {ctas} channels"
     return f"ProcessGroupNCCL, {policy.priority}-priority streams, {channels}"
-
-
-def _first_gradient_hook(param: Any, overlap: Any) -> Any:
-    """A post-accumulate-grad hook on ``param`` (the one registered last: DDP's first bucket
-    starts with it, FSDP2's last group holds it; its gradient is expected first) that opens the
-    window of the step in force; ``overlap`` is a weak reference to the Overlap. Its removable
-    handle."""
-    def opened(_param: Any) -> None:
-        ov = overlap()
-        if ov is not None:
-            ov.open_window()
-    return param.register_post_accumulate_grad_hook(opened)
-
