@@ -3,6 +3,8 @@ between process groups step by step, against a plain DDP copy."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from shimrt import UsageError
@@ -51,8 +53,8 @@ def test_groups_check_their_timeout(gloo):
     import torch.distributed as dist
 
     from shimrt.torch.groups import Groups
-    for bad in (0, -1, float("inf"), "5"):
-        with pytest.raises(UsageError, match="timeout must be a finite positive number"):
+    for bad in (5, datetime.timedelta(0), datetime.timedelta(seconds=-1), "5"):
+        with pytest.raises(UsageError, match="Groups' timeout must be a positive datetime.timedelta"):
             Groups(dist, dist.group.WORLD, bad)
 
 
@@ -112,7 +114,7 @@ def test_groups_over_the_whole_world_are_made_by_every_rank_and_a_world_group_is
 
     from shimrt.torch.groups import Groups, subgroup_refusal
     assert subgroup_refusal(dist, dist.group.WORLD) is None
-    groups = Groups(dist, dist.group.WORLD, 5)
+    groups = Groups(dist, dist.group.WORLD, datetime.timedelta(seconds=5))
     assert groups.local is False and groups.ranks == [0] and groups.device is None
     assert groups.report() == {"made_mib": {}, "alive_mib": 0.0, "alive": 0}
 

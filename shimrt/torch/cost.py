@@ -1,10 +1,13 @@
-"""The host time ``ov.step()`` takes of a training step, per policy: its entry and exit (the
-policy's compute side set and undone, auto's timing events), the user's block not counted. Under
-DDP this is all shimrt adds to the host's work: the all-reduces go through DDP's own C++ path."""
+"""What a training step costs under ``ov.step()``: the host time ``ov.step()`` itself takes, per
+policy (:class:`HostCost`: its entry and exit, the policy's compute side set and undone, auto's
+timing events; the user's block not counted; under DDP this is all shimrt adds to the host's
+work, the all-reduces going through DDP's own C++ path), and the GPU time of auto's timed steps
+(:class:`StepTimer`: CUDA events around each step, read once auto decides)."""
 
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 #: The clock of the counts (nanoseconds, the host's).
 now = time.perf_counter_ns
@@ -27,3 +30,34 @@ class HostCost:
         """Per policy: ``ov.step()``'s own host microseconds per step, and the steps counted."""
         return {name: {"step_us": ns / steps / 1e3 if steps else None, "steps": steps}
                 for name, (ns, steps) in self.by_policy.items()}
+
+
+class StepTimer:
+    """auto's timed steps: :meth:`begin` records an event on the step's stream as it starts,
+    :meth:`end` another as it ends (kept for the trial ``index``; None: the step does not count),
+    and :meth:`collect` waits for those kept and hands each step's milliseconds over. Reading them
+    waits on the GPU, so it is done once per decision, not per step."""
+
+    def __init__(self, torch: Any):
+        self._torch = torch
+        self._pending: list[tuple[int, Any, Any]] = []
+
+    def begin(self, stream: Any) -> Any:
+        """An event recorded on ``stream`` now: the step's start."""
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def end(self, stream: Any, begun: Any, index: int | None) -> None:
+        """The step begun at ``begun`` ends now on ``stream``; kept for trial ``index``."""
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        if index is not None:
+            self._pending.append((index, begun, event))
+
+    def collect(self, record: Callable[[int, float], None]) -> None:
+        """``record(index, ms)`` for every step kept since the last collection, oldest first."""
+        pending, self._pending = self._pending, []
+        for index, begun, ended in pending:
+            ended.synchronize()
+            record(index, begun.elapsed_time(ended))

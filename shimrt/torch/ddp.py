@@ -31,7 +31,8 @@ from .groups import one_cuda_device, require_nccl
 
 
 class Ddp:
-    """A DDP as :class:`~shimrt.torch.training.Overlap` drives it (its ``Wrapped`` protocol)."""
+    """A DDP as :class:`~shimrt.torch.training.Overlap` drives it (the
+    :class:`~shimrt.torch.placement.Wrapped` protocol)."""
 
     kind = "DDP"
 

@@ -81,8 +81,8 @@ def use(groups: list[Any], group: Any) -> None:
 
 
 class Fsdp:
-    """An FSDP2 root module as :class:`~shimrt.torch.training.Overlap` drives it (its
-    ``Wrapped`` protocol)."""
+    """An FSDP2 root module as :class:`~shimrt.torch.training.Overlap` drives it (the
+    :class:`~shimrt.torch.placement.Wrapped` protocol)."""
 
     kind = "FSDP2"
 

@@ -96,11 +96,14 @@ class Groups:
     all-reduce of one element on ``device`` (a CUDA device, or None: left to torch), and the
     device memory it took is measured around it (:attr:`memory`)."""
 
-    def __init__(self, dist: Any, group: Any, timeout: float, device: Any = None):
+    def __init__(self, dist: Any, group: Any, timeout: datetime.timedelta, device: Any = None):
+        if not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0:
+            raise UsageError(f"Groups' timeout must be a positive datetime.timedelta (overlap() checks the number "
+                             f"it is given and makes it one), not {validate.shown(timeout)}")
         self.dist, self.parent, self.device = dist, group, device
         self.ranks = dist.get_process_group_ranks(group)
         self.local = dist.get_world_size(group) != dist.get_world_size()
-        self.timeout = datetime.timedelta(seconds=validate.number(timeout, "timeout", positive=True))
+        self.timeout = timeout
         self.made: dict[Key, Any] = {}
         #: key -> bytes of device memory its communicator took (on a GPU shared by several ranks,
         #: all of theirs, made at the same time), for each group made, alive or not

@@ -42,27 +42,31 @@ job: torch's NCCL watchdog, after the group's timeout. For a loop without DDP or
 :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
 same policies through shimrt's own Communicators.
 
-About 440 lines: the step, auto's trials and the policies' process groups are one state machine
-(each step reads what the others set), kept in one class; the policies' device resources are
-:mod:`shimrt.torch.resources`'s.
+:class:`Overlap` is the step and auto's stages; where the model's collectives run (the policies'
+groups, the one in force, the window's hook) is a :class:`~shimrt.torch.placement.Placement`, the
+policies' device resources and the carveout window are :mod:`shimrt.torch.resources`'s, and the
+timing of auto's steps is :class:`~shimrt.torch.cost.StepTimer`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import socket
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator
 
 from .. import validate
 from ..device import Device
 from ..errors import ShimrtError, UsageError
-from .cost import HostCost, now
+from ..stream import timeout_seconds
+from .cost import HostCost, StepTimer, now
 from .groups import Groups, subgroup_refusal
 from .interop import require_torch
 from .interop import stream as torch_stream
+from .placement import Placement, Wrapped
 from .policies import KINDS, Auto, Policy, candidates, parse
-from .resources import Resources, Window, window_hook
+from .resources import Resources, Window
 from .trials import Trials
 
 #: Where auto says what it kept (INFO, rank 0).
@@ -71,34 +75,6 @@ log = logging.getLogger("shimrt.torch")
 #: rebuild, the allocator's growth) ran 4-30% above the rest (:mod:`shimrt.torch.trials`).
 LEAD_STEPS = 3
 
-
-
-class Wrapped(Protocol):
-    """A data-parallel model as :class:`Overlap` drives it (:class:`shimrt.torch.ddp.Ddp`,
-    :class:`shimrt.torch.fsdp.Fsdp`): ``kind`` ("DDP", "FSDP2"), ``group`` (its own process
-    group), ``index`` (its GPU)."""
-
-    kind: str
-    group: Any
-    index: int
-
-    def moveable(self) -> str | None:
-        """Why its collectives cannot move to another process group (None: they can)."""
-
-    def use(self, group: Any, high: bool) -> None:
-        """Its collectives on ``group`` from the next step, on streams of the greatest priority
-        where ``high`` and the model's streams carry them (between steps, on every rank alike)."""
-
-    def before_step(self) -> None:
-        """What the policy in force needs done at each step's start (FSDP2: its streams, which
-        it makes at its first forward)."""
-
-    def synced(self) -> bool:
-        """Whether the coming step reduces gradients (not a ``no_sync()`` step)."""
-
-    def last_parameter(self) -> Any:
-        """The parameter whose accumulated gradient opens a window (the one registered last,
-        whose gradient comes first), or None where no gradient hook can mark it."""
 
 
 def overlap(model: Any, policy: Any = "auto", *, timeout: float = 300.0) -> "Overlap":
@@ -134,10 +110,10 @@ class Overlap:
         import torch
         import torch.distributed as dist
 
-        from ..nccl import CommOptions
         self._torch, self._dist = torch, dist
-        # The plain arguments first (no GPU, no collective), then the DDP.
-        timeout = CommOptions(timeout=timeout).timeout
+        # The plain arguments first (no GPU, no collective), then the DDP. The timeout is checked
+        # here, once: the groups take it as it comes out.
+        limit = datetime.timedelta(seconds=timeout_seconds(timeout))
         if not isinstance(policy, (str, Policy, Auto)):  # before any comparison: numpy compares elementwise
             raise UsageError(f"policy must be 'auto', an Auto, a policy's name or a Policy, not "
                              f"{validate.shown(policy)}")
@@ -162,15 +138,14 @@ class Overlap:
         self.torch_device = torch.device("cuda", self.model.index)
         self.device = Device(self.model.index)
         self.ranks_per_gpu = self._ranks_per_gpu()
-        self._groups = Groups(dist, self.group, timeout, device=self.torch_device)
+        self.placement = Placement(self.model, Groups(dist, self.group, limit, device=self.torch_device),
+                                   self.ranks_per_gpu)
         self.resources = Resources(self.device, keep_partitions=True)
         self.dropped: dict[str, str] = {}
         self.cost = HostCost()
+        self.timer = StepTimer(torch)
         self._active: Policy | None = None
         self.window = Window()  # a windowed carveout's, aimed at each step, opened by the hook
-        self._window_hook: Any = None
-        self._timed: list = []        # (trial index, start event, end event) not yet read
-        self._current: Any = self.group  # the group the model's collectives are on
         self.closed = False
         try:
             if auto is not None:
@@ -184,11 +159,11 @@ class Overlap:
                     raise UsageError(f"policy {named.name!r} cannot run here: {self.dropped[named.name]}")
                 self.auto, self.trials = False, Trials.settled(named)
             for p in self.trials.candidates:  # every group now, in the same order on every rank
-                self._group_of(p)
+                self.placement.group_of(p)
             if any(p.window for p in self.trials.candidates):
-                self._window_hook = window_hook(self.model.last_parameter(), self.window)
+                self.placement.hook_window(self.window)
             if not self.auto:
-                self._use(self.trials.current())
+                self.placement.use(self.trials.current())
         except BaseException:
             with contextlib.suppress(Exception):  # the error that matters is the one raised
                 self._close_parts()
@@ -234,23 +209,6 @@ class Overlap:
                     self.dropped[p.name] = "another rank cannot run it"
         return [p for p in candidates if p.name not in self.dropped]
 
-    def _group_of(self, policy: Policy) -> Any:
-        """The process group ``policy``'s all-reduces run on: the DDP's own for plain DDP, else
-        the one of its stream priority and NCCL channels (for the ranks sharing this GPU)."""
-        if policy.plain:
-            return self.group
-        return self._groups.get((policy.priority, policy.channels(self.ranks_per_gpu)))
-
-    def _use(self, policy: Policy) -> None:
-        """The model's collectives on ``policy``'s group (and streams) from the next step;
-        UsageError, before anything moves, where they cannot move now (a Join made since)."""
-        group = self._group_of(policy)
-        if group is not self._current and (why := self.model.moveable()):
-            raise UsageError(f"auto would move this {self.model.kind}'s collectives to {policy.name}'s process "
-                             f"group, and they cannot move now: {why}")
-        self.model.use(group, not policy.plain and policy.priority == "high")
-        self._current = group
-
     # --- the step ---
     @contextlib.contextmanager
     def step(self) -> Iterator[Policy]:
@@ -275,11 +233,10 @@ class Overlap:
         torch = self._torch
         current = torch.cuda.current_stream(self.torch_device)
         if timed:
-            self._use(policy)  # between steps, at the same step on every rank
+            self.placement.use(policy)  # between steps, at the same step on every rank
             # A no_sync() step reduces nothing: it does not count.
             synced = self.model.synced()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record(current)
+            begun = self.timer.begin(current)
         part = self.resources.stream_of(policy)
         if part is not None:  # the partition's stream starts after what came before, and hands back
             torch_stream(part).wait_stream(current)
@@ -298,10 +255,7 @@ class Overlap:
                 if part is not None:
                     current.wait_stream(torch_stream(part))
         if timed:
-            end.record(current)
-            index = self.trials.done(synced)
-            if index is not None:
-                self._timed.append((index, begin, end))
+            self.timer.end(current, begun, self.trials.done(synced))
         counts[0] += now() - start
         counts[1] += 1
         if timed and self.trials.exhausted:  # auto's decision: once, not a step's own cost
@@ -309,10 +263,7 @@ class Overlap:
 
     def _decide(self) -> None:
         torch = self._torch
-        for index, begin, end in self._timed:
-            end.synchronize()
-            self.trials.record(index, begin.elapsed_time(end))
-        self._timed = []
+        self.timer.collect(self.trials.record)
 
         def agree(means: list[float]) -> list[float]:  # the slowest rank's time, on every rank
             t = torch.tensor(means, dtype=torch.float64, device=self.torch_device)
@@ -325,7 +276,7 @@ class Overlap:
             checking = self.trials.checking
             self._release([checking] if checking is not None else self.trials.final)
             return
-        self._use(picked)
+        self.placement.use(picked)
         self._release([picked])
         if self.rank == 0 and log.isEnabledFor(logging.INFO):
             final = {c.name for c in self.trials.final}
@@ -341,12 +292,8 @@ class Overlap:
 
     def _release(self, staying: list[Policy]) -> None:
         """Only ``staying`` (and plain DDP, whose group is the model's own) run from the next
-        step: the other policies' groups (their NCCL communicators and buffers), Interposers and
-        the window's hook go. The model is on one of those groups (the last step's, or the pick's)."""
-        self._groups.close(keep=[self._group_of(p) for p in staying] + [self._current])
-        if not any(p.window for p in staying) and self._window_hook is not None:
-            self._window_hook.remove()
-            self._window_hook = None
+        step: the other policies' groups, Interposers and the window's hook go."""
+        self.placement.release(staying)
         self.resources.close_interposers(keep=[p.cap for p in staying if p.cap is not None])
 
     # --- results and the end ---
@@ -364,9 +311,9 @@ class Overlap:
                 "trials": self.trials.report() if self.auto else None,
                 "host_us": self.cost.report(),
                 # what the policies' NCCL communicators took of the GPU's memory, outside torch's stats
-                "nccl_memory": self._groups.report(),
+                "nccl_memory": self.placement.groups.report(),
                 # what the policies hold now: once plain DDP is kept, no group, Interposer or hook
-                "held": dict(self.resources.held(), window_hook=self._window_hook is not None),
+                "held": dict(self.resources.held(), window_hook=self.placement.hook is not None),
                 "dropped": dict(self.dropped), "ranks": self.size, "ranks_per_gpu": self.ranks_per_gpu}
 
     def close(self, timeout: float = 120.0) -> None:
@@ -385,17 +332,11 @@ class Overlap:
         """Put the model back on its group and close what the policies made, each whatever the
         others do (the partitions stay: see :mod:`shimrt.torch.resources`)."""
         try:
-            model = getattr(self, "model", None)
-            if model is not None:
-                model.use(self.group, False)
+            placement = getattr(self, "placement", None)
+            if placement is not None:
+                placement.close()
         finally:
-            hook, self._window_hook = self._window_hook, None
-            if hook is not None:
-                hook.remove()
-            try:
-                self._groups.close()
-            finally:
-                self.resources.close()
+            self.resources.close()
 
     def __enter__(self) -> "Overlap":
         return self
