@@ -123,7 +123,7 @@ class Overlap:
         if auto is not None:
             policy = "auto"
         else:
-            # Parsed once, here, before any collective; its channels follow the ranks per GPU (_group_of).
+            # Parsed once, here, before any collective; its channels follow the ranks per GPU (Placement).
             named = parse(policy)
             if named.sequential:
                 raise UsageError(f"policy {named.name!r} reduces after backward, which DDP and FSDP2 do not do; "
