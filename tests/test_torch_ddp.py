@@ -277,6 +277,8 @@ def test_overlaps_arguments_are_checked_before_the_ddp(options, message):
     (dict(sms=[10**6]), "Auto.sms must be an int in 1..1024"),
     (dict(trial_steps=0), "Auto.trial_steps must be an int in 1..1000"),
     (dict(check_steps=-1), "Auto.check_steps must be an int in 0..1000"),
+    (dict(check_block=0), "Auto.check_block must be an int in 1..1000"),
+    (dict(check_always=1), "Auto.check_always must be"),
     (dict(margin=-0.1), "Auto.margin must be a finite number in 0..0.5"),
     (dict(margin=float("nan")), "Auto.margin must be a finite number"),
 ])
@@ -288,7 +290,8 @@ def test_autos_options_are_checked_where_they_enter(options, message):
 
 def test_auto_keeps_its_options_as_given():
     from shimrt.torch.policies import Auto
-    assert Auto() == Auto(sms=(32, 48, 64), trial_steps=3, margin=0.01, check_steps=4)
+    assert Auto() == Auto(sms=(32, 48, 64), trial_steps=3, margin=0.01, check_steps=4, check_block=1,
+                          check_always=False)
     assert Auto(sms=[64, 32]).sms == (64, 32)
 
 
@@ -347,6 +350,24 @@ def test_the_ddp_goals_say_a_miss_and_leave_out_goals_a_configuration_has_not():
     assert "auto 1.060x plain DDP (-6.0% below); at most 1.00x (+2.0% noise): NOT met; within 2%" in medians
     assert "at least" not in medians  # compute-heavy has no goal below plain DDP
     assert "(priority, 22.00 ms): NOT met" in medians
+
+
+def test_the_ddp_report_sets_auto_blocks_beside_auto_each_with_its_kept_line_and_goals():
+    from shimrt.bench.torch_ddp import AUTOS, report
+    assert AUTOS["auto-blocks"] == {"check_block": 6, "check_always": True}
+    r = _ddp_result()
+    r["ways"]["auto-blocks"] = dict(step_ms=22.2, steps_ms=[22.2] * 3, hidden=0.5, kept="priority", trial_steps=60,
+                                    trials={"check": {"policy": "priority", "held": True, "block": 6,
+                                                      "means_ms": {"ddp": 25.0, "priority": 22.1}}})
+    lines = report("comm-heavy-1024", r).splitlines()
+    kept = [x for x in lines if " kept priority: " in x]
+    assert kept[0].startswith("auto kept priority: 21.00 ms") and kept[1].startswith("auto-blocks kept priority: "
+                                                                                       "22.20 ms")
+    assert "its check in blocks of 6 beside plain DDP: ddp 25.00, priority 22.10 ms, priority held" in kept[1]
+    goals = [x for x in lines if x.startswith("goals by the")]
+    assert len(goals) == 4 and "auto-blocks 0.888x plain DDP" in goals[2]
+    # neither auto is the best fixed way of the other
+    assert all("best fixed way (priority" in g for g in goals)
 
 
 def test_the_ddp_bars_are_drawn(tmp_path):
@@ -518,3 +539,68 @@ def test_a_policy_of_ones_own_is_exported_and_taken_by_overlap(gloo):
     ddp = gloo.nn.parallel.DistributedDataParallel(gloo.nn.Linear(4, 4))
     with pytest.raises(UsageError, match="needs a DDP over NCCL"):
         shimrt.torch.overlap(ddp, policy=mine)
+
+
+def _to_check(check_block=3, check_always=False, trial=None, check=2):
+    """Trials of ddp, a and b through the search and confirmation (``trial``: their times),
+    returned at the start of the check, if one was scheduled."""
+    t = Trials([P("ddp"), P("a"), P("b")], steps=2, warmup=1, finalists=1, reference="ddp", check=check,
+               check_block=check_block, check_always=check_always)
+    trial = trial or {"ddp": 10.0, "a": 8.0, "b": 9.0}
+    run(t, trial)
+    assert t.decide() is None
+    run(t, trial)
+    return t, t.decide()
+
+
+def test_a_block_check_runs_each_visit_as_the_job_will_in_the_order_that_cancels_a_drift():
+    t, kept = _to_check()
+    assert kept is None and t.checking.name == "a"
+    ran = run(t, {"ddp": [10.0] * 6, "a": [8.0] * 6})
+    # visits of a warm-up and 3 timed steps: reference, pick, pick, reference
+    assert ran == ["ddp"] * 4 + ["a"] * 8 + ["ddp"] * 4
+    assert t.decide().name == "a"
+    check = t.report()["check"]
+    assert check["held"] and check["block"] == 3 and check["visit_means_ms"] == {"ddp": [10.0, 10.0],
+                                                                                 "a": [8.0, 8.0]}
+
+
+def test_a_pick_that_alternation_liked_but_blocks_do_not_gives_way():
+    """The own model at 284db66: 57.8 ms in alternation, 65.7 once kept, plain DDP 64.9: in blocks
+    the pick runs as kept, and plain DDP stays."""
+    t, _ = _to_check(trial={"ddp": 64.9, "a": 57.8, "b": 60.0})
+    run(t, {"ddp": [64.8, 65.0, 64.9, 64.7, 65.1, 64.9], "a": [65.7, 65.5, 65.9, 65.6, 65.8, 65.7]})
+    assert t.decide().name == "ddp" and not t.report()["check"]["held"]
+
+
+def test_a_block_check_weighs_the_noise_between_visits_not_between_steps_of_one_visit():
+    """Each visit steady inside, the visits far apart: 8% by the means, but within two standard
+    errors of the visits' means, so plain DDP stays."""
+    t, _ = _to_check()
+    run(t, {"ddp": [10.0] * 3 + [10.0] * 3, "a": [6.0] * 3 + [12.4] * 3})
+    assert t.decide().name == "ddp"
+    check = t.report()["check"]
+    assert check["means_ms"]["a"] == pytest.approx(9.2) and not check["held"]
+    assert check["visit_standard_errors_ms"]["a"] == pytest.approx(3.2)
+
+
+def test_check_always_checks_the_fastest_other_finalist_when_the_trials_kept_plain_ddp():
+    """balanced at 284db66: the trials kept plain DDP, a windowed carveout ran 7% faster fixed."""
+    t, kept = _to_check(check_always=True, trial={"ddp": 9.0, "a": 9.5, "b": 9.8})
+    assert kept is None and t.trials_chose == "ddp" and t.checking.name == "a"
+    run(t, {"ddp": [52.0, 52.1, 51.9] * 2, "a": [48.3, 48.2, 48.4] * 2})
+    assert t.decide().name == "a"
+    check = t.report()["check"]
+    assert check["held"] and check["after_reference_won"]
+    # without it, plain DDP is kept at once
+    t2, kept2 = _to_check(check_always=False, trial={"ddp": 9.0, "a": 9.5, "b": 9.8})
+    assert kept2.name == "ddp" and t2.checking is None
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(check_block=0), "check block must be an int"),
+    (dict(check_always="yes"), "check_always must be"),
+])
+def test_the_block_checks_options_are_checked(options, message):
+    with pytest.raises(UsageError, match=message):
+        Trials([P("ddp"), P("a")], reference="ddp", **options)

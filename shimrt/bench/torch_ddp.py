@@ -15,8 +15,9 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   steps counted apart, what it kept reported), with ``ov.step()``'s host microseconds per step
   (``priority`` is DDP on a process group of high-priority streams, what a user could make with
   ``pg_options``); with auto, also ``ddp`` (plain DDP under ``overlap(policy="ddp")``), so that
-  whatever auto kept has its fixed row in the same run: the table's last line sets them side by
-  side.
+  whatever auto kept has its fixed row in the same run: the table's last lines set them side by
+  side; and ``auto-blocks``, auto whose check runs in blocks of 6 steps and also when its trials
+  kept plain DDP (``Auto(check_block=6, check_always=True)``), beside the default for comparison.
 
 Every way runs ``--settle`` untimed steps before its warm-up (auto's trial steps count towards
 them): plain DDP of two ranks sharing a GPU has been seen to run its first twenty or so steps
@@ -55,6 +56,8 @@ from .torch_measure import comm_hidden, step_times_ms
 #: this of the best fixed policy.
 GOAL_BELOW = {"comm-heavy-1024": 0.03}
 GOAL_BEST = 0.02
+#: The autos of a run: the way's name -> its Auto options beyond --sms and --trial-steps.
+AUTOS: dict[str, dict[str, Any]] = {"auto": {}, "auto-blocks": {"check_block": 6, "check_always": True}}
 #: The ways that are plain DDP (the last under overlap(policy="ddp")): references, set apart in the goals.
 REFERENCES = ("plain DDP", "plain DDP again", "ddp")
 
@@ -161,7 +164,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     fixed = [p for p in vocabulary.candidates(args.sms, kinds) if p.baseline is None
              and not (args.fsdp and p.window)]  # FSDP2 marks no window (shimrt.torch.fsdp)
     # by name: overlap() sizes each policy's channels by the ranks per GPU; ddp: auto's kept plain job
-    ways += [(p.name, p.name) for p in fixed] + ([("ddp", "ddp"), ("auto", "auto")] if "auto" in kinds else [])
+    ways += [(p.name, p.name) for p in fixed] + ([("ddp", "ddp")] + [(a, a) for a in AUTOS] if "auto" in kinds else [])
     ways.append(("plain DDP again", None))  # the run's noise: plain DDP's first and last runs apart
     reference = None
     for way, policy in ways:
@@ -172,13 +175,15 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         ov = step = None
         try:
             if policy is not None:
-                ov = overlap(ddp, Auto(sms=args.sms, trial_steps=args.trial_steps) if policy == "auto" else policy,
+                chosen = (Auto(sms=args.sms, trial_steps=args.trial_steps, **AUTOS[policy]) if policy in AUTOS
+                          else policy)
+                ov = overlap(ddp, chosen,
                              timeout=args.comm_timeout)
                 entry["ranks_per_gpu"] = ov.ranks_per_gpu
             step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext,
                             loss_every=every)
             trials = 0
-            if ov is not None and policy == "auto":
+            if ov is not None and policy in AUTOS:
                 while ov.report()["policy"] is None:
                     step(trials)
                     trials += 1
@@ -204,7 +209,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         steps[way] = ms
         if reference is None:
             reference = losses
-        if policy != "auto" and losses and reference:
+        if policy not in AUTOS and losses and reference:
             entry["loss_max_diff"] = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
         out["ways"][way] = entry
     # The slowest rank's median, and its every step (the ranks' steps end together, at the all-reduces).
@@ -245,43 +250,49 @@ def report(name: str, r: dict) -> str:
              f"(no overlap can beat {max(r['compute_ms'], r['comm_ms']):.2f} ms)",
              f"{'way':24s} {'step ms':>8s} {'mean':>8s} {'slowest':>8s} {'vs DDP':>7s} {'hidden':>7s}  notes"]
     for way, e in ways.items():
-        notes = e.get("failed") or (f"kept {e['kept']} after {e['trial_steps']} trial steps" if way == "auto" else
+        notes = e.get("failed") or (f"kept {e['kept']} after {e['trial_steps']} trial steps" if way in AUTOS else
                                     f"loss max diff {e['loss_max_diff']:.3g}" if "loss_max_diff" in e else "")
         host = e.get("host_us") or {}
         if host.get("step_us") is not None:
             notes += f"; ov.step() {host['step_us']:.0f} us/step"
         lines.append(f"{way:24s} {e['step_ms']:8.2f} {means[way]:8.2f} {max(e['steps_ms']):8.2f} "
                      f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%}  {notes}")
-    if "auto" in ways and not math.isnan(ways["auto"]["step_ms"]):
-        lines.append(kept_line(r, means))
+    autos = [a for a in AUTOS if a in ways and not math.isnan(ways[a]["step_ms"])]
+    lines += [kept_line(r, means, a) for a in autos]
+    if autos:
         lines.append(f"noise: plain DDP's first and last runs {noise(r):.1%} apart (by their means)")
-        lines.append(_goals(name, "medians", {w: e["step_ms"] for w, e in ways.items()}, noise(r)))
-        lines.append(_goals(name, "means", means, noise(r)))
+    for a in autos:
+        lines.append(_goals(name, "medians", {w: e["step_ms"] for w, e in ways.items()}, noise(r), a))
+        lines.append(_goals(name, "means", means, noise(r), a))
     return "\n".join(lines)
 
 
-def kept_line(r: dict, means: dict[str, float]) -> str:
-    """What auto kept beside the same policy fixed in this run (by the means), and auto's check."""
-    auto = r["ways"]["auto"]
+def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
+    """What auto (``way``: one of :data:`AUTOS`) kept beside the same policy fixed in this run (by
+    the means), and its check."""
+    auto = r["ways"][way]
     kept = auto.get("kept")
-    said = f"auto kept {kept}: {means['auto']:.2f} ms"
+    said = f"{way} kept {kept}: {means[way]:.2f} ms"
     if kept in means and not math.isnan(means[kept]):
-        said += f"; fixed {kept} in this run {means[kept]:.2f} ms (auto {means['auto'] / means[kept]:.3f}x)"
+        said += f"; fixed {kept} in this run {means[kept]:.2f} ms ({way} {means[way] / means[kept]:.3f}x)"
     check = (auto.get("trials") or {}).get("check")
     if check:
         times = ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items())
-        said += f"; its check beside plain DDP: {times} ms, {check['policy']} {'held' if check['held'] else 'gave way'}"
+        blocks = f" in blocks of {check['block']}" if check.get("block") else ""
+        said += (f"; its check{blocks} beside plain DDP: {times} ms, {check['policy']} "
+                 f"{'held' if check['held'] else 'gave way'}")
     return said
 
 
-def _goals(name: str, by: str, ms: dict[str, float], slack: float) -> str:
+def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "auto") -> str:
     """How configuration ``name``'s goals stand by ``ms`` (way -> its step time; NaN for a way that
-    failed), auto never above plain DDP by more than ``slack`` (the run's noise)."""
-    auto, base = ms["auto"], ms["plain DDP"]
-    best = min((w for w, t in ms.items() if w not in ("auto", *REFERENCES) and not math.isnan(t)),
+    failed) for ``way`` (one of :data:`AUTOS`), never above plain DDP by more than ``slack`` (the
+    run's noise)."""
+    auto, base = ms[way], ms["plain DDP"]
+    best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES) and not math.isnan(t)),
                key=ms.__getitem__, default=None)
     below = 1 - auto / base
-    said = [f"goals by the {by}: auto {auto / base:.3f}x plain DDP ({below:+.1%} below); at most 1.00x "
+    said = [f"goals by the {by}: {way} {auto / base:.3f}x plain DDP ({below:+.1%} below); at most 1.00x "
             f"(+{slack:.1%} noise): {'met' if auto <= base * (1 + slack) else 'NOT met'}"]
     if name in GOAL_BELOW:
         said.append(f"at least {GOAL_BELOW[name]:.0%} below: {'met' if below >= GOAL_BELOW[name] else 'NOT met'}")

@@ -205,12 +205,17 @@ class Auto:
     and one timed step per candidate); ``margin``, how much faster than plain DDP its pick must
     be (beyond the trials' noise, which it also asks); ``check_steps``, the rounds of the check
     that a pick other than plain DDP must pass once the others' resources are gone (a round: a
-    warm-up and a timed step of plain DDP, then of the pick; 0: no check)."""
+    warm-up and a timed step of plain DDP, then of the pick; 0: no check); ``check_block``, timed
+    steps per visit of the check (above 1: the check runs in blocks, as the job will, and decides
+    on its own steps: :mod:`shimrt.torch.trials`); ``check_always``, check the fastest other
+    finalist in that way even when the trials kept plain DDP."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3
     margin: float = 0.01
     check_steps: int = 4
+    check_block: int = 1
+    check_always: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sms", tuple(kept_sms(self.sms, "Auto.sms")))
@@ -219,6 +224,9 @@ class Auto:
         object.__setattr__(self, "margin", validate.number(self.margin, "Auto.margin", least=0, most=0.5))
         object.__setattr__(self, "check_steps", validate.integer(self.check_steps, "Auto.check_steps", least=0,
                                                                  most=1000))
+        object.__setattr__(self, "check_block", validate.integer(self.check_block, "Auto.check_block", least=1,
+                                                                 most=1000))
+        object.__setattr__(self, "check_always", validate.boolean(self.check_always, "Auto.check_always"))
 
 
 def kept_sms(values: Any, what: str = "sms") -> list[int]:

@@ -153,7 +153,9 @@ class Overlap:
                 kinds = [k for k in KINDS if k not in ("sequential", "auto", "low-priority")]
                 usable = self._usable(candidates(auto.sms, kinds))
                 self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
-                                                      reference="ddp", check=auto.check_steps, lead=LEAD_STEPS)
+                                                      reference="ddp", check=auto.check_steps, lead=LEAD_STEPS,
+                                                      check_block=auto.check_block,
+                                                      check_always=auto.check_always)
             elif named is not None:  # a fixed policy: parsed above
                 if self._usable([named]) == []:
                     raise UsageError(f"policy {named.name!r} cannot run here: {self.dropped[named.name]}")

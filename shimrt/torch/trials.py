@@ -18,6 +18,15 @@ veto a steady gain by its spread; its direction still must hold.
 So auto never settles on a policy measured slower than DDP, and a pick that won the trials
 beside resources it no longer has, or in a lucky stretch, is measured again before it stays.
 
+The check can run in blocks instead (``check_block`` timed steps per visit, the visits in the
+order reference, pick, pick, reference, ...: a drift over the check weighs on both alike), and
+even where the trials kept the reference (``check_always``: the fastest other finalist is checked
+then). Steps that alternate policies every step ran at speeds neither policy runs at once kept
+(an H100, docs/ddp.md at 284db66: a windowed carveout 57.8 ms in the check's alternation, 65.7
+kept); blocks run as the job will. A block check decides on its own steps alone: the pick stays
+if its mean beats the reference's by the margin and by SIGNIFICANCE standard errors of the
+difference, each taken over the visits' means (steps of one visit are not independent).
+
 Why rounds and means, not each candidate's steps back to back and their median: a GPU shared by
 several ranks can run stretches of steps at two speeds, and a stretch outlasts a few steps in a
 row, so back-to-back steps measure one stretch while the policy kept may run at the other. Visits
@@ -55,7 +64,8 @@ class Trials:
     candidate in the search; ``reference``: the name of the one kept unless beaten."""
 
     def __init__(self, candidates: Sequence[Any], *, steps: int = 3, warmup: int = 1, finalists: int = 2,
-                 margin: float = 0.01, reference: str | None = None, check: int = 0, lead: int = 0):
+                 margin: float = 0.01, reference: str | None = None, check: int = 0, lead: int = 0,
+                 check_block: int = 1, check_always: bool = False):
         if not candidates or not all(isinstance(getattr(c, "name", None), str) for c in candidates):
             raise UsageError(f"candidates must be a non-empty list of policies, not {candidates!r:.100}")
         names = [c.name for c in candidates]
@@ -67,6 +77,8 @@ class Trials:
         self.margin = validate.number(margin, "margin", least=0, most=0.5)
         self.check_rounds = validate.integer(check, "check rounds", least=0, most=1000)
         lead = validate.integer(lead, "lead-in steps", least=0, most=1000)
+        self.check_block = validate.integer(check_block, "check block", least=1, most=1000)
+        self.check_always = validate.boolean(check_always, "check_always")
         if lead and reference is None:
             raise UsageError("lead-in steps run under the reference: give a reference, or lead=0")
         if reference is not None and reference not in names:
@@ -89,6 +101,11 @@ class Trials:
         self.check_times: dict[str, list[float]] = {}
         self.check: dict[str, Any] = {}
         self._check_from: int | None = None  # the schedule's index where the check starts
+        self._visit: dict[int, int] = {}  # a block check's timed step index -> its visit
+        #: a block check's timed steps per policy, by visit
+        self.check_visits: dict[str, dict[int, list[float]]] = {}
+        #: the name the search and confirmation chose (before any check), once they have
+        self.trials_chose: str | None = None
         self.picked: Any = None
 
     def _rounds(self, policies: list[Any], rounds: int | None = None) -> list[tuple[Any, bool]]:
@@ -129,6 +146,8 @@ class Trials:
         name = self.schedule[index][0].name
         if self._check_from is not None and index >= self._check_from:
             self.check_times[name].append(ms)
+            if index in self._visit:
+                self.check_visits[name].setdefault(self._visit[index], []).append(ms)
         else:
             self.times[name].append(ms)
 
@@ -159,15 +178,29 @@ class Trials:
             name = self._winner(pool, self.errors, reference)
         except ShimrtError:
             raise UsageError("auto timed no candidate: no trial step all-reduced") from None
+        self.trials_chose = name
         chosen = self._named(name)
-        if reference is None or name == reference or not self.check_rounds:
+        if reference is not None and name == reference and self.check_always:
+            others = [n for n, t in pool.items() if n != reference and math.isfinite(t)]
+            if others:  # the trials kept the reference: their fastest other is checked in blocks too
+                chosen = self._named(min(others, key=lambda n: pool[n]))
+        if reference is None or chosen.name == reference or not self.check_rounds:
             self.picked = chosen
             return chosen
         self.checking = chosen
         pair = [self._named(reference), chosen]
         self.check_times = {p.name: [] for p in pair}
         self._check_from = len(self.schedule)
-        self.schedule += self._rounds(pair, self.check_rounds)
+        if self.check_block == 1:
+            self.schedule += self._rounds(pair, self.check_rounds)
+        else:
+            self.check_visits = {p.name: {} for p in pair}
+            for visit in range(2 * self.check_rounds):  # reference, pick, pick, reference, ...
+                policy = pair[(visit + 1) // 2 % 2]
+                self.schedule += [(policy, True)] * self.warmup
+                for _ in range(self.check_block):
+                    self._visit[len(self.schedule)] = visit
+                    self.schedule.append((policy, False))
         return None
 
     def _end_check(self, agree: Agree | None) -> Any:
@@ -179,14 +212,22 @@ class Trials:
         means, errors = self._agreed(self.check_times, pair, agree)
         pooled = {p.name: self.times[p.name] + self.check_times[p.name] for p in pair}
         all_means, all_errors = self._agreed(pooled, pair, agree)
+        extra: dict[str, Any] = {}
         try:
             direction = choose.fastest(means, reference, self.margin)
-            held = direction == self.checking.name and self._winner(all_means, all_errors, reference) == direction
+            if self.check_block == 1:
+                held = direction == self.checking.name and self._winner(all_means, all_errors, reference) == direction
+            else:  # blocks: their own steps alone, the noise over the visits' means
+                visits = {n: [statistics.fmean(v) for v in by.values()] for n, by in self.check_visits.items()}
+                _, spread = self._agreed(visits, pair, agree)
+                held = direction == self.checking.name and self._winner(means, spread, reference) == direction
+                extra = {"block": self.check_block, "visit_means_ms": visits, "visit_standard_errors_ms": spread}
         except ShimrtError:  # the check timed neither: what the trials chose is all there is to go on
-            held = True
+            held = self.trials_chose == self.checking.name
         self.check = {"policy": self.checking.name, "rounds": self.check_rounds, "times_ms": self.check_times,
                       "means_ms": means, "standard_errors_ms": errors, "all_means_ms": all_means,
-                      "all_standard_errors_ms": all_errors, "held": held}
+                      "all_standard_errors_ms": all_errors, "held": held,
+                      "after_reference_won": self.trials_chose == reference, **extra}
         self.picked = self.checking if held else self._named(reference)
         return self.picked
 
