@@ -18,33 +18,60 @@ import json
 import statistics
 import sys
 
+#: What gpu_run.sh asks nvidia-smi for, in this order (``--fields`` prints it): the CSV is read by
+#: position, since nvidia-smi heads a column by the field's full name (``clocks.current.sm`` for
+#: ``clocks.sm``), not by the name asked.
+FIELDS = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
+
 # nvml.h's nvmlClocksEventReason* bits.
 REASONS = {0x1: "idle", 0x2: "app clocks", 0x4: "SW power cap", 0x8: "HW slowdown", 0x10: "sync boost",
            0x20: "SW thermal", 0x40: "HW thermal", 0x80: "HW power brake", 0x100: "display clocks"}
 
 
+def _number(text: str) -> float:
+    """A sample's value; NaN for what nvidia-smi says it cannot read ("[N/A]", "[Not Supported]")."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of the values read (NaN where none was)."""
+    read = [v for v in values if v == v]
+    return statistics.fmean(read) if read else float("nan")
+
+
 def samples(path: str) -> list[dict]:
-    """nvidia-smi's CSV rows (header names as given, units dropped), each with ``t`` (epoch s)."""
+    """nvidia-smi's CSV rows, keyed by :data:`FIELDS` (by position), each with ``t`` (epoch s).
+    Rows that are not samples (its header, a line cut off when it was stopped) are left out."""
     out = []
     with open(path, newline="") as f:
-        rows = csv.reader(f)
-        header = [h.strip().split(" [")[0] for h in next(rows)]
-        for row in rows:
-            if len(row) != len(header):
-                continue  # a line nvidia-smi cut off when it was stopped
-            d = dict(zip(header, (v.strip() for v in row), strict=True))
-            local = datetime.datetime.strptime(d["timestamp"], "%Y/%m/%d %H:%M:%S.%f")
+        for row in csv.reader(f):
+            if len(row) != len(FIELDS):
+                continue
+            d = dict(zip(FIELDS, (v.strip() for v in row), strict=True))
+            try:
+                local = datetime.datetime.strptime(d["timestamp"], "%Y/%m/%d %H:%M:%S.%f")
+            except ValueError:
+                continue  # the header
             d["t"] = local.timestamp()  # nvidia-smi prints the machine's local time
             out.append(d)
     return out
 
 
 def reasons(mask_text: str) -> str:
-    mask = int(mask_text, 16)
+    try:
+        mask = int(mask_text, 16)
+    except ValueError:
+        return "unknown"
     return "+".join(n for b, n in REASONS.items() if mask & b) or "none"
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--fields"]:  # what gpu_run.sh passes to nvidia-smi's --query-gpu
+        print(",".join(FIELDS))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bench_json")
     p.add_argument("clocks_csv")
@@ -66,11 +93,11 @@ def main() -> int:
             if not inside:
                 print(f"{label:42s} {ms:8.2f}  no sample in its {t1 - t0:.2f} s")
                 continue
-            sm = [float(s["clocks.sm"]) for s in inside]
-            watts = statistics.fmean(float(s["power.draw"]) for s in inside)
-            temp = statistics.fmean(float(s["temperature.gpu"]) for s in inside)
+            sm = [v for v in (_number(s["clocks.sm"]) for s in inside) if v == v] or [float("nan")]
+            watts = _mean([_number(s["power.draw"]) for s in inside])
+            temp = _mean([_number(s["temperature.gpu"]) for s in inside])
             why = sorted({reasons(s["clocks_event_reasons.active"]) for s in inside})
-            print(f"{label:42s} {ms:8.2f} {statistics.fmean(sm):7.0f} {min(sm):6.0f} {watts:6.0f} {temp:4.0f}  "
+            print(f"{label:42s} {ms:8.2f} {_mean(sm):7.0f} {min(sm):6.0f} {watts:6.0f} {temp:4.0f}  "
                   f"{', '.join(why)}")
     return 0
 

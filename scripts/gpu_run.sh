@@ -87,8 +87,8 @@ fi
 # The GPU's clocks, power and throttle reasons, 4 a second, beside the DDP runs (plain DDP runs at two speeds;
 # python scripts/clocks_by_way.py OUT/torch_ddp.json OUT/gpu_clocks.csv says which ran at which clock).
 if [ "$part" = ddp ] || [ "$part" = own ]; then
-  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
-    --format=csv,nounits -lms 250 > "$OUT/gpu_clocks.csv" 2>&1 &
+  nvidia-smi --query-gpu="$(python3 scripts/clocks_by_way.py --fields)" --format=csv,nounits -lms 250 \
+    > "$OUT/gpu_clocks.csv" 2>>"$summary" &
   sampler=$!
 fi
 # torchrun and MPS as a user starts them by hand; every rank bounded (the script's group timeout, then timeout).

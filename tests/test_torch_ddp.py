@@ -604,3 +604,23 @@ def test_check_always_checks_the_fastest_other_finalist_when_the_trials_kept_pla
 def test_the_block_checks_options_are_checked(options, message):
     with pytest.raises(UsageError, match=message):
         Trials([P("ddp"), P("a")], reference="ddp", **options)
+
+
+def test_check_always_without_check_rounds_keeps_plain_ddp_never_an_unchecked_slower_policy():
+    """Review finding: check_always with no check rounds once kept the fastest other finalist
+    outright, slower than plain DDP."""
+    t = Trials([P("ddp"), P("a"), P("b")], steps=1, warmup=0, finalists=2, reference="ddp", check=0,
+               check_always=True)
+    run(t, {"ddp": 10.0, "a": 20.0, "b": 30.0})
+    assert t.decide() is None
+    run(t, {"ddp": 10.0, "a": 20.0, "b": 30.0})
+    assert t.decide().name == "ddp" and t.checking is None
+
+
+def test_a_block_check_of_one_round_is_refused_it_could_not_see_its_noise():
+    with pytest.raises(UsageError, match="a check in blocks needs at least 2 rounds"):
+        Trials([P("ddp"), P("a")], reference="ddp", check=1, check_block=4)
+    from shimrt.torch.policies import Auto
+    with pytest.raises(UsageError, match="Auto.check_block above 1 needs at least 2 check_steps"):
+        Auto(check_steps=1, check_block=6)
+    assert Auto(check_steps=0, check_block=6).check_block == 6  # no check at all: nothing to refuse

@@ -255,10 +255,11 @@ class Communicator:
         s, r = buffers_of(name, row, send, recv)
         datatype = datatype_of(s, name, row.buffers)
         count = count_of(name, row, s, r, self.size)
-        if stream is None:
+        if stream is None and not self.stream.closed:
             target, stream_handle = self.stream, self._own_handle
-        else:
-            target, stream_handle = stream, self.device.stream_handle(stream)
+        else:  # (a closed own stream is refused here, as any closed stream is)
+            target = self.stream if stream is None else stream
+            stream_handle = self.device.stream_handle(target)
         handle = self.state.handle
         if not handle:
             raise self.state.dead()

@@ -207,8 +207,9 @@ class Auto:
     that a pick other than plain DDP must pass once the others' resources are gone (a round: a
     warm-up and a timed step of plain DDP, then of the pick; 0: no check); ``check_block``, timed
     steps per visit of the check (above 1: the check runs in blocks, as the job will, and decides
-    on its own steps: :mod:`shimrt.torch.trials`); ``check_always``, check the fastest other
-    finalist in that way even when the trials kept plain DDP."""
+    on its own steps: :mod:`shimrt.torch.trials`; at least 2 ``check_steps`` then);
+    ``check_always``, check the fastest other finalist even when the trials kept plain DDP (with
+    ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is)."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3
@@ -227,6 +228,9 @@ class Auto:
         object.__setattr__(self, "check_block", validate.integer(self.check_block, "Auto.check_block", least=1,
                                                                  most=1000))
         object.__setattr__(self, "check_always", validate.boolean(self.check_always, "Auto.check_always"))
+        if self.check_block > 1 and self.check_steps == 1:
+            raise UsageError("Auto.check_block above 1 needs at least 2 check_steps (the check's noise is taken "
+                             "between its visits), not check_steps=1")
 
 
 def kept_sms(values: Any, what: str = "sms") -> list[int]:

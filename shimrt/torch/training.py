@@ -334,6 +334,8 @@ class Overlap:
         """Put the model back on its group and close what the policies made, each whatever the
         others do (the partitions stay: see :mod:`shimrt.torch.resources`)."""
         try:
+            self.window.aim(None)  # a step whose entry failed may have left it aimed, or open
+            self.window.close()
             placement = getattr(self, "placement", None)
             if placement is not None:
                 placement.close()

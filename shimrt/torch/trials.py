@@ -79,6 +79,9 @@ class Trials:
         lead = validate.integer(lead, "lead-in steps", least=0, most=1000)
         self.check_block = validate.integer(check_block, "check block", least=1, most=1000)
         self.check_always = validate.boolean(check_always, "check_always")
+        if self.check_block > 1 and self.check_rounds == 1:
+            raise UsageError("a check in blocks needs at least 2 rounds (its noise is taken between visits), "
+                             "not check=1")
         if lead and reference is None:
             raise UsageError("lead-in steps run under the reference: give a reference, or lead=0")
         if reference is not None and reference not in names:
@@ -180,7 +183,7 @@ class Trials:
             raise UsageError("auto timed no candidate: no trial step all-reduced") from None
         self.trials_chose = name
         chosen = self._named(name)
-        if reference is not None and name == reference and self.check_always:
+        if reference is not None and name == reference and self.check_always and self.check_rounds:
             others = [n for n, t in pool.items() if n != reference and math.isfinite(t)]
             if others:  # the trials kept the reference: their fastest other is checked in blocks too
                 chosen = self._named(min(others, key=lambda n: pool[n]))
