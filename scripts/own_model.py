@@ -85,9 +85,14 @@ def main() -> None:
     p.add_argument("--image", type=int, default=32, help="cnn: image side")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--link", choices=("native", "socket"), default="native",
+                   help="socket: each rank a host of its own, NCCL's sockets over the loopback (shimrt.nccl.link)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.link != "native":  # before the first communicator: NCCL reads its variables once
+        from shimrt.nccl.link import use_link
+        use_link(args.link, int(os.environ.get("RANK", "0")))
     device = torch.device("cuda", local % torch.cuda.device_count())  # two ranks on one GPU: both on 0
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=90))

@@ -13,7 +13,7 @@ import pwd
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from . import validate
 from .errors import UsageError
@@ -37,6 +37,13 @@ VARIABLES = {
                       "ranks on GPU 0 (python -m shimrt.launch --devices sets it; default: local rank i uses GPU i)",
     "NCCL_MULTI_RANK_GPU_ENABLE": "NCCL's (2.30+): 1 lets several ranks of one communicator share a GPU; "
                                   "read, not owned, by shimrt, to refuse a shared GPU NCCL would refuse",
+    "NCCL_HOSTID": "NCCL's: the host a rank says it is on; python -m shimrt.launch --link socket gives each rank "
+                   "one of its own (shimrt.nccl.link), so that NCCL carries their collectives as between machines; "
+                   "read, not owned, by shimrt: ranks of different hosts share no GPU in NCCL's eyes",
+    "NCCL_NET": "NCCL's: its network transport; --link socket sets Socket (read, not owned, by shimrt)",
+    "NCCL_SOCKET_IFNAME": "NCCL's: the interfaces its sockets use; --link socket sets lo, the loopback (read, not "
+                          "owned, by shimrt)",
+    "NCCL_IB_DISABLE": "NCCL's: 1 keeps InfiniBand out; --link socket sets it (read, not owned, by shimrt)",
     "SHIMRT_RANK": "set by python -m shimrt.launch: this process's rank",
     "SHIMRT_WORLD_SIZE": "set by python -m shimrt.launch: the number of ranks",
     "SHIMRT_LOCAL_RANK": "set by python -m shimrt.launch: the rank on this machine (its GPU: see SHIMRT_DEVICES)",
@@ -111,7 +118,8 @@ class Settings:
     here, so that everything that does not use NCCL (compiling kernels) works whatever it says.
     ``mps_control`` (SHIMRT_MPS_CONTROL) likewise: :mod:`shimrt.launch.mps` judges it when MPS is asked
     for. ``mps_pipe_directory`` is CUDA_MPS_PIPE_DIRECTORY, the MPS daemon this process's CUDA
-    would join (None: CUDA's default, /tmp/nvidia-mps).
+    would join (None: CUDA's default, /tmp/nvidia-mps). ``nccl_hostid`` is NCCL_HOSTID: set,
+    this process's ranks name a host of their own to NCCL (:mod:`shimrt.nccl.link`).
     """
 
     backend: str | None
@@ -122,6 +130,7 @@ class Settings:
     nccl_multi_rank_gpu: bool = False
     mps_control: str | None = None
     mps_pipe_directory: str | None = None
+    nccl_hostid: str | None = None
 
     def __post_init__(self) -> None:
         validate.one_of(self.backend, "backend", (None, *BACKENDS))
@@ -153,7 +162,21 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
                     nccl_library=os.path.expanduser(library) if library else None,
                     rocm_path=_get(env, "ROCM_PATH"), nccl_multi_rank_gpu=_nccl_flag(env, "NCCL_MULTI_RANK_GPU_ENABLE"),
                     mps_control=os.path.expanduser(control) if control else None,
-                    mps_pipe_directory=_get(env, "CUDA_MPS_PIPE_DIRECTORY"))
+                    mps_pipe_directory=_get(env, "CUDA_MPS_PIPE_DIRECTORY"), nccl_hostid=_get(env, "NCCL_HOSTID"))
+
+
+def given(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables of ``names`` (each one of :data:`VARIABLES`) that the environment sets, with
+    their values: what a caller about to set them must not silently override."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for name in names:
+        if name not in VARIABLES:
+            raise UsageError(f"{name} is not a variable shimrt reads (shimrt.config.VARIABLES)")
+        value = _get(env, name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def _cache_dir(env: Mapping[str, str]) -> Path:

@@ -326,11 +326,15 @@ def run(args: argparse.Namespace, sizes: dict) -> int:
     import torch.distributed as dist
 
     from .. import cli
+    from ..nccl.link import link_of_process
     if not torch.cuda.is_available():
         raise UsageError("bench torch needs torch with CUDA")
     with cli.deadline(args.timeout):
         r = _Rank(torch, dist, args)
-        results: dict = {"ranks": r.size, "configs": {}}
+        # the link every communicator of the run crosses (python -m shimrt.launch --link)
+        results: dict = {"ranks": r.size, "link": link_of_process() or "native", "configs": {}}
+        if r.rank == 0:
+            print(f"{r.size} ranks, their collectives over the {results['link']} link", flush=True)
         for name, size in sizes.items():
             results["configs"][name] = result = run_config(r, name, size, list(args.policies))
             if r.rank == 0:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import config, validate
 from ..config import BACKENDS, LaunchEnv, device_map, devices_of, launch_env
 from ..errors import CollectiveError, ShimrtError, UsageError
+from ..nccl.link import LINKS
 from ..stream import MAX_TIMEOUT
 from . import mps
 from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
@@ -178,7 +179,8 @@ def init(device: Device | None = None, *, options: CommOptions | None = None) ->
     if env.devices is not None and env.devices.count(device.index) > 1:
         from ..nccl.config import check_shared_gpu
         from ..nccl.library import load
-        check_shared_gpu(load(device.backend), device.backend, f"SHIMRT_DEVICES={','.join(map(str, env.devices))}")
+        check_shared_gpu(load(device.backend), device.backend, f"SHIMRT_DEVICES={','.join(map(str, env.devices))}",
+                         process_per_rank=True)
     r = rendezvous(backend=device.backend)
     return Communicator(device, r.unique_id, r.rank, r.world_size, options=options)
 
@@ -289,6 +291,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="run the ranks as clients of an MPS daemon started for them and stopped after them, so "
                              "that ranks sharing a GPU (--devices 0,0) run side by side instead of taking turns; it "
                              "works with one rank per GPU too")
+    parser.add_argument("--link", choices=LINKS, default="native",
+                        help="what the ranks' collectives cross: native (what NCCL finds between them) or socket "
+                             "(each rank a host of its own, NCCL's sockets over the loopback: a network between "
+                             "machines, on this one; shimrt.nccl.link)")
     parser.add_argument("--timeout", metavar="SECONDS", default=None,
                         type=validate.argument(validate.number, "--timeout", positive=True, most=MAX_TIMEOUT),
                         help="stop every process after this many seconds and exit with 124 (default: no limit)")
@@ -329,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
         config.check()  # a bad SHIMRT_* value is refused here, before any process starts
-        return run(args.nproc, target, args.timeout, args.devices, mps=args.mps)
+        return run(args.nproc, target, args.timeout, args.devices, mps=args.mps, link=args.link)
     except ShimrtError as exc:
         say(str(exc))
         return 2

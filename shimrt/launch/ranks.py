@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import IO, Any, Mapping, Sequence
 
 from .. import backends, validate
-from ..config import device_map
+from ..config import device_map, given
 from ..errors import CollectiveError, ShimrtError, UsageError
+from ..nccl.link import LINKS, link_env
 from ..stream import timeout_seconds
 from .mps import Mps
 
@@ -200,12 +201,13 @@ def _stop(ranks: list[_Rank], sig: int, signals: _Signals, grace: float = GRACE_
 
 
 def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
-        devices: Sequence[int] | None = None, mps: bool = False) -> int:
+        devices: Sequence[int] | None = None, mps: bool = False, link: str = "native") -> int:
     """Start ``nproc`` copies of ``python argv...``, one per local rank, and wait for them.
     ``devices``: the GPU of each rank (SHIMRT_DEVICES in their environment; None: rank i on GPU
     i, or what SHIMRT_DEVICES already says). ``mps``: run them as clients of an MPS daemon
     started for them (:class:`shimrt.launch.mps.Mps`; MpsError, before any rank starts, where it
-    cannot be), stopped once every rank is reaped.
+    cannot be), stopped once every rank is reaped. ``link``: what their collectives cross
+    (:mod:`shimrt.nccl.link`: "socket" gives each rank NCCL's variables of a host of its own).
 
     Stops them all when one fails, when ``timeout`` seconds pass, or when the launcher gets
     SIGTERM, SIGINT or SIGHUP (passed on to each rank; SIGKILL after :data:`GRACE_S`).
@@ -215,6 +217,11 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
     it returns or raises."""
     nproc = validate.integer(nproc, "nproc", least=1, most=validate.MAX_INT32)  # NCCL's rank count: a C int
     mps = validate.boolean(mps, "mps")
+    validate.one_of(link, "link", LINKS)  # refused here, before anything starts
+    wanted = link_env(link, 0)  # each rank's NCCL_HOSTID is its own: any one set already would be replaced
+    if clash := {k: v for k, v in given(wanted).items() if k == "NCCL_HOSTID" or v != wanted[k]}:
+        raise UsageError(f"--link {link} sets NCCL's {', '.join(clash)}, which this environment sets already "
+                         f"({', '.join(f'{k}={v}' for k, v in clash.items())}): unset them, or leave the link native")
     if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
         raise UsageError(f"argv must be a non-empty list of strings (a script and its arguments), not {argv!r}")
     argv = [validate.text(a, "every item of argv", empty=True) for a in argv]
@@ -242,7 +249,8 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
             for rank in range(nproc):
                 if signals.received:
                     break
-                ranks.append(_start(rank, nproc, argv, uid, uid_error, lock, devices, extra))
+                ranks.append(_start(rank, nproc, argv, uid, uid_error, lock, devices,
+                                    {**(extra or {}), **link_env(link, rank)}))
             code, stop_with = _watch(ranks, timeout, signals)
             if daemon is not None and code not in (0, TIMEOUT_EXIT) and not signals.received:
                 for line in daemon.log_tail():  # a rank failed: what the MPS server saw, before it goes

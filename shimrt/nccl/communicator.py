@@ -41,6 +41,7 @@ from . import alltoall, library
 from .collectives import MAX_RANKS, buffers_of, count_of, datatype_of, op_of, rank_of, row_of
 from .config import MIN_VERSION, CommOptions, check_shared_gpu
 from .group import Queued, bounded, enqueue, group, open_calls, run, settle
+from .link import link_of_process
 from .prepared import PreparedCall
 from .watchdog import CommState, watchdog
 from .work import Work
@@ -161,6 +162,10 @@ class Communicator:
         backends = {d.backend for d in devices}
         if len(backends) > 1:
             raise UsageError(f"local() needs devices of one backend, got {', '.join(sorted(backends))}")
+        if len(devices) > 1 and (link := link_of_process()) is not None:
+            raise UsageError(f"Communicator.local: this process's ranks would cross the {link} link, which gives each "
+                             "rank a host of its own, and ranks of one process share the process's (NCCL_HOSTID): "
+                             "run one process per rank (python -m shimrt.launch --link), or leave the link native")
         lib = library.load(devices[0].backend)
         indices = [d.index for d in devices]
         if len(set(indices)) < len(indices):

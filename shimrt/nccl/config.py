@@ -43,11 +43,13 @@ MIN_VERSION = FIELDS[0][2]
 MULTI_RANK_GPU_VERSION = 23000  # the first NCCL that can put ranks of one communicator on one GPU
 
 
-def check_shared_gpu(lib: Any, backend: str, where: str) -> None:
+def check_shared_gpu(lib: Any, backend: str, where: str, *, process_per_rank: bool = False) -> None:
     """CollectiveError, before NCCL is called, when ``where`` puts several ranks on one GPU and
     the NCCL in ``lib`` would refuse it ("Duplicate GPU detected"): NCCL before 2.30, or 2.30+
-    without NCCL_MULTI_RANK_GPU_ENABLE=1. RCCL ("hip") answers for itself."""
-    if backend != "cuda":
+    without NCCL_MULTI_RANK_GPU_ENABLE=1. Not where each rank has a process of its own
+    (``process_per_rank``) that names its own host to NCCL (NCCL_HOSTID, :mod:`shimrt.nccl.link`):
+    NCCL then sees one GPU per host. RCCL ("hip") answers for itself."""
+    if backend != "cuda" or (process_per_rank and settings().nccl_hostid is not None):
         return
     if lib.version < MULTI_RANK_GPU_VERSION:
         raise CollectiveError(f"{where} puts several ranks on one GPU, which NCCL {lib.version_text} ({lib.path}) "

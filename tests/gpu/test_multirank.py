@@ -129,8 +129,8 @@ def test_prepared_calls_of_two_ranks_go_into_one_group(ranks):
         both()  # refused before NCCL sees any of it
 
 
-def _launch(*args, timeout=240):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+def _launch(*args, timeout=240, extra=None):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), **(extra or {}))
     for name in ("SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_LOCAL_RANK", "SHIMRT_LOCAL_WORLD_SIZE",
                  "SHIMRT_NCCL_UNIQUE_ID", "SHIMRT_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(name, None)
@@ -149,6 +149,39 @@ def test_every_collective_of_two_processes_equals_numpy(device):
     for rank in (0, 1):
         ok = re.findall(rf"^\[rank {rank}\] OK {rank} (.+)$", run.stdout, re.M)
         assert len(ok) == 18, run.stdout[-3000:]  # every collective, the async handles, a future and barrier
+
+
+@pytest.mark.timeout(300)
+def test_every_collective_over_the_socket_link_equals_numpy(device):
+    """python -m shimrt.launch --link socket: each rank names a host of its own, so NCCL carries
+    the collectives over its socket transport on the loopback (NCCL says so at INFO), two ranks on
+    one GPU whatever NCCL's version; every output element against numpy, as over the native link."""
+    try:
+        library.load(device.backend)
+    except CollectiveError as exc:
+        pytest.skip(f"NCCL is not available: {exc}")
+    if device.backend != "cuda":
+        pytest.skip("the socket link's variables are NCCL's; RCCL's are not checked here")
+    indices = ["0,1"] if device.device_count() >= 2 else [f"{device.index},{device.index}"]
+    env_extra = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    run = _launch("--nproc", "2", "--devices", indices[0], "--link", "socket", "--timeout", "200", str(PROBE),
+                  "collectives", extra=env_extra)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    for rank in (0, 1):
+        ok = re.findall(rf"^\[rank {rank}\] OK {rank} (.+)$", run.stdout, re.M)
+        assert len(ok) == 18, run.stdout[-3000:]
+    assert "NET/Socket" in run.stdout, run.stdout[-3000:]  # NCCL's own word for the transport it took
+
+
+@pytest.mark.timeout(120)
+def test_ranks_of_one_process_are_refused_the_socket_link_with_the_reason(device, tmp_path):
+    script = tmp_path / "local_on_socket.py"
+    script.write_text("import sys\nfrom shimrt import Device, UsageError\nfrom shimrt.nccl import Communicator\n"
+                      "d = Device()\ntry:\n    Communicator.local([d, d])\nexcept UsageError as e:\n"
+                      "    print('REFUSED', e)\n    sys.exit(0)\nsys.exit('not refused')\n")
+    run = _launch("--nproc", "1", "--link", "socket", str(script))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "REFUSED Communicator.local: this process's ranks would cross the socket link" in run.stdout, run.stdout
 
 
 @pytest.mark.timeout(120)
