@@ -36,6 +36,8 @@ class Collective:
                   comm: ctypes.c_void_p, stream: ctypes.c_void_p | int) -> tuple:
         """The C arguments in the order of the function's prototype: the buffers, count,
         datatype, [op], [root or peer], comm, stream."""
+        if self.reduces and self.rank is None:  # all_reduce, reduce_scatter: the calls a loop makes most
+            return send, recv, count, datatype, op, comm, stream
         return ((send, recv)[:self.buffers] + (count, datatype) + ((op,) if self.reduces else ())
                 + ((rank,) if self.rank else ()) + (comm, stream))
 
