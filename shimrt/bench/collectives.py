@@ -216,6 +216,7 @@ def report(rows: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     """``bench collectives``: measure, print nccl-tests' table (and with --torch torch's times
     and the latency table), write --json."""
+    from ..nccl.link import link_of_process
     from . import latency
     steps = sizes(args.min_bytes, args.max_bytes, args.factor)
     comms = _communicators(args.local_ranks, blocking=not args.nonblocking)  # NCCL loaded before torch
@@ -240,13 +241,14 @@ def run(args: argparse.Namespace) -> int:
             c.close()
     if lead.rank == 0:
         where = f"{lead.size} ranks, {'one per process' if len(comms) == 1 else f'{len(comms)} in this process'}"
-        print(f"# {kind} communicators, NCCL {lead.lib.version_text} ({lead.lib.path})")
+        link = link_of_process() or "native"  # python -m shimrt.launch --link
+        print(f"# {kind} communicators, NCCL {lead.lib.version_text} ({lead.lib.path}), over the {link} link")
         print(report(rows))
         if torch_nccl is not None:
             print(f"torch.distributed used NCCL {torch_nccl}; shimrt {lead.lib.version_text}")
         if lat:
             print(latency.report(lat, where))
-        cli.finish("", {"ranks": lead.size, "local_ranks": len(comms), "blocking": not args.nonblocking,
+        cli.finish("", {"ranks": lead.size, "local_ranks": len(comms), "blocking": not args.nonblocking, "link": link,
                         "nccl": lead.lib.version_text, "nccl_path": lead.lib.path, "rows": rows,
                         "torch_nccl": torch_nccl, "latency": lat}, args.json)
     return 0
