@@ -7,6 +7,8 @@ is ``--steps`` steps timed by CUDA events (the slowest rank's); a suspect is ``-
 under a fixed policy through :func:`shimrt.torch.overlap`, then its ``close()``; the same DDP
 then trains on plainly. ``auto`` runs auto's trials and is timed once kept; ``fresh`` is a new
 DDP of the same weights. Rank 0 prints a line per segment: mean, median, min, max (ms).
+``--fsdp``: the same with FSDP2 (``fully_shard`` of every block, then the model; foreach AdamW, as
+bench torch's) in place of DDP; ``windowed-carveout`` is not offered there.
 """
 
 from __future__ import annotations
@@ -33,9 +35,15 @@ def main() -> None:
     p.add_argument("--config", default="comm-heavy-1024", choices=list(CONFIGS))
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--visit", type=int, default=6)
-    p.add_argument("--suspects", default="priority,shaping:2,carveout:32,windowed-carveout:32,partition:32,auto,fresh")
+    p.add_argument("--suspects", default=None,
+                   help="comma-separated (default: priority,shaping:2,carveout:32,windowed-carveout:32 (not with "
+                        "--fsdp),partition:32,auto,fresh)")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) in place of DDP")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.suspects is None:
+        windowed = [] if args.fsdp else ["windowed-carveout:32"]
+        args.suspects = ",".join(["priority", "shaping:2", "carveout:32", *windowed, "partition:32", "auto", "fresh"])
     device = torch.device("cuda", launch_env().device)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=120))
@@ -47,6 +55,12 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
         model = build(size, device)
+        if args.fsdp:
+            from torch.distributed.fsdp import fully_shard
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+            return model, torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
         ddp = DDP(model, device_ids=[device.index])
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         return ddp, opt
@@ -91,7 +105,7 @@ def main() -> None:
         if suspect == "fresh":
             del ddp, opt
             ddp, opt = fresh()
-            segment("fresh DDP, plain", warmup=10)
+            segment(f"fresh {'FSDP2' if args.fsdp else 'DDP'}, plain", warmup=10)
             continue
         if suspect == "auto":
             ov = overlap(ddp, Auto(sms=(32,)))
@@ -115,7 +129,7 @@ def main() -> None:
     segment("plain (last)")
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": args.config, "segments": results}, f)
+            json.dump({"config": args.config, "fsdp": args.fsdp, "segments": results}, f)
     dist.destroy_process_group()
 
 
