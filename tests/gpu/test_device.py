@@ -160,7 +160,10 @@ def test_synchronize_with_timeout_raises_instead_of_hanging(device):
     k = device.load(device.compile(kernels.source("probe"), name="probe.cu"))["sm_probe"]
     bufs = (device.empty(1, np.uint32), device.empty(1, np.uint64), device.empty(1, np.uint64))
     with device.stream() as s:
-        k.launch(1, 32, *bufs, 500_000_000, stream=s)  # 0.5 s
+        # 2 s of spinning: both 0.05-s waits below end before it, even on a host that stalls for a
+        # second (a full-suite run on an H100 once saw this test fail where it passed alone; cause
+        # not known, its message cut with the run)
+        k.launch(1, 32, *bufs, 2_000_000_000, stream=s)
         with pytest.raises(shimrt.ShimrtError, match="did not finish within"):
             s.synchronize(timeout=0.05)
         with pytest.raises(shimrt.ShimrtError, match="did not finish within"):
