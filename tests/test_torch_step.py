@@ -421,6 +421,12 @@ def test_a_window_holds_the_carveout_from_its_opening_to_its_close_and_only_when
     with Window(8).held():
         assert get() == 8
     assert get() == before
+    w.aim(24)
+    w.open()
+    w.clear()  # closed, and aimed at nothing: the next opening does nothing
+    assert not w.is_open and get() == before
+    w.open()
+    assert not w.is_open and get() == before
     with pytest.raises(UsageError, match="Window sms must be an int"):
         w.aim(-1)
 

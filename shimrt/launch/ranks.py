@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import IO, Any, Mapping, Sequence
 
 from .. import backends, validate
-from ..config import device_map, given
+from ..config import device_map
 from ..errors import CollectiveError, ShimrtError, UsageError
-from ..nccl.link import LINKS, link_env
+from ..nccl.link import LINKS, clashes, link_env
 from ..stream import timeout_seconds
 from .mps import Mps
 
@@ -218,8 +218,8 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
     nproc = validate.integer(nproc, "nproc", least=1, most=validate.MAX_INT32)  # NCCL's rank count: a C int
     mps = validate.boolean(mps, "mps")
     validate.one_of(link, "link", LINKS)  # refused here, before anything starts
-    wanted = link_env(link, 0)  # each rank's NCCL_HOSTID is its own: any one set already would be replaced
-    if clash := {k: v for k, v in given(wanted).items() if k == "NCCL_HOSTID" or v != wanted[k]}:
+    # the first and last ranks' variables: any NCCL_HOSTID set already differs from one of theirs
+    if clash := clashes(link, {0, nproc - 1}):
         raise UsageError(f"--link {link} sets NCCL's {', '.join(clash)}, which this environment sets already "
                          f"({', '.join(f'{k}={v}' for k, v in clash.items())}): unset them, or leave the link native")
     if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:

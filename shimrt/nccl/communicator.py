@@ -260,11 +260,11 @@ class Communicator:
         s, r = buffers_of(name, row, send, recv)
         datatype = datatype_of(s, name, row.buffers)
         count = count_of(name, row, s, r, self.size)
-        if stream is None and not self.stream.closed:
-            target, stream_handle = self.stream, self._own_handle
-        else:  # (a closed own stream is refused here, as any closed stream is)
-            target = self.stream if stream is None else stream
-            stream_handle = self.device.stream_handle(target)
+        target = self._target(stream)
+        # the own stream's handle as read once; any other stream, or a closed own one (refused
+        # there, as any closed stream is), through the device
+        stream_handle = self._own_handle if target is self.stream and not target.closed \
+            else self.device.stream_handle(target)
         handle = self.state.handle
         if not handle:
             raise self.state.dead()

@@ -20,6 +20,7 @@ cannot each name a host: a link other than native is refused there.
 from __future__ import annotations
 
 import os
+from typing import Iterable
 
 from .. import validate
 from ..config import given, settings
@@ -46,12 +47,22 @@ def use_link(link: str, rank: int) -> dict[str, str]:
     them once). UsageError naming a variable already set to another value (the user's or a
     launcher's: one of them would be ignored). Returns what it set."""
     wanted = link_env(link, rank)
-    for name, value in given(wanted).items():
-        if value != wanted[name]:
-            raise UsageError(f"link {link!r} sets {name}={wanted[name]}, but the environment already has "
-                             f"{name}={value}: unset it, or leave the link native")
+    if clash := clashes(link, [rank]):
+        name, value = next(iter(clash.items()))
+        raise UsageError(f"link {link!r} sets {name}={wanted[name]}, but the environment already has "
+                         f"{name}={value}: unset it, or leave the link native")
     os.environ.update(wanted)  # putenv too: NCCL's getenv sees them
     return wanted
+
+
+def clashes(link: str, ranks: Iterable[int]) -> dict[str, str]:
+    """The variables :func:`link_env` sets for any of ``ranks`` that the environment already sets
+    to another value (name -> the environment's value): setting them would silently override it."""
+    out: dict[str, str] = {}
+    for rank in ranks:
+        wanted = link_env(link, rank)
+        out.update({name: value for name, value in given(wanted).items() if value != wanted[name]})
+    return out
 
 
 def link_of_process() -> str | None:

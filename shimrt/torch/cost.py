@@ -50,10 +50,9 @@ class StepTimer:
 
     def end(self, stream: Any, begun: Any, index: int | None) -> None:
         """The step begun at ``begun`` ends now on ``stream``; kept for trial ``index``."""
-        event = self._torch.cuda.Event(enable_timing=True)
-        event.record(stream)
+        ended = self.begin(stream)  # an event recorded now, as a start's is
         if index is not None:
-            self._pending.append((index, begun, event))
+            self._pending.append((index, begun, ended))
 
     def collect(self, record: Callable[[int, float], None]) -> None:
         """``record(index, ms)`` for every step kept since the last collection, oldest first."""

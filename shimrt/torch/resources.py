@@ -202,6 +202,11 @@ class Window:
         if held is not None:
             held.__exit__(None, None, None)
 
+    def clear(self) -> None:
+        """Close it and aim at nothing: no window until the next :meth:`aim`."""
+        self._sms = None
+        self.close()
+
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         """The window as a context manager (``NcclBuckets(beside=window.held)``)."""

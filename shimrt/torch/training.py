@@ -252,8 +252,7 @@ class Overlap:
             finally:
                 start = now()
                 self._active = None
-                self.window.aim(None)
-                self.window.close()
+                self.window.clear()
                 if part is not None:
                     current.wait_stream(torch_stream(part))
         if timed:
@@ -334,11 +333,8 @@ class Overlap:
         """Put the model back on its group and close what the policies made, each whatever the
         others do (the partitions stay: see :mod:`shimrt.torch.resources`)."""
         try:
-            self.window.aim(None)  # a step whose entry failed may have left it aimed, or open
-            self.window.close()
-            placement = getattr(self, "placement", None)
-            if placement is not None:
-                placement.close()
+            self.window.clear()  # a step whose entry failed may have left it aimed, or open
+            self.placement.close()
         finally:
             self.resources.close()
 
