@@ -25,6 +25,8 @@ import numpy as np
 from . import dlpack
 from .errors import UsageError
 
+__all__ = ["pointer_getters", "encode", "Packer"]
+
 _INT = {1: "b", 2: "h", 4: "i", 8: "q"}
 _UINT = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _FLOAT = {4: "f", 8: "d"}

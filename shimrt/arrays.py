@@ -14,6 +14,8 @@ import numpy as np
 from . import dlpack
 from .errors import UsageError
 
+__all__ = ["ArrayInfo", "describe"]
+
 
 class ArrayInfo(NamedTuple):
     """A device array as collectives and launches see it (a tuple: made on every call, cheaply)."""

@@ -15,6 +15,8 @@ from typing import Any, Callable, Literal, NewType, Protocol, overload
 
 from .errors import NoDeviceError, UsageError
 
+__all__ = ["NAMES", "Driver", "load", "Check", "Rtc", "Trace", "PARTS", "members"]
+
 NAMES = ("cuda", "hip")
 
 # The binding's own objects, opaque to the core: names for what each Driver method takes and

@@ -30,6 +30,8 @@ from . import includes
 from .errors import UsageError
 from .program import KernelResources
 
+__all__ = ["MAX_ENTRY_BYTES", "MAGIC", "Entry", "warn_once", "load", "store"]
+
 log = logging.getLogger(__name__)
 
 #: Entries larger than this are neither read nor written.

@@ -15,6 +15,8 @@ from typing import Callable, Hashable, Iterable, Mapping, TypeVar
 from . import validate
 from .errors import ShimrtError, UsageError
 
+__all__ = ["fastest"]
+
 K = TypeVar("K", bound=Hashable)
 
 

@@ -25,6 +25,9 @@ from typing import Any, Callable, Iterator, Sequence
 from . import __version__, config, validate
 from .errors import ShimrtError, UsageError
 
+__all__ = ["summary", "parser", "subcommand", "main", "finish", "add_json", "writable_folder", "add_timeout",
+           "deadline", "count", "distinct", "nbytes", "integer_text", "number_text", "renamed"]
+
 VERSION = f"shimrt {__version__}"
 _ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :class:`Device` -> Device
 

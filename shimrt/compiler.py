@@ -38,6 +38,8 @@ from .errors import CompileError, UsageError
 from .program import Program
 from .targets import Target
 
+__all__ = ["compile"]
+
 # Options that pick the GPU architecture (NVRTC's, hipRTC's and clang's spellings): the target
 # does that, and an option saying otherwise would label a Program with an arch its binary is not.
 _ARCH_OPTION = re.compile(r"^--?(gpu-architecture|arch|offload-arch|cuda-gpu-arch|amdgpu-target|march|mcpu|"

@@ -18,6 +18,9 @@ from typing import Iterable, Mapping
 from . import validate
 from .errors import UsageError
 
+__all__ = ["BACKENDS", "MAX_RANKS", "cache_folder", "settings", "given", "LaunchEnv", "devices_of", "device_map",
+           "launch_env", "check"]
+
 #: name -> what it does; the README's table is written from this.
 VARIABLES = {
     "SHIMRT_BACKEND": "force the GPU backend: 'cuda' or 'hip', any case (default: the first one with a device)",

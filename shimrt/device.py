@@ -23,6 +23,8 @@ from .program import Program
 from .stream import PRIORITIES, Event, Stream, timeout_seconds
 from .targets import Target
 
+__all__ = ["Device", "Partition"]
+
 
 class Device(Owning):
     """One GPU, through the CUDA backend when a CUDA driver and device are present (or HIP).

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["DEVICE_MEMORY", "device_of", "tensor_info", "data_pointer", "export"]
+
 # DLDeviceType values used here.
 CPU, CUDA, CUDA_HOST, ROCM, ROCM_HOST, CUDA_MANAGED = 1, 2, 3, 10, 11, 13
 DEVICE_MEMORY = {CUDA, CUDA_MANAGED, ROCM}

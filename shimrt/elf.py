@@ -17,6 +17,8 @@ import struct
 import sys
 from dataclasses import dataclass
 
+__all__ = ["header", "notes", "library_problem"]
+
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")   # Elf64_Ehdr
 _SHDR = struct.Struct("<IIQQQQIIQQ")         # Elf64_Shdr
 _NHDR = struct.Struct("<III")                # Elf64_Nhdr: namesz, descsz, type

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+__all__ = ["ShimrtError", "DriverError", "CompileError", "NoDeviceError", "CollectiveError", "UsageError",
+           "STICKY_ERRORS"]
+
 
 class ShimrtError(Exception):
     """Base class of every error shimrt raises on purpose."""

@@ -29,6 +29,8 @@ import re
 import stat
 from dataclasses import dataclass, field
 
+__all__ = ["SearchPath", "Scan", "search_path", "scan", "file_digest", "read_regular", "canonical"]
+
 #: Headers larger than this, or more of them than MAX_HEADERS, make a compile untracked.
 MAX_HEADER_BYTES = 64 << 20
 MAX_HEADERS = 10_000

@@ -22,6 +22,8 @@ from .launchpath import MAX_BLOCK, MAX_GRID, LaunchState, build_launch, dim3
 from .lifetime import Owning, finalizer
 from .program import Program
 
+__all__ = ["SHAPED_CARVEOUT", "Module", "Kernel"]
+
 if TYPE_CHECKING:
     from .device import Device
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from .errors import ShimrtError, UsageError
 
+__all__ = ["directory", "names", "source", "include_folders"]
+
 _HERE = Path(__file__).resolve().parent
 # A wheel carries the folder inside the package; a checkout (or editable install) has it beside.
 _CANDIDATES = (_HERE / "kernels_src", _HERE.parent / "kernels_src")

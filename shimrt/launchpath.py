@@ -32,6 +32,8 @@ from .errors import UsageError
 from .memory import Buffer
 from .stream import Stream
 
+__all__ = ["MAX_GRID", "MAX_BLOCK", "dim3", "LaunchState", "build_launch"]
+
 if TYPE_CHECKING:
     from .device import Device
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Self
 
+__all__ = ["finalizer", "close_each", "Closing", "Owning"]
+
 
 def _quiet(release: Callable[..., Any], *args) -> None:
     """Run a release call from a finalizer; the driver may already be gone at exit."""

@@ -17,6 +17,8 @@ from .arrays import ArrayInfo
 from .errors import UsageError
 from .lifetime import Closing, finalizer
 
+__all__ = ["as_shape", "as_dtype", "nbytes_of", "Buffer"]
+
 if TYPE_CHECKING:
     from .device import Device
 

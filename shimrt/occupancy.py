@@ -29,6 +29,9 @@ from .program import KernelResources
 from .targets import Target
 from .targets import get as _get_target
 
+__all__ = ["occupancy", "max_active_blocks", "Footprint", "NCCL_2_28_SM90", "Shaping", "resource_counts", "shape",
+           "coresident"]
+
 _UNLIMITED = 1 << 30
 
 

@@ -9,6 +9,8 @@ from . import validate
 from .errors import UsageError
 from .targets import Target
 
+__all__ = ["KernelResources", "Program"]
+
 
 @dataclass(frozen=True)
 class KernelResources:

@@ -15,6 +15,8 @@ from . import validate, waiting
 from .errors import ShimrtError, UsageError
 from .lifetime import Owning, finalizer
 
+__all__ = ["PRIORITIES", "MAX_TIMEOUT", "timeout_seconds", "Stream", "Event"]
+
 if TYPE_CHECKING:
     from .device import Device
 

@@ -26,6 +26,8 @@ from typing import Any
 from . import validate
 from .errors import UsageError
 
+__all__ = ["MAX_SMS", "MAX_BLOCK_THREADS", "Target", "get"]
+
 _KIB = 1024
 
 #: Bounds no GPU exceeds, for values given before a device is known (a policy's SMs, a

@@ -21,6 +21,9 @@ import numpy as np
 
 from .errors import UsageError
 
+__all__ = ["MAX_INT32", "MAX_UINT32", "shown", "integer", "number", "boolean", "text", "one_of", "nbytes",
+           "writable_file", "readable_file", "available_host_memory", "require_memory", "argument", "listed"]
+
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 # ASCII digits only (\d would take "١٢"), and few enough for int() (Python refuses 4300+ digits).
 _SIZE = re.compile(r"^\s*([0-9]{1,30})\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)

@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 from .errors import DriverError
 
+__all__ = ["checker", "read_attributes", "ready"]
+
 
 def checker(describe: Callable) -> tuple[Callable, Callable]:
     """(check, raise_for) for a backend whose ``describe(err)`` gives (name, code, description).

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+__all__ = ["until"]
+
 
 def until(done: Any, timeout: float, first: float = 1e-5, longest: float = 1e-3, spin: float = 0.0) -> bool:
     """Call ``done()`` until it returns true (then True) or ``timeout`` seconds pass (then False).

@@ -2,3 +2,5 @@
 
 Benchmarks print ratios measured side by side in one run; they are never asserted in tests.
 """
+
+__all__ = []

@@ -35,6 +35,8 @@ from ..device import Device
 from ..errors import UsageError
 from ..nccl import buffer_counts, group
 
+__all__ = ["add_arguments", "run"]
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 MAX_BYTES = 1 << 40  # 1 TiB: more than any GPU holds, and the sizes stay within what drivers take
 

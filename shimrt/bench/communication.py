@@ -16,9 +16,12 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..launch import local_devices
 from ..overlap.auto import search
-from ..overlap.engine import Engine, Result, Schedule
+from ..overlap.engine import Engine, Result
+from ..overlap.schedule import Schedule
 from ..overlap.standin import CommStandIn, StandInSpec
 from ..overlap.workloads import ComputeWorkload
+
+__all__ = ["comm_kind", "Communication", "Retune", "auto_nccl"]
 
 if TYPE_CHECKING:
     from ..nccl import Communicator

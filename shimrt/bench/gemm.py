@@ -23,6 +23,8 @@ from ..errors import ShimrtError, UsageError
 from ..overlap import workloads
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
 
+__all__ = ["add_arguments", "run"]
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``bench gemm``."""

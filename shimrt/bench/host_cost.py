@@ -33,6 +33,8 @@ from .. import cli, validate
 from ..device import Device
 from ..errors import CollectiveError
 
+__all__ = ["add_arguments", "run"]
+
 if TYPE_CHECKING:
     from ..memory import Buffer
     from ..nccl import Communicator

@@ -36,6 +36,9 @@ from ..errors import UsageError
 from ..nccl import buffer_counts, group, prepare_group
 from ..nccl.library import version_text
 
+__all__ = ["torch_nccl_version", "check_same_nccl", "torch_group", "latency", "local_latency", "torch_device_times",
+           "report"]
+
 if TYPE_CHECKING:
     from ..nccl import Communicator
     from ..nccl.library import Library

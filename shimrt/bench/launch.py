@@ -35,6 +35,8 @@ import numpy as np
 from .. import cli, kernels, validate
 from ..device import Device
 
+__all__ = ["add_arguments", "run"]
+
 #: option -> (default, what it counts); each must be at least 1.
 COUNTS = {"batch": (200, "launches per enqueue batch"), "batches": (200, "enqueue batches per method"),
           "launches": (20000, "launches per throughput round"), "rounds": (5, "throughput rounds")}

@@ -31,12 +31,15 @@ from ..errors import ShimrtError, UsageError
 from ..overlap import planner
 from ..overlap.auto import ChoiceCache, search
 from ..overlap.collective import COLLECTIVES, NcclCollective
-from ..overlap.engine import Engine, Result, Schedule
+from ..overlap.engine import Engine, Result
+from ..overlap.schedule import Schedule
 from ..overlap.standin import MAX_LINK_GBPS, MIN_LINK_GBPS, STEPS, CommStandIn, StandInSpec
 from ..overlap.workloads import ComputeSpec, ComputeWorkload
 from .communication import Communication, Retune, auto_nccl
 from .communication import comm_kind as _comm_kind
 from .progress import Progress
+
+__all__ = ["add_arguments", "run"]
 
 SCHEMA = "shimrt.bench.overlap/1"
 _MIB = 1 << 20

@@ -24,6 +24,8 @@ from ..errors import ShimrtError
 from ..validate import argument
 from .results import SCHEMA, load, validate  # noqa: F401 - SCHEMA and load are this module's names too
 
+__all__ = ["write_all", "new_figure", "save_png", "add_arguments", "run"]
+
 # Panels follow the order in which the controls build on one another; unknown policies go last.
 POLICIES = ("sequential", "concurrent", "priority", "shaping", "shaping+priority", "partition", "auto")
 DPI = 100

@@ -8,6 +8,8 @@ from typing import TextIO
 
 from .. import validate
 
+__all__ = ["Progress"]
+
 
 class Progress:
     """``step(label)`` before each of ``total`` units of work; ``close()`` at the end."""

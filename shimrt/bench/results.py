@@ -16,6 +16,8 @@ from ..errors import ShimrtError
 from ..targets import MAX_SMS
 from ..validate import shown
 
+__all__ = ["SCHEMA", "validate", "load"]
+
 SCHEMA = "shimrt.bench.overlap/1"
 METRICS = ("makespan_ms", "t_comp_ms", "t_comm_ms")
 MAX_MS = 1e9         # 11 days: a longer time is no benchmark's, and near 1e308 the axes overflow

@@ -51,6 +51,8 @@ from typing import Any, Callable
 from ..errors import ShimrtError, UsageError
 from .torch_measure import comm_hidden, step_times_ms
 
+__all__ = ["run"]
+
 #: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
 #: never above it by more than the run's noise (plain DDP's first and last runs apart), within
 #: this of the best fixed policy.

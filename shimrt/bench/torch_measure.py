@@ -35,6 +35,9 @@ from ..device import Device
 from ..errors import ShimrtError
 from ..occupancy import Footprint, coresident
 
+__all__ = ["step_times_ms", "timed_steps", "phases", "bound", "sharing", "comm_alone", "comm_hidden", "contention",
+           "timeline", "interposer_cost", "is_nccl", "finish"]
+
 if TYPE_CHECKING:
     from ..torch.step import GradientBuckets, NcclBuckets
     from .torch_trainer import Trainer

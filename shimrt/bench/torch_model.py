@@ -13,6 +13,8 @@ from typing import Any
 from .. import validate
 from ..errors import UsageError
 
+__all__ = ["ModelSize", "build", "batch"]
+
 #: The parameters' dtype: bf16 throughout, or fp32 master weights with bf16 autocast (mixed
 #: precision, the usual data-parallel set-up: its gradients, and so its all-reduces, are fp32).
 WEIGHTS = ("bfloat16", "float32")

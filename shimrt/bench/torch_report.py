@@ -8,6 +8,8 @@ from typing import Any
 
 from .plots import new_figure, save_png
 
+__all__ = ["timelines_png", "report"]
+
 
 def timelines_png(name: str, result: dict, path: Any) -> Path:
     """One row per policy of configuration ``name``: compute kernels above, NCCL's below, in ms

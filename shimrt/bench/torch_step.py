@@ -43,6 +43,8 @@ from .progress import Progress
 from .torch_measure import comm_hidden, finish, interposer_cost, is_nccl, timed_steps
 from .torch_report import report, timelines_png
 
+__all__ = ["CONFIGS", "add_arguments", "run"]
+
 if TYPE_CHECKING:
     from ..torch.step import GradientBuckets
 
@@ -382,7 +384,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
     except ImportError:
         raise UsageError("bench torch needs PyTorch with CUDA: pip install 'shimrt[torch]'") from None
-    from ..launch import launch_env, local_devices
+    from ..config import launch_env
+    from ..launch import local_devices
     launch = launch_env()
     if launch.world_size > 1 and args.local_ranks is None:  # one process per rank: DDP and shimrt.torch.overlap
         from . import torch_ddp

@@ -10,6 +10,8 @@ from .. import validate
 from ..errors import UsageError
 from ..torch.step import GradientBuckets, NcclBuckets
 
+__all__ = ["Trainer"]
+
 
 class Trainer:
     """A model's training step on one batch: forward, backward with the gradients' all-reduces

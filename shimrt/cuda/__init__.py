@@ -3,4 +3,6 @@
 Only modules in this package import ``cuda.bindings``; every call goes through ``check.py``.
 """
 
+__all__ = ["NAME"]
+
 NAME = "cuda"

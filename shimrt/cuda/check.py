@@ -11,8 +11,12 @@ import ctypes
 import functools
 from typing import Any
 
+from ..backends import Check, members
 from ..errors import NoDeviceError
 from ..vendor import checker
+
+#: what the core may call (Check, :mod:`shimrt.backends`), and what this backend's other modules import
+__all__ = members(Check) + ["bindings", "nvrtc_bindings", "CuptiResult"]
 
 
 def bindings():

@@ -9,10 +9,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..backends import Driver, members
 from ..errors import NoDeviceError
 from ..vendor import read_attributes, ready
 from .check import bindings, check, raise_for
 from .check import library_path as _library_path
+
+#: what the core may call (Driver, :mod:`shimrt.backends`)
+__all__ = members(Driver)
 
 NAME = "cuda"
 DLPACK_DEVICE_TYPE = 2          # kDLCUDA

@@ -6,10 +6,14 @@ import os
 import re
 
 from .. import elf, includes
+from ..backends import Rtc, members
 from ..errors import CompileError
 from ..program import KernelResources
 from .check import check, describe, nvrtc_bindings
 from .check import library_path as _library_path
+
+#: what the core may call (Rtc, :mod:`shimrt.backends`)
+__all__ = members(Rtc)
 
 # ptxas -v: "Compiling entry function 'k' for 'sm_90'", then stack/spill and register lines.
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")

@@ -4,4 +4,6 @@ It mirrors ``shimrt.cuda`` name for name. Only modules in this package import hi
 every call goes through ``check.py``.
 """
 
+__all__ = ["NAME"]
+
 NAME = "hip"

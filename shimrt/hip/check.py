@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends import Check, members
 from ..errors import NoDeviceError
 from ..vendor import checker
+
+#: what the core may call (Check, :mod:`shimrt.backends`), and what this backend's other modules import
+__all__ = members(Check) + ["bindings", "loaded"]
 
 # What to do when the libraries cannot be loaded (hip-python dlopens these plain names).
 INSTALL_HINT = ("install hip-python (pip install 'shimrt[hip]') and ROCm; on Debian bookworm "

@@ -11,10 +11,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..backends import Driver, members
 from ..errors import NoDeviceError, ShimrtError
 from ..vendor import read_attributes, ready
 from .check import bindings, check, loaded, raise_for
 from .check import library_path as _library_path
+
+#: what the core may call (Driver, :mod:`shimrt.backends`)
+__all__ = members(Driver)
 
 NAME = "hip"
 DLPACK_DEVICE_TYPE = 10         # kDLROCM

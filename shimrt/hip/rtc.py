@@ -13,10 +13,14 @@ import re
 import tempfile
 
 from .. import elf, includes
+from ..backends import Rtc, members
 from ..errors import CompileError, NoDeviceError
 from ..program import KernelResources
 from .check import bindings, check, describe, loaded
 from .check import library_path as _library_path
+
+#: what the core may call (Rtc, :mod:`shimrt.backends`)
+__all__ = members(Rtc)
 
 EM_AMDGPU = 224
 NT_AMDGPU_METADATA = 32

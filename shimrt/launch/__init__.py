@@ -52,7 +52,9 @@ from ..errors import CollectiveError, ShimrtError, UsageError
 from ..nccl.link import LINKS
 from ..stream import MAX_TIMEOUT
 from . import mps
-from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say  # noqa: F401 - the launcher's names
+from .ranks import FORWARDED_SIGNALS, GRACE_S, TIMEOUT_EXIT, run, say
+
+__all__ = ["environment", "init", "local_devices", "main", "FORWARDED_SIGNALS", "GRACE_S", "TIMEOUT_EXIT", "run", "say"]
 
 if TYPE_CHECKING:
     from ..device import Device

@@ -30,6 +30,8 @@ from .. import validate
 from ..config import settings
 from ..errors import DriverError, NoDeviceError, ShimrtError, UsageError
 
+__all__ = ["MpsError", "find_control", "running", "client_error", "Mps"]
+
 #: The control program's name, looked for on PATH and then in :data:`SEARCHED`.
 CONTROL = "nvidia-cuda-mps-control"
 #: Where NVIDIA's container images and driver packages put it, often off PATH.

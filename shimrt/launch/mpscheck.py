@@ -19,6 +19,8 @@ from ..config import launch_env
 from ..errors import CollectiveError, ShimrtError
 from . import mps
 
+__all__ = ["Unavailable", "status", "selftest", "main"]
+
 if TYPE_CHECKING:
     from ..device import Device
     from ..nccl.library import Library

@@ -23,6 +23,8 @@ from ..nccl.link import LINKS, clashes, link_env
 from ..stream import timeout_seconds
 from .mps import Mps
 
+__all__ = ["GRACE_S", "FORWARDED_SIGNALS", "TIMEOUT_EXIT", "say", "run"]
+
 #: Seconds the ranks get to exit after the signal that stops them, before SIGKILL.
 GRACE_S = 5.0
 #: Signals the launcher passes on to every rank (a batch scheduler sends SIGTERM).

@@ -12,6 +12,8 @@ from ..errors import UsageError
 from .collectives import datatype_of, rank_of, row_of
 from .group import Queued
 
+__all__ = ["block_calls"]
+
 if TYPE_CHECKING:
     from .communicator import Communicator
 

@@ -14,6 +14,9 @@ from .. import arrays, validate
 from ..errors import UsageError
 from . import library
 
+__all__ = ["COLLECTIVES", "MAX_RANKS", "row_of", "buffer_counts", "nccl_count", "count_of", "datatype_of", "buffers_of",
+           "op_of", "rank_of"]
+
 
 @dataclass(frozen=True)
 class Collective:

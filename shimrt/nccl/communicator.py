@@ -46,6 +46,8 @@ from .prepared import PreparedCall
 from .watchdog import CommState, watchdog
 from .work import Work
 
+__all__ = ["unique_id", "Communicator"]
+
 
 def unique_id(lib: library.Library | None = None, *, backend: str | None = None) -> bytes:
     """A fresh ncclUniqueId (128 bytes) for rank 0 to share with the others. No GPU needed.

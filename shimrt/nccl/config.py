@@ -19,6 +19,8 @@ from ..config import settings
 from ..errors import CollectiveError, UsageError
 from ..stream import timeout_seconds
 
+__all__ = ["MIN_VERSION", "check_shared_gpu", "has_field", "CommOptions"]
+
 MAGIC = 0xCAFEBEEF        # NCCL_API_MAGIC
 UNDEF_INT = -(2**31)      # NCCL_CONFIG_UNDEF_INT = INT_MIN
 CTA_POLICIES = {"default": 0x00, "efficiency": 0x01, "zero": 0x02}  # NCCL_CTA_POLICY_* (2.27+)

@@ -21,6 +21,9 @@ from ..errors import CollectiveError, UsageError
 from . import library
 from .watchdog import CommState
 
+__all__ = ["Queued", "bounded", "settle", "run", "open_calls", "enqueue", "group", "refuse_shared_stream", "members_of",
+           "run_group"]
+
 if TYPE_CHECKING:
     from .communicator import Communicator
 

@@ -29,6 +29,8 @@ from .. import elf
 from ..config import settings
 from ..errors import CollectiveError, UsageError
 
+__all__ = ["IN_PROGRESS", "BROKEN", "DATATYPES", "REDOPS", "UniqueId", "version_text", "Library", "load"]
+
 BACKENDS = ("cuda", "hip")
 
 # ncclResult_t values (nccl.h); ncclTimeout exists from 2.30 on.

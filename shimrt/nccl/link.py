@@ -26,6 +26,8 @@ from .. import validate
 from ..config import given, settings
 from ..errors import UsageError
 
+__all__ = ["LINKS", "link_env", "use_link", "clashes", "link_of_process"]
+
 #: The links a run's collectives can cross (see the module's docstring).
 LINKS = ("native", "socket")
 _HOSTID = "shimrt-link-rank-"  # each rank's host name: this and its rank

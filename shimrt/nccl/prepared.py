@@ -10,6 +10,8 @@ from typing import Any
 from ..errors import UsageError
 from .group import Queued, enqueue, members_of, open_calls, refuse_shared_stream, run, run_group
 
+__all__ = ["PreparedCall", "PreparedGroup", "prepare_group"]
+
 
 class _Live:
     """What a prepared call checks where there is no shimrt object to check: always live."""

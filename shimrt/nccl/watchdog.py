@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 from ..errors import CollectiveError
 
+__all__ = ["CommState", "watchdog"]
+
 #: How many followed collectives a communicator keeps before the caller reaps finished ones even
 #: when it has spare events (a tight loop enqueues faster than the watchdog looks).
 REAP_AT = 64

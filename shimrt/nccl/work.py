@@ -20,6 +20,8 @@ from ..errors import CollectiveError
 from ..stream import Event, timeout_seconds
 from . import library
 
+__all__ = ["Work"]
+
 if TYPE_CHECKING:
     from .communicator import Communicator
 

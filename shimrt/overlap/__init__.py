@@ -10,7 +10,8 @@
 Importing this package loads no vendor binding; the submodules that need a GPU take a Device.
 """
 
-from .engine import Engine, Op, Schedule
+from .engine import Engine
 from .planner import FIXED, POLICIES, Choice, Problem, candidates, plan
+from .schedule import Op, Schedule
 
 __all__ = ["Choice", "Engine", "FIXED", "Op", "POLICIES", "Problem", "Schedule", "candidates", "plan"]

@@ -24,6 +24,8 @@ from ..errors import ShimrtError, UsageError
 from . import planner
 from .planner import Choice
 
+__all__ = ["ChoiceCache", "search"]
+
 if TYPE_CHECKING:
     from .engine import Engine
 

@@ -32,6 +32,8 @@ from ..occupancy import NCCL_2_28_SM90, Footprint
 from ..validate import available_host_memory, require_memory
 from .standin import size_label
 
+__all__ = ["COLLECTIVES", "NcclCollective"]
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
 # send_recv is a grouped send and recv of one buffer each: the Communicator's "send" sizes it.

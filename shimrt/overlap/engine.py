@@ -32,6 +32,8 @@ from . import metrics, planner
 from .planner import Choice
 from .schedule import KINDS, CommWork, ComputeWork, Op, Schedule
 
+__all__ = ["Result", "Engine"]
+
 #: The most repeats a run takes: more is a typo, not a measurement (each repeat runs the schedule).
 MAX_REPEATS = 10_000
 

@@ -19,6 +19,8 @@ from ..device import Device
 from ..errors import UsageError
 from ..nccl import CommOptions, Communicator, unique_id
 
+__all__ = ["main"]
+
 
 def _operations(comm: Communicator, send, recv) -> dict:
     """name -> function enqueueing one operation on the communicator's stream."""

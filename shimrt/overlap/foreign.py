@@ -26,6 +26,8 @@ from ..errors import ShimrtError, UsageError
 from ..targets import Target
 from ..targets import get as get_target
 
+__all__ = ["Launch", "Decisions"]
+
 #: What a decision does: pad the launch's dynamic shared memory, or leave the launch as it is.
 ACTIONS = ("pad", "skip")
 

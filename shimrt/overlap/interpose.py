@@ -25,6 +25,8 @@ from ..errors import ShimrtError, UsageError
 from ..occupancy import Footprint
 from .foreign import Decisions, Launch
 
+__all__ = ["Interposer"]
+
 #: Why a launch that should be padded went unchanged: its limit is raised at the next settle.
 DEFERRED = "its dynamic shared memory limit is raised at the block's end; launched unchanged until then"
 

@@ -15,6 +15,8 @@ import numpy as np
 from .. import validate
 from ..errors import UsageError
 
+__all__ = ["Span", "blocks", "span", "Metrics", "compute", "median_run"]
+
 
 @dataclass(frozen=True)
 class Span:

@@ -21,6 +21,8 @@ from ..occupancy import Footprint
 from ..stream import PRIORITIES
 from ..targets import MAX_BLOCK_THREADS, MAX_SMS, Target
 
+__all__ = ["POLICIES", "FIXED", "Choice", "Problem", "plan", "Estimate", "estimate", "Rejected", "candidates", "sweeps"]
+
 #: Every policy, in report order; ``auto`` picks among the choices of the others.
 POLICIES = ("sequential", "concurrent", "priority", "shaping", "shaping+priority", "partition", "auto")
 FIXED = POLICIES[:-1]

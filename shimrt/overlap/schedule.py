@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 from .. import validate
 from ..errors import UsageError
 
+__all__ = ["KINDS", "ComputeWork", "CommWork", "Op", "Schedule"]
+
 if TYPE_CHECKING:
     import numpy as np
 

@@ -16,6 +16,10 @@ from .. import validate
 from ..errors import ShimrtError, UsageError
 from ..validate import available_host_memory, require_memory
 
+__all__ = ["KINDS", "SGEMM_TILE", "SGEMM_THREADS", "MAX_BLOCK", "LAYERNORM_EPS", "ComputeSpec", "as_spec", "as_seed",
+           "as_scale", "input_elements", "host_bytes", "device_bytes", "inputs", "expected", "inputs_names",
+           "tolerance", "compare"]
+
 KINDS = ("sgemm", "bias_gelu", "softmax", "layernorm")
 _KERNEL = {"sgemm": "sgemm", "bias_gelu": "bias_gelu", "softmax": "softmax_rows", "layernorm": "layernorm_rows"}
 SGEMM_TILE = 128      # sgemm's block tile (M and N must be multiples of it)

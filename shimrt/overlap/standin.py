@@ -24,6 +24,8 @@ from ..occupancy import NCCL_2_28_SM90, Footprint
 from ..stream import timeout_seconds
 from ..validate import available_host_memory, require_memory
 
+__all__ = ["STEPS", "MIN_LINK_GBPS", "MAX_LINK_GBPS", "size_label", "StandInSpec", "CommStandIn"]
+
 #: Ring steps per rank count: an all-reduce is a reduce-scatter then an all-gather.
 STEPS = {"all_reduce": lambda r: 2 * (r - 1), "all_gather": lambda r: r - 1, "reduce_scatter": lambda r: r - 1}
 _KERNEL = "comm_ring"

@@ -24,7 +24,7 @@ from ..memory import Buffer
 from ..validate import available_host_memory, require_memory
 
 # The host side, named here too: what most callers import from this module.
-from .specs import (  # noqa: F401
+from .specs import (
     KINDS,
     LAYERNORM_EPS,
     MAX_BLOCK,
@@ -43,6 +43,10 @@ from .specs import (  # noqa: F401
     inputs_names,
     tolerance,
 )
+
+__all__ = ["ComputeWorkload", "KINDS", "LAYERNORM_EPS", "MAX_BLOCK", "SGEMM_THREADS", "SGEMM_TILE", "ComputeSpec",
+           "as_scale", "as_seed", "as_spec", "compare", "device_bytes", "expected", "host_bytes", "input_elements",
+           "inputs", "inputs_names", "tolerance"]
 
 # One loaded module per device, shared by the workloads that use it at the same time. The values
 # are weak: a Module holds its Device, so a strong cache would keep every Device alive forever.

@@ -29,6 +29,8 @@ from .. import __version__, backends, cli, compiler, kernels, occupancy, targets
 from ..errors import CollectiveError, NoDeviceError, ShimrtError
 from ..launch import mpscheck
 
+__all__ = ["main", "run"]
+
 if TYPE_CHECKING:
     from ..device import Device
 

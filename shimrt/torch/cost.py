@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+__all__ = ["now", "HostCost", "StepTimer"]
+
 #: The clock of the counts (nanoseconds, the host's).
 now = time.perf_counter_ns
 

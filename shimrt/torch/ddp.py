@@ -29,6 +29,8 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
+__all__ = ["Ddp"]
+
 
 class Ddp:
     """A DDP as :class:`~shimrt.torch.training.Overlap` drives it (the

@@ -32,6 +32,8 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
+__all__ = ["is_fsdp", "Fsdp"]
+
 
 def is_fsdp(model: Any) -> bool:
     """Whether ``model`` is a module ``fully_shard`` made an FSDP2 module."""

@@ -23,6 +23,8 @@ from .. import validate
 from ..errors import UsageError
 from ..stream import PRIORITIES
 
+__all__ = ["options", "require_nccl", "one_cuda_device", "subgroup_refusal", "Groups"]
+
 #: A group's options, as (stream priority, NCCL channels or None for NCCL's own choice).
 Key = tuple[str, "int | None"]
 

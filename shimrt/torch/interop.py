@@ -12,6 +12,8 @@ from .. import validate
 from ..errors import UsageError
 from ..targets import MAX_SMS
 
+__all__ = ["require_torch", "stream", "sm_carveout", "process_group_options"]
+
 
 def require_torch() -> Any:
     """torch, or a UsageError saying how to install it."""

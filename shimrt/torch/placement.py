@@ -16,6 +16,8 @@ from .groups import Groups
 from .policies import Policy
 from .resources import Window, window_hook
 
+__all__ = ["Wrapped", "Placement"]
+
 
 class Wrapped(Protocol):
     """A data-parallel model as :class:`~shimrt.torch.training.Overlap` drives it: ``kind``

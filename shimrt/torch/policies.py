@@ -32,6 +32,9 @@ from ..errors import UsageError
 from ..stream import PRIORITIES
 from ..targets import MAX_SMS
 
+__all__ = ["Shaping", "Partition", "Carveout", "Policy", "KINDS", "SMS_BOUNDS", "Auto", "channels_for", "parse",
+           "candidates", "Kind", "Compute"]
+
 
 class Kind(str, Enum):
     """The kinds of policy, by name (what ``bench torch --policies`` takes), baselines first.

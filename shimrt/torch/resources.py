@@ -33,6 +33,8 @@ from .interop import sm_carveout
 from .interop import stream as torch_stream
 from .policies import Policy
 
+__all__ = ["Resources", "Window", "window_hook"]
+
 if TYPE_CHECKING:
     from ..overlap.interpose import Interposer
 

@@ -25,6 +25,8 @@ from ..errors import UsageError
 from ..stream import PRIORITIES
 from .interop import stream as torch_stream
 
+__all__ = ["GradientBuckets", "NcclBuckets"]
+
 
 class GradientBuckets:
     """Every parameter's ``.grad`` as a view of a flat bucket of at most ``bucket_bytes`` (one

@@ -69,6 +69,8 @@ from .policies import KINDS, Auto, Policy, candidates, parse
 from .resources import Resources, Window
 from .trials import Trials
 
+__all__ = ["overlap", "Overlap"]
+
 #: Where auto says what it kept (INFO, rank 0).
 log = logging.getLogger("shimrt.torch")
 #: Untimed steps of the plain job before auto's first round: a job's first steps (DDP's bucket

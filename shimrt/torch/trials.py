@@ -50,6 +50,8 @@ from typing import Any, Callable, Sequence
 from .. import choose, validate
 from ..errors import ShimrtError, UsageError
 
+__all__ = ["Trials"]
+
 #: ``agree``: this rank's mean (or standard error) per candidate, in candidate order, to the ranks'
 #: common ones (their maximum).
 Agree = Callable[[list[float]], list[float]]
