@@ -69,8 +69,10 @@ except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
             "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json")
     # Bounded to fit one 10-minute device call together: the example 150 s, bench torch 420 s (a bench cut
     # short by its deadline keeps the configurations it finished in --json).
-    ddp_steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 examples/ddp_overlap.py --policy auto --compare" \
-            "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 420 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 400 --json $OUT/torch_ddp.json --plots $OUT/plots")
+    # DDP_EXAMPLE=0 leaves the example out (a call short of device time: the bench alone).
+    ddp_steps=()
+    [ "${DDP_EXAMPLE:-1}" = 0 ] || ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 examples/ddp_overlap.py --policy auto --compare")
+    ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 420 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 400 --json $OUT/torch_ddp.json --plots $OUT/plots")
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;
