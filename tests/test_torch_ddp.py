@@ -11,7 +11,7 @@ from conftest import require_matplotlib
 
 from shimrt import UsageError
 from shimrt.torch import policies
-from shimrt.torch.policies import Policy
+from shimrt.torch.policies import Auto, Policy
 from shimrt.torch.trials import Trials
 
 
@@ -88,10 +88,30 @@ def test_the_plain_job_takes_no_channels_and_no_compute_side():
 def test_autos_candidates_start_with_plain_ddp_and_size_nccl_by_the_ranks_on_a_gpu():
     kinds = [k for k in policies.KINDS if k not in ("sequential", "auto")]
     got = policies.candidates([32, 64], kinds=kinds)
-    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "shaping:2", "shaping:1", "partition:32",
-                                     "carveout:32", "windowed-carveout:32", "partition:64", "carveout:64",
-                                     "windowed-carveout:64"]
+    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "ctas:4", "ctas:8", "shaping:2", "shaping:1",
+                                     "partition:32", "carveout:32", "windowed-carveout:32", "partition:64",
+                                     "carveout:64", "windowed-carveout:64"]
     assert [p.channels(2) for p in got if p.partition] == [16, 32]
+    assert [p.name for p in policies.candidates([32], kinds=["ctas"], ctas=[2, 16])] == ["ctas:2", "ctas:16"]
+
+
+def test_ctas_holds_nccls_channels_on_streams_of_the_greatest_priority():
+    p = policies.parse("ctas:8")
+    assert (p.name, p.priority, p.compute, p.ctas, p.baseline) == ("ctas:8", "high", None, 8, None)
+    assert p.channels(1) == p.channels(4) == 8  # given, not derived from the ranks per GPU
+    assert p.describe(2) == "high priority, NCCL 8 channels/rank"
+    for bad, message in (("ctas", r"needs a number: ctas:N \(e.g. ctas:8\)"), ("ctas:0", "ctas's number must be"),
+                         ("ctas:65", "ctas's number must be")):
+        with pytest.raises(UsageError, match=message):
+            policies.parse(bad)
+
+
+@pytest.mark.parametrize("ctas, message", [((4, 4), "must list each channel count once"), ("4", "must be a list"),
+                                           ((0,), "must be"), ((65,), "must be")])
+def test_auto_refuses_bad_channel_counts(ctas, message):
+    with pytest.raises(UsageError, match=message):
+        Auto(ctas=ctas)
+    assert Auto(ctas=()).ctas == () and Auto(ctas=[2, 16]).ctas == (2, 16)
 
 
 class P:

@@ -76,12 +76,13 @@ def test_the_policies_keep_one_nccl_block_per_kept_sm():
     assert fixed[0].sequential and fixed[1].priority == "low" and fixed[2].priority == "high"
     by_name = {p.name: p for p in fixed}
     assert by_name["partition:32"].ctas == 16 and by_name["carveout:16"].ctas == 8
+    assert by_name["ctas:4"].ctas == 4 and by_name["ctas:8"].ctas == 8 and by_name["ctas:8"].priority == "high"
     assert torch_step.policies([16], ranks_per_gpu=1)[-1].ctas == 16
     # NCCL takes at most 64 channels: more SMs kept than that still give 64 (one rank per GPU, 96 SMs).
     assert torch_step.policies([96], ranks_per_gpu=1)[-1].ctas == 64
     assert torch_step.policies([112], ranks_per_gpu=2)[-1].ctas == 56
     assert "cuBLAS leaves 16 SMs, NCCL 8 channels/rank" in by_name["carveout:16"].describe()
-    assert [policies.kind(p) for p in fixed] == ["sequential", "low-priority", "priority", "shaping",
+    assert [policies.kind(p) for p in fixed] == ["sequential", "low-priority", "priority", "ctas", "ctas", "shaping",
                                                    "shaping", "partition", "carveout", "windowed-carveout",
                                                    "partition", "carveout", "windowed-carveout"]
     window = by_name["windowed-carveout:32"]

@@ -7,6 +7,8 @@ A policy is a :class:`Policy`. Its name says what it does:
   stream): the reference, and one of auto's candidates, so auto never keeps anything slower;
 - ``priority``: the all-reduces on streams of the greatest priority, NCCL's own channels;
 - ``low-priority``: the same at default priority (what a second stream alone gives);
+- ``ctas:N``: the collectives on streams of the greatest priority with NCCL held to N channels
+  per rank (one block each): what the collectives themselves take of the SMs, and no more;
 - ``shaping:N``: every torch kernel capped at N blocks per SM (launch interposition), room left
   for NCCL's blocks;
 - ``partition:K``: torch's compute on an SM partition of all but K SMs, NCCL's channels sized to
@@ -44,6 +46,7 @@ class Kind(str, Enum):
     DDP = "ddp"
     LOW_PRIORITY = "low-priority"
     PRIORITY = "priority"
+    CTAS = "ctas"
     SHAPING = "shaping"
     PARTITION = "partition"
     CARVEOUT = "carveout"
@@ -185,16 +188,21 @@ class Policy:
 
 #: Kinds of policy (what ``bench torch --policies`` takes), baselines first: :class:`Kind`'s values.
 KINDS = tuple(k.value for k in Kind)
-#: Kinds that take a number after a colon: the cap, or the SMs kept for NCCL.
-NUMBERED = (Kind.SHAPING.value, Kind.PARTITION.value, Kind.CARVEOUT.value, Kind.WINDOWED_CARVEOUT.value)
+#: Kinds that take a number after a colon: NCCL's channels, the cap, or the SMs kept for NCCL.
+NUMBERED = (Kind.CTAS.value, Kind.SHAPING.value, Kind.PARTITION.value, Kind.CARVEOUT.value,
+            Kind.WINDOWED_CARVEOUT.value)
 #: The overlap engine's policy (:data:`shimrt.overlap.planner.POLICIES`, its own kernels'
 #: vocabulary) that each kind here corresponds to: the same two controls, named for what the
 #: engine varies. None: the engine has no such policy (``ddp`` is torch's own all-reduce; a
-#: carveout is cuBLAS's, which the engine's kernels do not take).
+#: carveout is cuBLAS's, which the engine's kernels do not take; the engine sizes NCCL's channels
+#: under every policy, not as one of its own).
 ENGINE_POLICY: dict[str, str | None] = {
-    "sequential": "sequential", "ddp": None, "low-priority": "concurrent", "priority": "priority",
+    "sequential": "sequential", "ddp": None, "low-priority": "concurrent", "priority": "priority", "ctas": None,
     "shaping": "shaping+priority", "partition": "partition", "carveout": None, "windowed-carveout": None,
     "auto": "auto"}
+#: The channel counts of the ``ctas`` candidates (auto's and bench torch's): a quarter and half of
+#: the 16 that a carveout or partition of 32 SMs gives each of two ranks on a GPU.
+CTAS = (4, 8)
 #: The bounds of an SM count kept for NCCL, wherever one enters (a policy's name, overlap()'s
 #: ``sms``, bench torch's ``--sms``).
 SMS_BOUNDS = {"least": 1, "most": MAX_SMS}
@@ -212,7 +220,8 @@ class Auto:
     steps per visit of the check (above 1: the check runs in blocks, as the job will, and decides
     on its own steps: :mod:`shimrt.torch.trials`; at least 2 ``check_steps`` then);
     ``check_always``, check the fastest other finalist even when the trials kept plain DDP (with
-    ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is)."""
+    ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is); ``ctas``, the NCCL channel
+    counts of its ``ctas:N`` candidates (FSDP2's only)."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3
@@ -220,9 +229,11 @@ class Auto:
     check_steps: int = 4
     check_block: int = 1
     check_always: bool = False
+    ctas: tuple[int, ...] = CTAS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sms", tuple(kept_sms(self.sms, "Auto.sms")))
+        object.__setattr__(self, "ctas", tuple(channel_counts(self.ctas, "Auto.ctas")))
         object.__setattr__(self, "trial_steps", validate.integer(self.trial_steps, "Auto.trial_steps", least=1,
                                                                  most=1000))
         object.__setattr__(self, "margin", validate.number(self.margin, "Auto.margin", least=0, most=0.5))
@@ -249,6 +260,16 @@ def kept_sms(values: Any, what: str = "sms") -> list[int]:
     return out
 
 
+def channel_counts(values: Any, what: str = "ctas") -> list[int]:
+    """``values`` as a list of distinct NCCL channel counts (1 to NCCL's 64), possibly empty."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
+        raise UsageError(f"{what} must be a list of NCCL channel counts such as [4, 8], not {validate.shown(values)}")
+    out = [validate.integer(n, what, least=1, most=64) for n in list(values)]
+    if len(set(out)) != len(out):
+        raise UsageError(f"{what} must list each channel count once, not {out}")
+    return out
+
+
 def channels_for(sms: int, ranks_per_gpu: int) -> int:
     """NCCL's channels per rank where ``sms`` SMs are kept for the ranks on a GPU: one block per
     channel, one NCCL block per SM, between 1 and NCCL's 64."""
@@ -269,9 +290,12 @@ def make(kind: str, number: int | None = None) -> Policy:
             return Policy("ddp", baseline="plain")
         return Policy(kind, priority="high" if kind == Kind.PRIORITY else "low")
     if number is None:
-        raise UsageError(f"policy {kind!r} needs a number: {kind}:N (e.g. {kind}:{2 if kind == 'shaping' else 48})")
-    n = validate.integer(number, f"{kind}'s number", least=1, most=64) if kind == Kind.SHAPING else \
+        example = {Kind.SHAPING: 2, Kind.CTAS: 8}.get(Kind(kind), 48)
+        raise UsageError(f"policy {kind!r} needs a number: {kind}:N (e.g. {kind}:{example})")
+    n = validate.integer(number, f"{kind}'s number", least=1, most=64) if kind in (Kind.SHAPING, Kind.CTAS) else \
         validate.integer(number, f"{kind}'s number", **SMS_BOUNDS)
+    if kind == Kind.CTAS:
+        return Policy(f"ctas:{n}", ctas=n)
     if kind == Kind.SHAPING:
         return Policy(f"shaping:{n}", compute=Shaping(n))
     if kind == Kind.PARTITION:
@@ -296,11 +320,14 @@ def parse(text: Any) -> Policy:
     return make(kind, int(number) if number else None)
 
 
-def candidates(sms: Iterable[int], kinds: Iterable[str] = KINDS) -> list[Policy]:
+def candidates(sms: Iterable[int], kinds: Iterable[str] = KINDS, ctas: Iterable[int] = CTAS) -> list[Policy]:
     """The fixed policies of ``kinds`` (auto's candidates, or a bench's list), baselines first:
-    shaping at N=2 and 1, partition and both carveouts at each of ``sms``."""
+    NCCL held to each of ``ctas`` channels, shaping at N=2 and 1, partition and both carveouts at
+    each of ``sms``."""
     kinds = tuple(kinds)
     out = [make(k) for k in ("sequential", "ddp", "low-priority", "priority") if k in kinds]
+    if "ctas" in kinds:
+        out += [make("ctas", n) for n in ctas]
     if "shaping" in kinds:
         out += [make("shaping", n) for n in (2, 1)]
     for k in sms:

@@ -151,9 +151,10 @@ class Overlap:
         self.closed = False
         try:
             if auto is not None:
-                # low-priority under DDP would be plain DDP's own streams and channels again.
-                kinds = [k for k in KINDS if k not in ("sequential", "auto", "low-priority")]
-                usable = self._usable(candidates(auto.sms, kinds))
+                # low-priority under DDP would be plain DDP's own streams and channels again; NCCL's
+                # channels alone (ctas) are FSDP2's, whose steps its collectives set (issue 42).
+                skip = ("sequential", "auto", "low-priority") + (() if self.model.kind == "FSDP2" else ("ctas",))
+                usable = self._usable(candidates(auto.sms, [k for k in KINDS if k not in skip], auto.ctas))
                 self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
                                                       reference="ddp", check=auto.check_steps, lead=LEAD_STEPS,
                                                       check_block=auto.check_block,
