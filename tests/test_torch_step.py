@@ -506,3 +506,28 @@ def test_hidden_is_the_share_of_the_all_reduces_a_step_saves_clipped_to_0_1():
     assert comm_hidden(10.0, 4.0, 10.0) == 1.0 and comm_hidden(10.0, 4.0, 9.0) == 1.0
     assert comm_hidden(10.0, 4.0, 14.0) == 0.0 and comm_hidden(10.0, 4.0, 20.0) == 0.0
     assert math.isnan(comm_hidden(10.0, 4.0, math.nan))
+
+
+def test_steady_runs_windows_until_two_in_a_row_agree():
+    from shimrt.bench import torch_ddp
+    assert torch_ddp.STEADY_TOLERANCE == 0.02
+
+    def windows(means):
+        it = iter(means)
+        return torch_ddp.steady(lambda: next(it))
+    # fast at first, then a stretch slower (plain DDP of two ranks on a GPU): timed once it holds
+    assert windows([50.0, 50.5, 60.0]) == [50.0, 50.5]
+    assert windows([50.0, 60.0, 59.0]) == [50.0, 60.0, 59.0]
+    assert windows([50.0, 51.0]) == [50.0, 51.0]  # 2% of the first: still agree
+    assert windows([50.0, 51.5, 53.0, 54.5, 56.0, 57.5, 59.0, 60.5, 62.0]) == \
+        [50.0, 51.5, 53.0, 54.5, 56.0, 57.5, 59.0, 60.5]  # never steady: STEADY_WINDOWS, then timed
+    assert len(windows([50.0, 51.5, 53.0, 54.5, 56.0, 57.5, 59.0, 60.5, 62.0])) == torch_ddp.STEADY_WINDOWS
+
+
+def test_steady_is_an_option_of_one_process_per_rank():
+    import argparse
+    p = argparse.ArgumentParser()
+    torch_step.add_arguments(p)
+    assert p.parse_args([]).steady == 0 and p.parse_args(["--steady", "8"]).steady == 8
+    with pytest.raises(SystemExit):
+        p.parse_args(["--steady", "-1"])

@@ -22,7 +22,10 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
 Every way runs ``--settle`` untimed steps before its warm-up (auto's trial steps count towards
 them): plain DDP of two ranks sharing a GPU has been seen to run its first twenty or so steps
 fast and then stretches 1.19x slower (docs/ddp.md), so a way timed just after its start and one
-timed after auto's trials would not be compared alike.
+timed after auto's trials would not be compared alike. ``--steady N`` then runs windows of N
+untimed steps until two in a row agree (:data:`STEADY_TOLERANCE`, the slowest rank's means, every
+rank deciding alike; at most :data:`STEADY_WINDOWS`): a way is timed once it runs at one speed,
+and the windows it took are in ``--json``.
 
 ``--fsdp``: the same with FSDP2 (``fully_shard`` of every block, then the model) in place of DDP,
 plain FSDP2 the reference (its rows keep plain DDP's names); written for 2-8 GPUs, run so far on
@@ -42,7 +45,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import gc
+import itertools
 import math
 import statistics
 import time
@@ -51,23 +56,21 @@ from typing import Any, Callable
 from ..errors import ShimrtError, UsageError
 from .torch_measure import comm_hidden, step_times_ms
 
-__all__ = ["run"]
+__all__ = ["run", "steady", "STEADY_TOLERANCE", "STEADY_WINDOWS"]
 
 #: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
 #: never above it by more than the run's noise (plain DDP's first and last runs apart), within
 #: this of the best fixed policy.
 GOAL_BELOW = {"comm-heavy-1024": 0.03}
 GOAL_BEST = 0.02
+#: --steady: two windows in a row agree when their means are this far apart or less (a share of
+#: the first), and a way runs at most this many windows before it is timed, steady or not.
+STEADY_TOLERANCE = 0.02
+STEADY_WINDOWS = 8
 #: The autos of a run: the way's name -> its Auto options beyond --sms and --trial-steps.
 AUTOS: dict[str, dict[str, Any]] = {"auto": {}, "auto-blocks": {"check_block": 6, "check_always": True}}
 #: The ways that are plain DDP (the last under overlap(policy="ddp")): references, set apart in the goals.
 REFERENCES = ("plain DDP", "plain DDP again", "ddp")
-
-
-def _step_ms(torch: Any, step: Callable[[int], Any], warmup: int, steps: int) -> tuple[list[float], list[float]]:
-    """(ms of each of ``steps`` steps after ``warmup``, every step's loss)."""
-    ms, losses = step_times_ms(torch, step, warmup, steps)
-    return ms, [float(x) for x in torch.stack(losses).tolist()]
 
 
 class _Rank:
@@ -113,6 +116,34 @@ class _Rank:
         return model, batch(size, self.device, seed=1 + self.rank), optimizer
 
 
+def _continuing(step: Callable[[int], Any], start: int, seen: list) -> Callable[[int], Any]:
+    """``step`` numbered on from ``start`` whatever index it is called with (the phases of a way,
+    settling, windows and timed steps, are one run of steps), each step's loss appended to ``seen``."""
+    count = itertools.count(start)
+
+    def going(_: int) -> Any:
+        seen.append(step(next(count)))
+        return seen[-1]
+    return going
+
+
+def _window_ms(r: _Rank, step: Callable[[int], Any], steps: int) -> float:
+    """One window of --steady: the mean of ``steps`` steps (ms, the slowest rank's), not in the table."""
+    return r.slowest([statistics.fmean(step_times_ms(r.torch, step, 0, steps)[0])])[0]
+
+
+def steady(window: Callable[[], float]) -> list[float]:
+    """Run ``window()`` (a window of untimed steps; it returns their mean, the slowest rank's, so
+    that every rank stops at the same window) until two in a row are STEADY_TOLERANCE apart or
+    less, or STEADY_WINDOWS have run: the windows' means, in order."""
+    means: list[float] = []
+    while len(means) < STEADY_WINDOWS:
+        means.append(window())
+        if len(means) >= 2 and abs(means[-1] - means[-2]) <= STEADY_TOLERANCE * means[-2]:
+            break
+    return means
+
+
 def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any] = contextlib.nullcontext,
              after: Callable[[], Any] | None = None, loss_every: int = 0):
     """Step ``i``: one training step, then ``after`` (the ranks kept in step, say); the loss read
@@ -149,7 +180,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     tick = torch.zeros(1, device=r.device)
     every = args.loss_every
     compute = _stepper(model, data, opt, after=lambda: r.dist.all_reduce(tick), loss_every=every)
-    steps["compute"], _ = _step_ms(torch, compute, args.warmup, args.steps)
+    steps["compute"], _ = step_times_ms(torch, compute, args.warmup, args.steps)
     chunk = (args.bucket_mb << 20) // grad_dtype.itemsize
     buckets = [torch.zeros(min(chunk, (grad_bytes - i) // grad_dtype.itemsize), dtype=grad_dtype, device=r.device)
                for i in range(0, grad_bytes, chunk * grad_dtype.itemsize)]
@@ -159,7 +190,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         for b in buckets:
             r.dist.all_reduce(b)
         return buckets[0][0].float()  # a 0-d loss, as a model step's
-    steps["comm"], _ = _step_ms(torch, comm, args.warmup, args.steps)
+    steps["comm"], _ = step_times_ms(torch, comm, args.warmup, args.steps)
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
     ways: list[tuple[str, Any]] = [("plain DDP", None)]
@@ -174,7 +205,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         ddp = model if args.fsdp else DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb,
                                           gradient_as_bucket_view=args.bucket_view)
         entry: dict = {}
-        ov = step = None
+        ov = step = going = None
         try:
             if policy is not None:
                 chosen = (Auto(sms=args.sms, trial_steps=args.trial_steps, **AUTOS[policy]) if policy in AUTOS
@@ -191,9 +222,16 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                     trials += 1
                 entry.update(trial_steps=trials, trials=ov.report()["trials"])
             settle = max(0, args.settle - trials)
-            entry["untimed_steps"] = trials + settle + args.warmup
+            seen: list = []  # every loss after the trials: ways compared step for step from there
+            going = _continuing(step, trials, seen)  # the loss read every --loss-every steps across the phases
+            if settle:
+                step_times_ms(torch, going, settle, 0)
+            windows = steady(functools.partial(_window_ms, r, going, args.steady)) if args.steady else []
+            entry.update(steady_windows_ms=windows, untimed_steps=trials + settle + args.steady * len(windows)
+                         + args.warmup)
             began = time.time()
-            ms, losses = _step_ms(torch, step, settle + args.warmup, args.steps)
+            ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
+            losses = [float(x) for x in torch.stack(seen).tolist()]
             entry["timed_between"] = (began, time.time())  # the host's clock: to match GPU clock samples
             if ov is not None:
                 report = ov.report()
@@ -207,12 +245,13 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 with contextlib.suppress(ShimrtError, RuntimeError):  # the error said is the one above
                     ov.close()
         finally:
-            del ddp, model, opt, ov, step  # the step's closure holds the DDP: freed before the next way's
+            del ddp, model, opt, ov, step, going  # the steps' closures hold the DDP: freed before the next way's
         steps[way] = ms
         if reference is None:
             reference = losses
         if policy not in AUTOS and losses and reference:
-            entry["loss_max_diff"] = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
+            # the steps both ran (--steady's windows differ between ways), from the same weights and batches
+            entry["loss_max_diff"] = max(abs(a - b) for a, b in zip(losses, reference, strict=False))
         out["ways"][way] = entry
     # The slowest rank's median, and its every step (the ranks' steps end together, at the all-reduces).
     names = list(steps)

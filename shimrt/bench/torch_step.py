@@ -110,6 +110,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one process per rank: untimed steps every way runs before its warm-up, so that each is "
                         "timed as far into the job as auto's kept policy (auto's trials count towards them; "
                         "default 0)")
+    p.add_argument("--steady", metavar="N", default=0, type=cli.count("--steady", 0),
+                   help="one process per rank: after --settle, windows of N untimed steps until two in a row agree "
+                        "(their means, the slowest rank's, within 2%%; at most 8 windows), so that a way is timed "
+                        "once it runs at one speed (default 0: no windows)")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
                    help="one process per rank: fused SGD with momentum (default) or fused AdamW")
     p.add_argument("--local-ranks", metavar="N", default=None,
