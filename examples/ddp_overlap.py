@@ -55,7 +55,8 @@ def mlp(width: int, layers: int, dtype: torch.dtype, device: torch.device) -> to
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--policy", default="auto", help="auto, ddp, priority, shaping:2, partition:48, carveout:48, ...")
+    p.add_argument("--policy", default="auto",
+                   help="auto, ddp, priority, ctas:8, shaping:2, partition:48, carveout:48, ...")
     p.add_argument("--steps", type=positive(int), default=160)
     p.add_argument("--width", type=positive(int), default=2048)
     p.add_argument("--layers", type=positive(int), default=4)

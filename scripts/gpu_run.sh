@@ -5,7 +5,8 @@
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
-#   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps); own: a model of a user's own
+#   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
+#   example out); own: a model of a user's own
 #   (scripts/own_model.py, OWN_ARGS its flags) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
 #   all: every part but latency, ddp (which nccl includes) and own.
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON

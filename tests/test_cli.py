@@ -22,7 +22,7 @@ import shimrt
 from shimrt import __main__ as shimrt_main
 from shimrt import cli, selftest
 from shimrt.bench import __main__ as bench
-from shimrt.bench import collectives, gemm, launch, overlap, plots
+from shimrt.bench import collectives, gemm, launch, overlap, plots, results
 from shimrt.errors import NoDeviceError, ShimrtError, UsageError
 from shimrt.overlap import footprint, planner
 from shimrt.overlap.workloads import ComputeSpec
@@ -264,7 +264,7 @@ def test_output_folders_that_can_be_made_are_taken(tmp_path):
 
 def _results():
     metrics = {"makespan_ms": 1.0, "t_comp_ms": 1.0, "t_comm_ms": 0.5}
-    return {"schema": plots.SCHEMA, "runs": [{"workload": "w", "policy": "sequential", "metrics": metrics,
+    return {"schema": results.SCHEMA, "runs": [{"workload": "w", "policy": "sequential", "metrics": metrics,
                                               "timeline": {"compute": [[0.0, 1.0, 0]], "comm": []}}]}
 
 
@@ -281,7 +281,7 @@ BAD_RESULTS = {
     "deeply nested": "[" * 100000,
     "a list": "[1, 2]",
     "wrong schema": json.dumps({"schema": "other"}),
-    "no runs": json.dumps({"schema": plots.SCHEMA, "runs": []}),
+    "no runs": json.dumps({"schema": results.SCHEMA, "runs": []}),
     "runs not a list": _broken(lambda r: r.update(runs={"a": 1})),
     "run not an object": _broken(lambda r: r["runs"].append(3)),
     "no metrics": _broken(lambda r: r["runs"][0].pop("metrics")),

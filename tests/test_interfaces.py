@@ -4,12 +4,15 @@ test may still reach, to test them, but that no other module or user builds on).
 
 Read from the source with ast: ``from shimrt.x import name`` (and the relative forms), and
 ``module.name`` on a name bound to a shimrt module by an import. ``__main__`` modules are run,
-never imported: they have no interface."""
+never imported: they have no interface. Code in strings (``python -c`` lines of
+``scripts/sweep_bad_inputs.py``, which tries bad inputs at helpers as the tests do) is not read."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
+import types
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,15 @@ def module_names() -> dict[str, Path]:
 MODULES = module_names()
 
 
+def is_module(package: str, name: str) -> bool:
+    """Whether ``package.name`` is a module, not a name the package's ``__init__`` binds over its
+    submodule of that name (``shimrt.nccl.group`` is the function)."""
+    if f"{package}.{name}" not in MODULES:
+        return False
+    value = getattr(importlib.import_module(package), name, None)
+    return value is None or isinstance(value, types.ModuleType)
+
+
 def uses(tree: ast.AST, package: str) -> list[tuple[int, str, str]]:
     """(line, module, name) for each name ``tree`` takes from a shimrt module; ``package``: the
     package the file is in (for relative imports), "" outside shimrt."""
@@ -44,7 +56,7 @@ def uses(tree: ast.AST, package: str) -> list[tuple[int, str, str]]:
             for alias in node.names:
                 if alias.name == "__main__":  # a module run, not a name
                     continue
-                if f"{base}.{alias.name}" in MODULES:
+                if is_module(base, alias.name):
                     bound[alias.asname or alias.name] = f"{base}.{alias.name}"
                 elif base in MODULES:
                     found.append((node.lineno, base, alias.name))
@@ -64,7 +76,7 @@ def uses(tree: ast.AST, package: str) -> list[tuple[int, str, str]]:
                 continue
             module = bound[value.id]
             for attr in reversed(chain):  # shimrt.nccl.library.load: the modules, then the name
-                if f"{module}.{attr}" in MODULES:
+                if is_module(module, attr):
                     module = f"{module}.{attr}"
                     continue
                 if node.attr == attr:  # each use once: at its own Attribute node
@@ -105,10 +117,25 @@ def test_the_backends_offer_what_their_protocols_ask():
             assert set(backends.members(protocol)) <= set(module.__all__), (backend, part)
 
 
+def python_blocks() -> dict[str, str]:
+    """The README's and docs' Python code blocks (what users copy), each as a file of its own."""
+    out = {}
+    for page in [TOP / "README.md", *sorted((TOP / "docs").glob("*.md"))]:
+        for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S)):
+            out[f"{page.relative_to(TOP).as_posix()}#{i}"] = block
+    return out
+
+
 def test_shimrt_scripts_and_examples_use_only_interfaces():
     files = {p.relative_to(TOP).as_posix(): p.read_text() for d in ("shimrt", "scripts", "examples")
              for p in sorted((TOP / d).rglob("*.py"))}
     assert violations(files) == []
+
+
+def test_the_readme_and_docs_use_only_interfaces():
+    blocks = python_blocks()
+    assert len(blocks) >= 5  # the README's own examples are among them
+    assert violations(blocks) == []
 
 
 def test_the_check_sees_each_kind_of_use():
@@ -119,11 +146,14 @@ def test_the_check_sees_each_kind_of_use():
               "import shimrt\n"
               "x = library.candidates, library.load\n"
               "y = trials.SIGNIFICANCE\n"
-              "z = shimrt.torch.training.LEAD_STEPS\n")
+              "z = shimrt.torch.training.LEAD_STEPS\n"
+              "from shimrt.nccl import group\n"
+              "w = group.settle\n")
     got = [(line, f"{m}.{n}") for line, m, n in uses(ast.parse(source), "")]
     assert sorted(got) == [(1, "shimrt.torch.policies.kept_sms"), (5, "shimrt.nccl.library.candidates"),
                            (5, "shimrt.nccl.library.load"), (6, "shimrt.torch.trials.SIGNIFICANCE"),
-                           (7, "shimrt.torch.training.LEAD_STEPS")]
+                           (7, "shimrt.torch.training.LEAD_STEPS"), (8, "shimrt.nccl.group")]
+    # shimrt.nccl's __init__ binds group (a function) over its submodule: a name of shimrt.nccl, not a module
     found = violations({"scripts/user.py": source})
     assert sorted(f.split(": ", 1)[1].removesuffix(" is not in its __all__") for f in found) == [
         "shimrt.nccl.library.candidates", "shimrt.torch.policies.kept_sms", "shimrt.torch.training.LEAD_STEPS",

@@ -17,6 +17,7 @@ from conftest import require_matplotlib
 from shimrt import ShimrtError
 from shimrt.bench import __main__ as bench
 from shimrt.bench import plots
+from shimrt.bench.results import SCHEMA
 
 POLICIES = ("sequential", "shaping+priority", "concurrent")  # out of order on purpose
 WORKLOADS = ("sgemm-4096 + all_reduce-64MiB", "sgemm-1024 + all_reduce/1MiB")
@@ -46,7 +47,7 @@ def synthetic(num_sms=16, compute_blocks=240, comm_blocks=8, seed=0) -> dict:
                             "compute_slowdown": 1.05, "comm_start_delay_ms": comm_start,
                             "reduction": 1 - makespan / (t_comp + t_comm)},
                 "timeline": {"compute": compute, "comm": comm}})
-    return {"schema": plots.SCHEMA, "comm": "stand-in", "runs": runs,
+    return {"schema": SCHEMA, "comm": "stand-in", "runs": runs,
             "device": {"name": "NVIDIA H200", "arch": "sm_90", "num_sms": num_sms, "backend": "cuda"}}
 
 

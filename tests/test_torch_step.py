@@ -125,7 +125,8 @@ def test_bench_torch_without_torch_says_how_to_get_it(capsys):
     assert "bench torch needs PyTorch" in err and "shimrt[torch]" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag", [["--bucket-view"], ["--loss-every", "10"], ["--optimizer", "adamw"], ["--fsdp"]])
+@pytest.mark.parametrize("flag", [["--bucket-view"], ["--loss-every", "10"], ["--optimizer", "adamw"], ["--fsdp"],
+                                  ["--settle", "4"], ["--steady", "8"]])
 def test_the_ddp_only_options_are_refused_with_ranks_in_one_process(capsys, monkeypatch, flag):
     pytest.importorskip("torch")
     from shimrt.bench.__main__ import main
@@ -531,3 +532,16 @@ def test_steady_is_an_option_of_one_process_per_rank():
     assert p.parse_args([]).steady == 0 and p.parse_args(["--steady", "8"]).steady == 8
     with pytest.raises(SystemExit):
         p.parse_args(["--steady", "-1"])
+
+
+def test_ctas_ways_run_under_fsdp2_or_when_named():
+    import argparse
+    p = argparse.ArgumentParser()
+    torch_step.add_arguments(p)
+    for argv, has_ctas in (([], False), (["--fsdp"], True), (["--policies", "priority,ctas,auto"], True)):
+        args = p.parse_args(["--configs", "balanced", *argv])
+        torch_step.check(args)
+        assert ("ctas" in args.policies) == has_ctas, argv
+    args = p.parse_args(["--configs", "balanced"])
+    torch_step.check(args)
+    assert list(args.policies) == [k for k in torch_step.KINDS if k != "ctas"]

@@ -22,7 +22,7 @@ import numpy as np
 from .. import cli
 from ..errors import ShimrtError
 from ..validate import argument
-from .results import SCHEMA, load, validate  # noqa: F401 - SCHEMA and load are this module's names too
+from .results import load, validate
 
 __all__ = ["write_all", "new_figure", "save_png", "add_arguments", "run"]
 

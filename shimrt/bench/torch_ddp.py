@@ -56,7 +56,7 @@ from typing import Any, Callable
 from ..errors import ShimrtError, UsageError
 from .torch_measure import comm_hidden, step_times_ms
 
-__all__ = ["run", "steady", "STEADY_TOLERANCE", "STEADY_WINDOWS"]
+__all__ = ["run"]
 
 #: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
 #: never above it by more than the run's noise (plain DDP's first and last runs apart), within
@@ -296,6 +296,9 @@ def report(name: str, r: dict) -> str:
         host = e.get("host_us") or {}
         if host.get("step_us") is not None:
             notes += f"; ov.step() {host['step_us']:.0f} us/step"
+        windows = e.get("steady_windows_ms") or []
+        if len(windows) >= STEADY_WINDOWS and abs(windows[-1] - windows[-2]) > STEADY_TOLERANCE * windows[-2]:
+            notes += f"; not steady after {len(windows)} windows"
         lines.append(f"{way:24s} {e['step_ms']:8.2f} {means[way]:8.2f} {max(e['steps_ms']):8.2f} "
                      f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%}  {notes}")
     autos = [a for a in AUTOS if a in ways and not math.isnan(ways[a]["step_ms"])]

@@ -88,10 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"{what}, at least {least}" + (f" (default {default})" if default is not None else ""))
     p.add_argument("--sms", default="32,48,64", type=cli.distinct(validate.integer, "--sms", **policies_mod.SMS_BOUNDS),
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
-    p.add_argument("--policies", default=",".join(KINDS),
+    p.add_argument("--policies", default=None,
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
-                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all; the first is the "
-                        "reference the others' losses and gradients are compared with)")
+                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all but ctas, which "
+                        "--fsdp adds: FSDP2's auto tries it, DDP's does not; the first is the reference the others' "
+                        "losses and gradients are compared with)")
     cli.add_timeout(p, 1800)
     p.add_argument("--comm-timeout", metavar="S", default=300.0,
                    type=validate.argument(validate.number, "--comm-timeout", positive=True, most=86400),
@@ -131,6 +132,8 @@ def check(args: argparse.Namespace) -> None:
     configuration was measured)."""
     if args.plots is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]' (or leave --plots out)")
+    if args.policies is None:  # ctas:N are FSDP2's candidates (shimrt.torch.training): asked for by name under DDP
+        args.policies = [k for k in KINDS if k != "ctas" or args.fsdp]
     if args.trial_steps is not None and "auto" not in args.policies:
         raise UsageError("--trial-steps applies with auto in --policies only (it sets auto's trials): add auto to "
                          "--policies or leave --trial-steps out")
@@ -395,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
         from . import torch_ddp
         return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs or CONFIGS})
     for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False),
-                          ("settle", 0)):
+                          ("settle", 0), ("steady", 0)):
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "
                              "or python -m shimrt.launch --nproc N, without --local-ranks")
