@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|own]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|own|link]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
@@ -8,13 +8,15 @@
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
 #   example out); own: a model of a user's own
 #   (scripts/own_model.py, OWN_ARGS its flags) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
-#   all: every part but latency, ddp (which nccl includes) and own.
+#   link: host-cost, and two ranks on GPU 0 whose collectives cross NCCL's socket transport on loopback (python -m
+#   shimrt.launch --link socket: any NCCL, no multi-rank build needed), bench collectives' bus bandwidth per size;
+#   all: every part but latency, ddp (which nccl includes), own and link.
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl|latency|ddp|own) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|own]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency|ddp|own|link) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|own|link]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -50,6 +52,11 @@ if [ "$part" = all ] || [ "$part" = benches ]; then
             "shimrt.bench overlap --quiet --json $OUT/overlap.json" \
             "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json" \
             "shimrt.bench host-cost --timeout 240 --json $OUT/host_cost.json")
+fi
+if [ "$part" = link ]; then
+  # Each rank a host of its own in NCCL's eyes: the shared-GPU check does not apply (docs/regimes.md).
+  steps+=("shimrt.bench host-cost --no-torch --batches 20 --timeout 70 --json $OUT/host_cost.json" \
+          "shimrt.launch --nproc 2 --devices 0,0 --mps --link socket --timeout 150 -m shimrt.bench collectives --ops all_reduce -b 1M -e 256M -f 4 -n 5 -w 2 --json $OUT/link_socket.json")
 fi
 if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
