@@ -2,7 +2,8 @@
 shimrt.torch.fsdp.use moves between process groups step by step, beside a plain FSDP2 copy;
 prints what the test checks.
 
-Usage: python fsdp_ranks.py RANK PORT [OPTION]   OPTION: hsdp, offload (what moveable refuses)
+Usage: python fsdp_ranks.py RANK PORT [OPTION]   OPTION: hsdp, offload (what moveable refuses), custom
+(the groups moved through FSDP2's public custom collectives, shimrt.torch.fsdp.install)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-from shimrt.torch.fsdp import is_fsdp, moveable, param_groups, use
+from shimrt.torch.fsdp import GroupAllGather, GroupReduceScatter, install, is_fsdp, moveable, param_groups, use
 
 
 def model() -> torch.nn.Module:
@@ -29,11 +30,27 @@ def sharded(m: torch.nn.Module, mesh: DeviceMesh, **options) -> torch.nn.Module:
     return fully_shard(m, mesh=mesh, **options)
 
 
+def count_calls() -> dict[str, list]:
+    """The group of every all-gather and reduce-scatter from here on, in order, by kind: torch's
+    collectives wrapped where FSDP2 and shimrt look them up (the newest name this torch has)."""
+    calls: dict[str, list] = {"all_gather": [], "reduce_scatter": []}
+    for kind, names in (("all_gather", ("all_gather_single", "all_gather_into_tensor")),
+                        ("reduce_scatter", ("reduce_scatter_single", "reduce_scatter_tensor"))):
+        name = next(n for n in names if hasattr(dist, n))
+        real = getattr(dist, name)
+
+        def counted(*args, _real=real, _kind=kind, **kwargs):
+            calls[_kind].append(kwargs.get("group"))
+            return _real(*args, **kwargs)
+        setattr(dist, name, counted)
+    return calls
+
+
 def main() -> None:
     rank, port = int(sys.argv[1]), sys.argv[2]
     option = sys.argv[3] if len(sys.argv) > 3 else None
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    if option is not None:
+    if option not in (None, "custom"):
         options = {"hsdp": {}, "offload": {"offload_policy": CPUOffloadPolicy(pin_memory=False)}}
         shape = (1, 2) if option == "hsdp" else (2,)  # HSDP: replicas of 1 (a 2-D mesh all the same)
         names = ("replicate", "shard") if option == "hsdp" else ("shard",)
@@ -41,17 +58,29 @@ def main() -> None:
         print(f"rank {rank}: moveable {moveable(param_groups(m))}", flush=True)
         dist.destroy_process_group()
         os._exit(0)
+    calls = count_calls()
     first, second = dist.new_group([0, 1]), dist.new_group([0, 1])
     user = sharded(model(), DeviceMesh.from_group(first, "cpu"))
     plain = sharded(model(), init_device_mesh("cpu", (2,)))
     groups = param_groups(user)
+    comms = None
+    if option == "custom":  # FSDP2 passes its own group; shimrt's collectives run on theirs
+        comms = (GroupAllGather(first), GroupReduceScatter(first))
+        install(user, comms)
+
+    def move(group: dist.ProcessGroup) -> None:
+        if comms is None:
+            use(groups, group)
+        else:
+            for comm in comms:
+                comm.group = group
     opt = torch.optim.SGD(user.parameters(), lr=0.1, momentum=0.9)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
     for step in range(8):
         if step < 5:
-            use(groups, second if step % 2 else first)
+            move(second if step % 2 else first)
         elif step == 5:
-            use(groups, second)
+            move(second)
             dist.destroy_process_group(first)  # from here FSDP2 must all-gather and reduce-scatter on second
         x = torch.randn(4, 32, generator=torch.Generator().manual_seed(10 * step + rank))
         for m, o in ((user, opt), (plain, plain_opt)):
@@ -61,7 +90,10 @@ def main() -> None:
     # Each rank's shards (DTensor ops would use the destroyed group: the DeviceMesh keeps it).
     diff = max((a.to_local() - b.to_local()).abs().max().item()
                for a, b in zip(user.parameters(), plain.parameters(), strict=True))
-    print(f"rank {rank}: fsdp {is_fsdp(user)} groups {len(groups)} moveable {moveable(groups)} diff {diff}", flush=True)
+    counts = [f"{kind} {sum(g is first for g in made)}+{sum(g is second for g in made)}"
+              for kind, made in calls.items()]
+    print(f"rank {rank}: calls {' '.join(counts)}; fsdp {is_fsdp(user)} groups {len(groups)} "
+          f"moveable {moveable(groups)} diff {diff}", flush=True)
     dist.destroy_process_group()
     os._exit(0)  # no interpreter teardown racing gloo's threads
 

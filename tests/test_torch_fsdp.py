@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+#: The collectives each of the two groups took (first+second): 4 FSDP2 groups, 8 steps, steps 0, 2 and
+#: 4 on the first group, 1, 3, 5, 6 and 7 on the second (the first destroyed before step 6); each
+#: group all-gathers twice a step (forward, then backward after its reshard) and reduce-scatters once.
+CALLS = "calls all_gather 24+40 reduce_scatter 12+20"
+
 
 def _two_ranks(gloo_ranks, *argv: str) -> list[str]:
     torch = pytest.importorskip("torch")
@@ -17,10 +22,11 @@ def _two_ranks(gloo_ranks, *argv: str) -> list[str]:
 
 def test_an_fsdp2_model_moved_between_groups_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
     """Two ranks: every group's all-gathers and reduce-scatters change process group each step,
-    then the first group is destroyed and training goes on through the second alone; the
-    parameters end as a plain FSDP2 copy's, bit for bit (the root holds no parameters: 4 groups)."""
+    then the first group is destroyed and training goes on through the second alone (each
+    collective's group counted at torch's function); the parameters end as a plain FSDP2 copy's,
+    bit for bit (the root holds no parameters: 4 groups)."""
     for rank, line in enumerate(_two_ranks(gloo_ranks)):
-        assert line == f"rank {rank}: fsdp True groups 4 moveable None diff 0.0", line
+        assert line == f"rank {rank}: {CALLS}; fsdp True groups 4 moveable None diff 0.0", line
 
 
 @pytest.mark.parametrize("option, why", [
@@ -36,3 +42,24 @@ def test_a_plain_module_is_no_fsdp2_module():
     torch = pytest.importorskip("torch")
     from shimrt.torch.fsdp import is_fsdp
     assert not is_fsdp(torch.nn.Linear(2, 2)) and not is_fsdp(object())
+
+
+def test_the_custom_route_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
+    """The same steps, the groups moved through FSDP2's public set_custom_all_gather and
+    set_custom_reduce_scatter (shimrt.torch.fsdp.install): shimrt's collectives run on the group it
+    sets, whatever group FSDP2 passes; after the first group is destroyed, training goes on through
+    the second, and the parameters end as plain FSDP2's, bit for bit."""
+    torch = pytest.importorskip("torch")
+    from torch.distributed.fsdp import FSDPModule
+    if not hasattr(FSDPModule, "set_custom_all_gather"):
+        pytest.skip(f"torch {torch.__version__}'s FSDP2 has no set_custom_all_gather")
+    for rank, line in enumerate(_two_ranks(gloo_ranks, "custom")):
+        assert line == f"rank {rank}: {CALLS}; fsdp True groups 4 moveable None diff 0.0", line
+
+
+def test_overlap_refuses_an_unknown_fsdp_route_before_anything_else():
+    pytest.importorskip("torch")
+    from shimrt import UsageError
+    from shimrt.torch import overlap
+    with pytest.raises(UsageError, match="fsdp_route must be one of mesh, custom, not 'tree'"):
+        overlap(object(), "ddp", fsdp_route="tree")

@@ -545,3 +545,17 @@ def test_ctas_ways_run_under_fsdp2_or_when_named():
     args = p.parse_args(["--configs", "balanced"])
     torch_step.check(args)
     assert list(args.policies) == [k for k in torch_step.KINDS if k != "ctas"]
+
+
+def test_fsdp_route_applies_with_fsdp_only(capsys):
+    import argparse
+    p = argparse.ArgumentParser()
+    torch_step.add_arguments(p)
+    args = p.parse_args(["--configs", "balanced", "--fsdp-route", "custom"])
+    with pytest.raises(UsageError, match="--fsdp-route applies with --fsdp"):
+        torch_step.check(args)
+    args = p.parse_args(["--configs", "balanced", "--fsdp", "--fsdp-route", "custom"])
+    torch_step.check(args)
+    assert args.fsdp_route == "custom"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--fsdp-route", "tree"])

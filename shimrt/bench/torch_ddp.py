@@ -171,6 +171,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     from ..torch import policies as vocabulary
     torch, args = r.torch, r.args
     out: dict = {"model": size.record(), "ways": {}, "gradient_as_bucket_view": args.bucket_view, "fsdp": args.fsdp,
+                 "fsdp_route": args.fsdp_route,
                  "loss_every": args.loss_every, "optimizer": args.optimizer, "bucket_mb": args.bucket_mb,
                  "steps": args.steps}
     model, data, opt = r.fresh(size)
@@ -210,8 +211,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             if policy is not None:
                 chosen = (Auto(sms=args.sms, trial_steps=args.trial_steps, **AUTOS[policy]) if policy in AUTOS
                           else policy)
-                ov = overlap(ddp, chosen,
-                             timeout=args.comm_timeout)
+                ov = overlap(ddp, chosen, timeout=args.comm_timeout, fsdp_route=args.fsdp_route)
                 entry["ranks_per_gpu"] = ov.ranks_per_gpu
             step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext,
                             loss_every=every)

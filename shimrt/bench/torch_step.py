@@ -38,6 +38,7 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
 from ..torch import policies as policies_mod
+from ..torch.fsdp import ROUTES
 from . import torch_measure
 from .progress import Progress
 from .torch_measure import comm_hidden, finish, interposer_cost, is_nccl, timed_steps
@@ -111,6 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one process per rank: untimed steps every way runs before its warm-up, so that each is "
                         "timed as far into the job as auto's kept policy (auto's trials count towards them; "
                         "default 0)")
+    p.add_argument("--fsdp-route", default="mesh", choices=ROUTES,
+                   help="one process per rank, with --fsdp: how FSDP2's collectives reach a policy's process groups, "
+                        "its groups' mesh (default) or FSDP2's public custom collectives (shimrt.torch.fsdp)")
     p.add_argument("--steady", metavar="N", default=0, type=cli.count("--steady", 0),
                    help="one process per rank: after --settle, windows of N untimed steps until two in a row agree "
                         "(their means, the slowest rank's, within 2%%; at most 8 windows), so that a way is timed "
@@ -132,6 +136,8 @@ def check(args: argparse.Namespace) -> None:
     configuration was measured)."""
     if args.plots is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]' (or leave --plots out)")
+    if args.fsdp_route != "mesh" and not args.fsdp:
+        raise UsageError("--fsdp-route applies with --fsdp (FSDP2's collectives): add --fsdp or leave it out")
     if args.policies is None:  # ctas:N are FSDP2's candidates (shimrt.torch.training): asked for by name under DDP
         args.policies = [k for k in KINDS if k != "ctas" or args.fsdp]
     if args.trial_steps is not None and "auto" not in args.policies:
@@ -398,7 +404,7 @@ def run(args: argparse.Namespace) -> int:
         from . import torch_ddp
         return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs or CONFIGS})
     for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False),
-                          ("settle", 0), ("steady", 0)):
+                          ("settle", 0), ("steady", 0), ("fsdp_route", "mesh")):
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "
                              "or python -m shimrt.launch --nproc N, without --local-ranks")

@@ -13,6 +13,14 @@ swapping them for streams of the greatest priority (and back for the plain job);
 before FSDP2 made its streams, runs on FSDP2's. Gradients are divided as FSDP2 divides them: its
 own reduce-scatter does it.
 
+Two routes to the groups (``route``): ``"mesh"`` writes each group's
+``mesh_info.shard_process_group``; ``"custom"`` gives FSDP2, through its public
+``set_custom_all_gather``/``set_custom_reduce_scatter``, an all-gather and a reduce-scatter of
+shimrt's (:class:`GroupAllGather`, :class:`GroupReduceScatter`) that run torch's own collective on
+the policy's group instead of the one FSDP2 passes: one Python call per collective, on every step,
+the plain job's included (a module with several parameter groups per state is refused there).
+Which costs less per step is bench torch ``--fsdp --fsdp-route``'s to measure (issue 42).
+
 Refused, with the reason: an HSDP (2-D) mesh, CPU offload, ``reshard_after_forward`` as an int (its
 post-forward mesh is another group's), and a torch whose FSDP2 keeps its groups elsewhere.
 ``windowed-carveout`` is not offered: FSDP2 sets its sharded gradients itself, after the
@@ -32,7 +40,10 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["is_fsdp", "Fsdp"]
+__all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install"]
+
+#: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
+ROUTES = ("mesh", "custom")
 
 
 def is_fsdp(model: Any) -> bool:
@@ -75,6 +86,24 @@ def moveable(groups: list[Any]) -> str | None:
     return None
 
 
+def install(model: Any, comms: tuple[GroupAllGather, GroupReduceScatter]) -> None:
+    """``comms`` as every FSDP2 module's all-gather and reduce-scatter under ``model``, through
+    FSDP2's public ``set_custom_all_gather``/``set_custom_reduce_scatter`` (the custom route);
+    UsageError where this torch or this model cannot take them."""
+    from torch.distributed.fsdp import FSDPModule
+    if not hasattr(FSDPModule, "set_custom_all_gather") or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
+        raise UsageError("this torch's FSDP2 has no set_custom_all_gather/set_custom_reduce_scatter: use the mesh "
+                         "route")
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            try:
+                module.set_custom_all_gather(comms[0])
+                module.set_custom_reduce_scatter(comms[1])
+            except ValueError as exc:  # several parameter groups per state (per-parameter meshes)
+                raise UsageError(f"FSDP2 refuses custom collectives on this model ({exc}): use the mesh "
+                                 "route") from None
+
+
 def use(groups: list[Any], group: Any) -> None:
     """The all-gathers and reduce-scatters of FSDPParamGroups ``groups`` on ``group`` (the same
     ranks, in the same order) from their next collective: between steps, on every rank alike."""
@@ -82,15 +111,51 @@ def use(groups: list[Any], group: Any) -> None:
         g.mesh_info.shard_process_group = group
 
 
+class _OnGroup:
+    """A collective of FSDP2's on :attr:`group` (set between steps), whatever group FSDP2 passes;
+    its buffers allocated as FSDP2's own collectives allocate them. ``names``: torch.distributed's
+    function for it, newest name first (torch 2.14 renamed them, and warns at the old names)."""
+
+    names: tuple[str, ...] = ()
+
+    def __init__(self, group: Any):
+        import torch.distributed as dist
+        self.group = group
+        self.collective = next(getattr(dist, n) for n in self.names if hasattr(dist, n))
+
+    def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+        import torch
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class GroupAllGather(_OnGroup):
+    """FSDP2's all-gather (its ``AllGather`` interface: ``allocate`` and the call) on the group."""
+
+    names = ("all_gather_single", "all_gather_into_tensor")
+
+    def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
+        return self.collective(output_tensor, input_tensor, group=self.group, async_op=async_op)
+
+
+class GroupReduceScatter(_OnGroup):
+    """FSDP2's reduce-scatter (its ``ReduceScatter`` interface) on the group."""
+
+    names = ("reduce_scatter_single", "reduce_scatter_tensor")
+
+    def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False) -> Any:
+        return self.collective(output_tensor, input_tensor, op=op, group=self.group, async_op=async_op)
+
+
 class Fsdp:
     """An FSDP2 root module as :class:`~shimrt.torch.training.Overlap` drives it (the
-    :class:`~shimrt.torch.placement.Wrapped` protocol)."""
+    :class:`~shimrt.torch.placement.Wrapped` protocol); ``route``: one of :data:`ROUTES`."""
 
     kind = "FSDP2"
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, route: str = "mesh"):
         import torch
         import torch.distributed as dist
+        self.route = validate.one_of(route, "route", ROUTES)
         self.model = model
         self.groups = param_groups(model)
         if not self.groups:
@@ -103,6 +168,10 @@ class Fsdp:
             if dist.get_process_group_ranks(g.mesh_info.shard_process_group) != ranks:
                 raise UsageError("overlap() needs every FSDP2 module sharded over the same ranks")
         self._torch = torch
+        self.comms: tuple[GroupAllGather, GroupReduceScatter] | None = None
+        if self.route == "custom":
+            self.comms = (GroupAllGather(self.group), GroupReduceScatter(self.group))
+            install(model, self.comms)
         self._own_streams: tuple[Any, Any] | None = None   # FSDP2's all-gather and reduce-scatter streams
         self._high_streams: tuple[Any, Any] | None = None  # shimrt's, of the greatest priority
         self._high = False
@@ -111,7 +180,11 @@ class Fsdp:
         return moveable(self.groups)
 
     def use(self, group: Any, high: bool) -> None:
-        use(self.groups, group)
+        if self.comms is not None:
+            for comm in self.comms:
+                comm.group = group
+        else:
+            use(self.groups, group)
         self._high = validate.boolean(high, "high")
         self.streams()
 

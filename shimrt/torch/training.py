@@ -61,6 +61,7 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..stream import timeout_seconds
 from .cost import HostCost, StepTimer, now
+from .fsdp import ROUTES
 from .groups import Groups, subgroup_refusal
 from .interop import require_torch
 from .interop import stream as torch_stream
@@ -79,28 +80,32 @@ LEAD_STEPS = 3
 
 
 
-def overlap(model: Any, policy: Any = "auto", *, timeout: float = 300.0) -> "Overlap":
+def overlap(model: Any, policy: Any = "auto", *, timeout: float = 300.0, fsdp_route: str = "mesh") -> "Overlap":
     """Overlap ``model``'s collectives with its compute under ``policy``: a name of
     :mod:`shimrt.torch.policies`, a :class:`Policy`, ``"auto"`` or an
     :class:`~shimrt.torch.policies.Auto` with auto's options; see the module's docstring.
     ``model``: a ``DistributedDataParallel``, or a module ``fully_shard`` made an FSDP2 module
     (its root). ``timeout``: seconds a collective of shimrt's process groups may take before
-    torch's watchdog ends it. Collective over the model's ranks: every rank calls it, with the
-    same arguments."""
+    torch's watchdog ends it. ``fsdp_route``: how an FSDP2 model's collectives reach a policy's
+    groups, ``"mesh"`` or ``"custom"`` (FSDP2's public custom collectives; :mod:`shimrt.torch.fsdp`).
+    Collective over the model's ranks: every rank calls it, with the same arguments."""
     require_torch()
-    return Overlap(model, policy, timeout=timeout)
+    return Overlap(model, policy, timeout=timeout, fsdp_route=fsdp_route)
 
 
-def wrap(model: Any) -> Wrapped:
-    """The adapter of ``model``: a DDP's, or an FSDP2 root module's; UsageError for anything else."""
+def wrap(model: Any, fsdp_route: str = "mesh") -> Wrapped:
+    """The adapter of ``model``: a DDP's, or an FSDP2 root module's (its collectives reached by
+    ``fsdp_route``); UsageError for anything else."""
     import torch
 
     from .ddp import Ddp
     from .fsdp import Fsdp, is_fsdp
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        if fsdp_route != "mesh":
+            raise UsageError(f"fsdp_route applies to FSDP2 models, not to a DDP (fsdp_route={fsdp_route!r})")
         return Ddp(model)
     if is_fsdp(model):
-        return Fsdp(model)
+        return Fsdp(model, fsdp_route)
     raise UsageError(f"overlap() takes a torch.nn.parallel.DistributedDataParallel or a module fully_shard made an "
                      f"FSDP2 module, not {validate.shown(model)}")
 
@@ -108,7 +113,7 @@ def wrap(model: Any) -> Wrapped:
 class Overlap:
     """What :func:`overlap` returns: ``step()``, ``report()``, ``close()``."""
 
-    def __init__(self, model: Any, policy: Any, *, timeout: float):
+    def __init__(self, model: Any, policy: Any, *, timeout: float, fsdp_route: str = "mesh"):
         import torch
         import torch.distributed as dist
 
@@ -116,6 +121,7 @@ class Overlap:
         # The plain arguments first (no GPU, no collective), then the DDP. The timeout is checked
         # here, once: the groups take it as it comes out.
         limit = datetime.timedelta(seconds=timeout_seconds(timeout))
+        validate.one_of(fsdp_route, "fsdp_route", ROUTES)
         if not isinstance(policy, (str, Policy, Auto)):  # before any comparison: numpy compares elementwise
             raise UsageError(f"policy must be 'auto', an Auto, a policy's name or a Policy, not "
                              f"{validate.shown(policy)}")
@@ -130,7 +136,7 @@ class Overlap:
             if named.sequential:
                 raise UsageError(f"policy {named.name!r} reduces after backward, which DDP and FSDP2 do not do; "
                                  "the no-overlap reference is 'ddp' (the plain job)")
-        self.model = wrap(model)
+        self.model = wrap(model, "mesh" if named is not None and named.plain else fsdp_route)  # plain: untouched
         self.group = self.model.group
         if (named is None or not named.plain) and \
                 (why := self.model.moveable() or subgroup_refusal(dist, self.group)):

@@ -1,7 +1,7 @@
 """One rank of FSDP2 over NCCL (world size 1) under shimrt.torch.overlap, beside a plain FSDP2
 copy trained on the same data: what tests/gpu/test_fsdp.py checks, printed as JSON.
 
-Usage: python fsdp_one_rank.py POLICY MARGIN STEPS
+Usage: python fsdp_one_rank.py POLICY MARGIN STEPS [ROUTE]   ROUTE: mesh (default) or custom
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def mlp(mesh) -> torch.nn.Module:
 
 def main() -> None:
     policy, margin, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+    route = sys.argv[4] if len(sys.argv) > 4 else "mesh"
     logging.basicConfig(stream=sys.stderr, level=logging.INFO)
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -40,7 +41,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
     chosen = shimrt.torch.Auto(trial_steps=1, margin=margin) if policy == "auto" else policy
-    ov = shimrt.torch.overlap(model, policy=chosen, timeout=60)
+    ov = shimrt.torch.overlap(model, policy=chosen, timeout=60, fsdp_route=route)
     for step in range(steps):
         x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
         with ov.step():
@@ -56,11 +57,14 @@ def main() -> None:
     report = ov.report()
     g = param_groups(model)[0]
     stream = g.comm_ctx.reduce_scatter_stream
-    on_own = g.mesh_info.shard_process_group is own
+    comms = ov.model.comms  # the custom route's all-gather and reduce-scatter (None: the mesh route)
+    on_own = (g.mesh_info.shard_process_group if comms is None else comms[0].group) is own
     ov.close()
     print(json.dumps({"policy": report["policy"], "process_group": report["process_group"], "own_group": on_own,
                       "stream_priority": stream.priority, "least": max(torch.cuda.Stream.priority_range()),
-                      "own_group_after_close": g.mesh_info.shard_process_group is own,
+                      "own_group_after_close": (g.mesh_info.shard_process_group if comms is None
+                                                else comms[0].group) is own,
+                      "mesh_untouched": g.mesh_info.shard_process_group is own,
                       "reference": report["reference"], "host_us": report["host_us"],
                       "dropped": report["dropped"], "diff": diff}), flush=True)
     dist.destroy_process_group()

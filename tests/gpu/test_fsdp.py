@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _one_rank(device, policy: str, margin: float = 0.01, steps: int = 12) -> dict:
+def _one_rank(device, policy: str, margin: float = 0.01, steps: int = 12, route: str = "mesh") -> dict:
     torch = pytest.importorskip("torch")
     if device.backend != "cuda" or not torch.cuda.is_available():
         pytest.skip("needs torch with CUDA on a CUDA device")
@@ -27,7 +27,7 @@ def _one_rank(device, policy: str, margin: float = 0.01, steps: int = 12) -> dic
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SHIMRT_RANK", "SHIMRT_WORLD_SIZE", "SHIMRT_DEVICES"):
         env.pop(name, None)
     run = subprocess.run([sys.executable, str(Path(__file__).with_name("fsdp_one_rank.py")), policy, str(margin),
-                          str(steps)], capture_output=True, text=True, timeout=240, env=env)
+                          str(steps), route], capture_output=True, text=True, timeout=240, env=env)
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -40,6 +40,16 @@ def test_priority_under_fsdp2_moves_its_groups_and_streams_and_trains_as_plain_f
     got = _one_rank(device, "priority")
     assert got["policy"] == "priority" and not got["own_group"] and got["own_group_after_close"], got
     assert got["stream_priority"] < -1 and got["diff"] == 0.0, got  # FSDP2's own streams are at -1
+
+
+@pytest.mark.timeout(300)
+def test_the_custom_route_moves_fsdp2s_collectives_through_its_public_api(device):
+    """fsdp_route="custom": FSDP2's own mesh untouched, its all-gathers and reduce-scatters run by
+    shimrt's custom collectives on the policy's group, bit for bit as plain FSDP2; once closed they
+    run on FSDP2's own group again."""
+    got = _one_rank(device, "priority", route="custom")
+    assert got["policy"] == "priority" and not got["own_group"] and got["own_group_after_close"], got
+    assert got["mesh_untouched"] and got["diff"] == 0.0, got
 
 
 @pytest.mark.timeout(300)
