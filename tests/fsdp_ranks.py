@@ -3,7 +3,8 @@ shimrt.torch.fsdp.use moves between process groups step by step, beside a plain 
 prints what the test checks.
 
 Usage: python fsdp_ranks.py RANK PORT [OPTION]   OPTION: hsdp, offload (what moveable refuses), custom
-(the groups moved through FSDP2's public custom collectives, shimrt.torch.fsdp.install)
+(the groups moved through FSDP2's public custom collectives, shimrt.torch.fsdp.install), prefetch (FSDP2's
+explicit prefetch changed as the groups move, shimrt.torch.fsdp.prefetch)
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-from shimrt.torch.fsdp import GroupAllGather, GroupReduceScatter, install, is_fsdp, moveable, param_groups, use
+from shimrt.torch.fsdp import (
+    GroupAllGather,
+    GroupReduceScatter,
+    install,
+    is_fsdp,
+    moveable,
+    param_groups,
+    prefetch,
+    use,
+)
 
 
 def model() -> torch.nn.Module:
@@ -50,7 +60,7 @@ def main() -> None:
     rank, port = int(sys.argv[1]), sys.argv[2]
     option = sys.argv[3] if len(sys.argv) > 3 else None
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    if option not in (None, "custom"):
+    if option not in (None, "custom", "prefetch"):
         options = {"hsdp": {}, "offload": {"offload_policy": CPUOffloadPolicy(pin_memory=False)}}
         shape = (1, 2) if option == "hsdp" else (2,)  # HSDP: replicas of 1 (a 2-D mesh all the same)
         names = ("replicate", "shard") if option == "hsdp" else ("shard",)
@@ -76,7 +86,14 @@ def main() -> None:
                 comm.group = group
     opt = torch.optim.SGD(user.parameters(), lr=0.1, momentum=0.9)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    depths = {0: 2, 3: None, 5: 1} if option == "prefetch" else {}  # from these steps on
+    lists = []  # each block's prefetch lists as FSDP2 holds them (forward, backward), after each change
     for step in range(8):
+        if step in depths:
+            prefetch(user, depths[step])
+            states = [b._get_fsdp_state() for b in user]
+            lists.append(",".join(f"{len(s._states_to_forward_prefetch)}{len(s._states_to_backward_prefetch)}"
+                                  for s in states))
         if step < 5:
             move(second if step % 2 else first)
         elif step == 5:
@@ -92,7 +109,8 @@ def main() -> None:
                for a, b in zip(user.parameters(), plain.parameters(), strict=True))
     counts = [f"{kind} {sum(g is first for g in made)}+{sum(g is second for g in made)}"
               for kind, made in calls.items()]
-    print(f"rank {rank}: calls {' '.join(counts)}; fsdp {is_fsdp(user)} groups {len(groups)} "
+    held = f"prefetch {' '.join(lists)}; " if lists else ""
+    print(f"rank {rank}: {held}calls {' '.join(counts)}; fsdp {is_fsdp(user)} groups {len(groups)} "
           f"moveable {moveable(groups)} diff {diff}", flush=True)
     dist.destroy_process_group()
     os._exit(0)  # no interpreter teardown racing gloo's threads

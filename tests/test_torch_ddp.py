@@ -55,7 +55,7 @@ def test_the_vocabulary_is_one_enum_and_its_tables_cover_it():
     assert set(policies.ENGINE_POLICY) == set(policies.KINDS)
     assert set(policies.NUMBERED) <= set(policies.KINDS)
     for kind in policies.KINDS[:-1]:  # every kind but auto makes a policy of its own name
-        p = policies.make(kind, 32 if kind in policies.NUMBERED else None)
+        p = policies.make(kind, (2 if kind == "prefetch" else 32) if kind in policies.NUMBERED else None)
         assert policies.kind(p) == kind
     assert policies.Kind("carveout") is policies.Kind.CARVEOUT and policies.Kind.CARVEOUT == "carveout"
 
@@ -88,11 +88,32 @@ def test_the_plain_job_takes_no_channels_and_no_compute_side():
 def test_autos_candidates_start_with_plain_ddp_and_size_nccl_by_the_ranks_on_a_gpu():
     kinds = [k for k in policies.KINDS if k not in ("sequential", "auto")]
     got = policies.candidates([32, 64], kinds=kinds)
-    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "ctas:4", "ctas:8", "shaping:2", "shaping:1",
-                                     "partition:32", "carveout:32", "windowed-carveout:32", "partition:64",
-                                     "carveout:64", "windowed-carveout:64"]
+    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "ctas:4", "ctas:8", "prefetch:2", "shaping:2",
+                                     "shaping:1", "partition:32", "carveout:32", "windowed-carveout:32",
+                                     "partition:64", "carveout:64", "windowed-carveout:64"]
+    assert [p.name for p in policies.candidates([32], kinds=["prefetch"], prefetch=[1, 3])] == ["prefetch:1",
+                                                                                                 "prefetch:3"]
     assert [p.channels(2) for p in got if p.partition] == [16, 32]
     assert [p.name for p in policies.candidates([32], kinds=["ctas"], ctas=[2, 16])] == ["ctas:2", "ctas:16"]
+
+
+def test_prefetch_tells_fsdp2_how_many_modules_to_all_gather_ahead():
+    p = policies.parse("prefetch:2")
+    assert (p.name, p.priority, p.compute, p.ctas, p.prefetch) == ("prefetch:2", "high", None, None, 2)
+    assert p.describe(2) == "high priority, FSDP2 all-gathers 2 modules ahead"
+    for bad, message in (("prefetch", r"e.g. prefetch:2"), ("prefetch:0", "prefetch's number must be"),
+                         ("prefetch:9", "prefetch's number must be an int in 1..8")):
+        with pytest.raises(UsageError, match=message):
+            policies.parse(bad)
+    with pytest.raises(UsageError, match="no ctas, no compute side, no prefetch"):
+        Policy("x", baseline="plain", prefetch=2)
+    with pytest.raises(UsageError, match="Policy.prefetch must be"):
+        Policy("x", prefetch=0)
+    assert Auto().prefetch == (2,) and Auto(prefetch=()).prefetch == ()
+    with pytest.raises(UsageError, match="must list each count once"):
+        Auto(prefetch=(2, 2))
+    with pytest.raises(UsageError, match="Auto.prefetch must be"):
+        Auto(prefetch=(9,))
 
 
 def test_ctas_holds_nccls_channels_on_streams_of_the_greatest_priority():
@@ -106,7 +127,7 @@ def test_ctas_holds_nccls_channels_on_streams_of_the_greatest_priority():
             policies.parse(bad)
 
 
-@pytest.mark.parametrize("ctas, message", [((4, 4), "must list each channel count once"), ("4", "must be a list"),
+@pytest.mark.parametrize("ctas, message", [((4, 4), "must list each count once"), ("4", "must be a list"),
                                            ((0,), "must be"), ((65,), "must be")])
 def test_auto_refuses_bad_channel_counts(ctas, message):
     with pytest.raises(UsageError, match=message):

@@ -544,7 +544,13 @@ def test_ctas_ways_run_under_fsdp2_or_when_named():
         assert ("ctas" in args.policies) == has_ctas, argv
     args = p.parse_args(["--configs", "balanced"])
     torch_step.check(args)
-    assert list(args.policies) == [k for k in torch_step.KINDS if k != "ctas"]
+    assert list(args.policies) == [k for k in torch_step.KINDS if k not in ("ctas", "prefetch")]
+    args = p.parse_args(["--configs", "balanced", "--fsdp"])
+    torch_step.check(args)
+    assert "prefetch" in args.policies and "ctas" in args.policies
+    args = p.parse_args(["--configs", "balanced", "--policies", "priority,prefetch"])
+    with pytest.raises(UsageError, match="prefetch:N is FSDP2's"):
+        torch_step.check(args)
 
 
 def test_fsdp_route_applies_with_fsdp_only(capsys):

@@ -91,9 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
     p.add_argument("--policies", default=None,
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
-                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all but ctas, which "
-                        "--fsdp adds: FSDP2's auto tries it, DDP's does not; the first is the reference the others' "
-                        "losses and gradients are compared with)")
+                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all but ctas and "
+                        "prefetch, which --fsdp adds: FSDP2's auto tries them, DDP's does not; the first is the "
+                        "reference the others' losses and gradients are compared with)")
     cli.add_timeout(p, 1800)
     p.add_argument("--comm-timeout", metavar="S", default=300.0,
                    type=validate.argument(validate.number, "--comm-timeout", positive=True, most=86400),
@@ -138,8 +138,11 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]' (or leave --plots out)")
     if args.fsdp_route != "mesh" and not args.fsdp:
         raise UsageError("--fsdp-route applies with --fsdp (FSDP2's collectives): add --fsdp or leave it out")
-    if args.policies is None:  # ctas:N are FSDP2's candidates (shimrt.torch.training): asked for by name under DDP
-        args.policies = [k for k in KINDS if k != "ctas" or args.fsdp]
+    if args.policies is None:  # ctas:N and prefetch:N are FSDP2's candidates (shimrt.torch.training)
+        args.policies = [k for k in KINDS if k not in FSDP_KINDS or args.fsdp]
+    if "prefetch" in args.policies and not args.fsdp:
+        raise UsageError("prefetch:N is FSDP2's (it all-gathers parameters ahead): add --fsdp, or leave prefetch out "
+                         "of --policies")
     if args.trial_steps is not None and "auto" not in args.policies:
         raise UsageError("--trial-steps applies with auto in --policies only (it sets auto's trials): add auto to "
                          "--policies or leave --trial-steps out")
@@ -155,14 +158,17 @@ def check(args: argparse.Namespace) -> None:
 #: What --policies takes (shimrt.torch.policies' kinds but ``ddp``: one process here holds every
 #: rank, so there is no torch.distributed process group to all-reduce through).
 KINDS = tuple(k for k in policies_mod.KINDS if k != "ddp")
+#: Kinds that run by default under --fsdp only (FSDP2's auto tries them; DDP's does not).
+FSDP_KINDS = ("ctas", "prefetch")
 channels = policies_mod.channels_for
 
 
 def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
     """The fixed policies of ``kinds``, baselines first (:func:`shimrt.torch.policies.candidates`),
     their NCCL channels fixed for ``ranks_per_gpu`` ranks per GPU (``ctas``): this run's
-    communicators are made per channel setting."""
-    return [p.sized(ranks_per_gpu) for p in policies_mod.candidates(sms, [k for k in kinds if k != "ddp"])]
+    communicators are made per channel setting. No ``prefetch`` here: one process holds no FSDP2."""
+    return [p.sized(ranks_per_gpu) for p in policies_mod.candidates(sms, [k for k in kinds if k not in
+                                                                          ("ddp", "prefetch")])]
 
 
 class Bench:

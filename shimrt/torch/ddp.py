@@ -51,6 +51,11 @@ class Ddp:
         # DDP's collectives run on ProcessGroupNCCL's own streams: the group's options carry ``high``.
         use(self.ddp, group)
 
+    def prefetch(self, depth: int | None) -> None:
+        if depth is not None:
+            raise UsageError(f"prefetch is FSDP2's (it all-gathers parameters ahead); a DDP has none to prefetch, "
+                             f"not prefetch={depth}")
+
     def before_step(self) -> None:
         pass
 

@@ -29,7 +29,9 @@ reduce-scatter, so no gradient hook marks the window's start.
 torch internals touched: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_group`` (torch
 2.11) or ``_fsdp_param_groups``; each group's ``mesh_info.shard_process_group`` (the move),
 ``_reduce_scatter_process_group``, ``post_forward_mesh_info``, ``fsdp_params[i].offload_to_cpu``,
-``reduce_grads`` and ``comm_ctx.all_gather_stream``/``reduce_scatter_stream`` (the streams).
+``reduce_grads`` and ``comm_ctx.all_gather_stream``/``reduce_scatter_stream`` (the streams). Public
+API used: ``set_custom_all_gather``/``set_custom_reduce_scatter`` (the custom route) and
+``set_modules_to_forward_prefetch``/``set_modules_to_backward_prefetch`` (a policy's prefetch).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install"]
+__all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "prefetch"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -102,6 +104,20 @@ def install(model: Any, comms: tuple[GroupAllGather, GroupReduceScatter]) -> Non
             except ValueError as exc:  # several parameter groups per state (per-parameter meshes)
                 raise UsageError(f"FSDP2 refuses custom collectives on this model ({exc}): use the mesh "
                                  "route") from None
+
+
+def prefetch(model: Any, depth: int | None) -> None:
+    """FSDP2's explicit prefetch under ``model``: each FSDP2 module below the root all-gathers the
+    next ``depth`` modules (in ``model.modules()`` order, their forward order in a stack of blocks)
+    when its forward starts, and the ``depth`` before it when its backward starts (None: no
+    explicit lists, FSDP2's own prefetch of one)."""
+    from torch.distributed.fsdp import FSDPModule
+    blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+    for i, block in enumerate(blocks):
+        ahead = [] if depth is None else blocks[i + 1:i + 1 + depth]
+        behind = [] if depth is None else blocks[max(0, i - depth):i][::-1]
+        block.set_modules_to_forward_prefetch(ahead)
+        block.set_modules_to_backward_prefetch(behind)
 
 
 def use(groups: list[Any], group: Any) -> None:
@@ -175,6 +191,7 @@ class Fsdp:
         self._own_streams: tuple[Any, Any] | None = None   # FSDP2's all-gather and reduce-scatter streams
         self._high_streams: tuple[Any, Any] | None = None  # shimrt's, of the greatest priority
         self._high = False
+        self._prefetch: int | None = None  # the explicit prefetch depth set (None: FSDP2's own)
 
     def moveable(self) -> str | None:
         return moveable(self.groups)
@@ -187,6 +204,11 @@ class Fsdp:
             use(self.groups, group)
         self._high = validate.boolean(high, "high")
         self.streams()
+
+    def prefetch(self, depth: int | None) -> None:
+        if depth != self._prefetch:
+            prefetch(self.model, depth)
+            self._prefetch = depth
 
     def before_step(self) -> None:
         self.streams()

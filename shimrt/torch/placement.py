@@ -34,6 +34,11 @@ class Wrapped(Protocol):
         """Its collectives on ``group`` from the next step, on streams of the greatest priority
         where ``high`` and the model's streams carry them (between steps, on every rank alike)."""
 
+    def prefetch(self, depth: int | None) -> None:
+        """FSDP2: all-gather the next ``depth`` modules ahead, in forward and backward, from the
+        next step (None: FSDP2's own prefetch); UsageError for a depth where there is nothing to
+        prefetch (DDP)."""
+
     def before_step(self) -> None:
         """What the policy in force needs done at each step's start (FSDP2: its streams, which
         it makes at its first forward)."""
@@ -71,6 +76,7 @@ class Placement:
             raise UsageError(f"auto would move this {self.model.kind}'s collectives to {policy.name}'s process "
                              f"group, and they cannot move now: {why}")
         self.model.use(group, not policy.plain and policy.priority == "high")
+        self.model.prefetch(policy.prefetch)
         self.current = group
 
     def hook_window(self, window: Window) -> None:
@@ -91,6 +97,7 @@ class Placement:
         whatever the others do)."""
         try:
             self.model.use(self.model.group, False)
+            self.model.prefetch(None)
             self.current = self.model.group
         finally:
             try:

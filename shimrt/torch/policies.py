@@ -9,6 +9,8 @@ A policy is a :class:`Policy`. Its name says what it does:
 - ``low-priority``: the same at default priority (what a second stream alone gives);
 - ``ctas:N``: the collectives on streams of the greatest priority with NCCL held to N channels
   per rank (one block each): what the collectives themselves take of the SMs, and no more;
+- ``prefetch:N`` (FSDP2 only): the collectives on streams of the greatest priority, and FSDP2 told to
+  all-gather the next N modules ahead, in forward and in backward (its own prefetch is one);
 - ``shaping:N``: every torch kernel capped at N blocks per SM (launch interposition), room left
   for NCCL's blocks;
 - ``partition:K``: torch's compute on an SM partition of all but K SMs, NCCL's channels sized to
@@ -47,6 +49,7 @@ class Kind(str, Enum):
     LOW_PRIORITY = "low-priority"
     PRIORITY = "priority"
     CTAS = "ctas"
+    PREFETCH = "prefetch"
     SHAPING = "shaping"
     PARTITION = "partition"
     CARVEOUT = "carveout"
@@ -104,13 +107,15 @@ class Policy:
     :class:`Carveout`, or None: a policy cannot hold two), ``ctas``, NCCL's channels per rank
     where they are to be held to a number (None: :meth:`channels` derives them from the SMs a
     partition or carveout keeps, for the ranks sharing the GPU, where the group is made), and
-    ``baseline``, where the policy is one (:data:`BASELINES`): ``"plain"`` or ``"sequential"``."""
+    ``baseline``, where the policy is one (:data:`BASELINES`): ``"plain"`` or ``"sequential"``;
+    ``prefetch``, FSDP2's modules all-gathered ahead (None: FSDP2's own prefetch)."""
 
     name: str
     priority: str = "high"
     compute: Compute = None
     ctas: int | None = None
     baseline: str | None = None
+    prefetch: int | None = None
 
     def __post_init__(self) -> None:
         validate.text(self.name, "Policy.name")
@@ -122,9 +127,12 @@ class Policy:
                              f"{validate.shown(self.compute)}")
         if self.ctas is not None:
             object.__setattr__(self, "ctas", validate.integer(self.ctas, "Policy.ctas", least=1, most=64))
-        if self.plain and (self.ctas is not None or self.compute is not None):
+        if self.prefetch is not None:
+            object.__setattr__(self, "prefetch", validate.integer(self.prefetch, "Policy.prefetch", least=1,
+                                                                  most=MAX_PREFETCH))
+        if self.plain and (self.ctas is not None or self.compute is not None or self.prefetch is not None):
             raise UsageError(f"Policy {self.name!r}: the plain job (baseline='plain') runs its own collectives "
-                             "as they are: no ctas, no compute side")
+                             "as they are: no ctas, no compute side, no prefetch")
         if self.window and self.sequential:
             raise UsageError(f"Policy {self.name!r}: a windowed carveout needs the all-reduces beside backward "
                              "(it limits the carveout to the time they run there), not baseline='sequential'")
@@ -183,26 +191,33 @@ class Policy:
         ctas = self.ctas if ranks_per_gpu is None else self.channels(ranks_per_gpu)
         if ctas is not None:
             parts.append(f"NCCL {ctas} channels/rank")
+        if self.prefetch is not None:
+            parts.append(f"FSDP2 all-gathers {self.prefetch} modules ahead")
         return ", ".join(parts)
 
 
 #: Kinds of policy (what ``bench torch --policies`` takes), baselines first: :class:`Kind`'s values.
 KINDS = tuple(k.value for k in Kind)
 #: Kinds that take a number after a colon: NCCL's channels, the cap, or the SMs kept for NCCL.
-NUMBERED = (Kind.CTAS.value, Kind.SHAPING.value, Kind.PARTITION.value, Kind.CARVEOUT.value,
+NUMBERED = (Kind.CTAS.value, Kind.PREFETCH.value, Kind.SHAPING.value, Kind.PARTITION.value, Kind.CARVEOUT.value,
             Kind.WINDOWED_CARVEOUT.value)
 #: The overlap engine's policy (:data:`shimrt.overlap.planner.POLICIES`, its own kernels'
 #: vocabulary) that each kind here corresponds to: the same two controls, named for what the
 #: engine varies. None: the engine has no such policy (``ddp`` is torch's own all-reduce; a
 #: carveout is cuBLAS's, which the engine's kernels do not take; the engine sizes NCCL's channels
-#: under every policy, not as one of its own).
+#: under every policy, not as one of its own; prefetch is FSDP2's).
 ENGINE_POLICY: dict[str, str | None] = {
     "sequential": "sequential", "ddp": None, "low-priority": "concurrent", "priority": "priority", "ctas": None,
+    "prefetch": None,
     "shaping": "shaping+priority", "partition": "partition", "carveout": None, "windowed-carveout": None,
     "auto": "auto"}
 #: The channel counts of the ``ctas`` candidates (auto's and bench torch's): a quarter and half of
 #: the 16 that a carveout or partition of 32 SMs gives each of two ranks on a GPU.
 CTAS = (4, 8)
+#: The depths of the ``prefetch`` candidates (FSDP2's auto and bench torch's), and the deepest taken:
+#: each module ahead holds its parameters unsharded that much earlier.
+PREFETCH = (2,)
+MAX_PREFETCH = 8
 #: The bounds of an SM count kept for NCCL, wherever one enters (a policy's name, overlap()'s
 #: ``sms``, bench torch's ``--sms``).
 SMS_BOUNDS = {"least": 1, "most": MAX_SMS}
@@ -221,7 +236,8 @@ class Auto:
     on its own steps: :mod:`shimrt.torch.trials`; at least 2 ``check_steps`` then);
     ``check_always``, check the fastest other finalist even when the trials kept plain DDP (with
     ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is); ``ctas``, the NCCL channel
-    counts of its ``ctas:N`` candidates (FSDP2's only)."""
+    counts of its ``ctas:N`` candidates and ``prefetch``, the depths of its ``prefetch:N`` ones
+    (both FSDP2's only)."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3
@@ -230,10 +246,12 @@ class Auto:
     check_block: int = 1
     check_always: bool = False
     ctas: tuple[int, ...] = CTAS
+    prefetch: tuple[int, ...] = PREFETCH
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sms", tuple(kept_sms(self.sms, "Auto.sms")))
         object.__setattr__(self, "ctas", tuple(channel_counts(self.ctas, "Auto.ctas")))
+        object.__setattr__(self, "prefetch", tuple(channel_counts(self.prefetch, "Auto.prefetch", MAX_PREFETCH)))
         object.__setattr__(self, "trial_steps", validate.integer(self.trial_steps, "Auto.trial_steps", least=1,
                                                                  most=1000))
         object.__setattr__(self, "margin", validate.number(self.margin, "Auto.margin", least=0, most=0.5))
@@ -260,13 +278,14 @@ def kept_sms(values: Any, what: str = "sms") -> list[int]:
     return out
 
 
-def channel_counts(values: Any, what: str = "ctas") -> list[int]:
-    """``values`` as a list of distinct NCCL channel counts (1 to NCCL's 64), possibly empty."""
+def channel_counts(values: Any, what: str = "ctas", most: int = 64) -> list[int]:
+    """``values`` as a list of distinct counts from 1 to ``most`` (NCCL's 64 channels, or
+    :data:`MAX_PREFETCH` modules), possibly empty."""
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
-        raise UsageError(f"{what} must be a list of NCCL channel counts such as [4, 8], not {validate.shown(values)}")
-    out = [validate.integer(n, what, least=1, most=64) for n in list(values)]
+        raise UsageError(f"{what} must be a list of counts such as [2, 4], not {validate.shown(values)}")
+    out = [validate.integer(n, what, least=1, most=most) for n in list(values)]
     if len(set(out)) != len(out):
-        raise UsageError(f"{what} must list each channel count once, not {out}")
+        raise UsageError(f"{what} must list each count once, not {out}")
     return out
 
 
@@ -290,12 +309,15 @@ def make(kind: str, number: int | None = None) -> Policy:
             return Policy("ddp", baseline="plain")
         return Policy(kind, priority="high" if kind == Kind.PRIORITY else "low")
     if number is None:
-        example = {Kind.SHAPING: 2, Kind.CTAS: 8}.get(Kind(kind), 48)
+        example = {Kind.SHAPING: 2, Kind.CTAS: 8, Kind.PREFETCH: 2}.get(Kind(kind), 48)
         raise UsageError(f"policy {kind!r} needs a number: {kind}:N (e.g. {kind}:{example})")
-    n = validate.integer(number, f"{kind}'s number", least=1, most=64) if kind in (Kind.SHAPING, Kind.CTAS) else \
+    most = {Kind.SHAPING: 64, Kind.CTAS: 64, Kind.PREFETCH: MAX_PREFETCH}.get(Kind(kind))
+    n = validate.integer(number, f"{kind}'s number", least=1, most=most) if most is not None else \
         validate.integer(number, f"{kind}'s number", **SMS_BOUNDS)
     if kind == Kind.CTAS:
         return Policy(f"ctas:{n}", ctas=n)
+    if kind == Kind.PREFETCH:
+        return Policy(f"prefetch:{n}", prefetch=n)
     if kind == Kind.SHAPING:
         return Policy(f"shaping:{n}", compute=Shaping(n))
     if kind == Kind.PARTITION:
@@ -320,14 +342,17 @@ def parse(text: Any) -> Policy:
     return make(kind, int(number) if number else None)
 
 
-def candidates(sms: Iterable[int], kinds: Iterable[str] = KINDS, ctas: Iterable[int] = CTAS) -> list[Policy]:
+def candidates(sms: Iterable[int], kinds: Iterable[str] = KINDS, ctas: Iterable[int] = CTAS,
+               prefetch: Iterable[int] = PREFETCH) -> list[Policy]:
     """The fixed policies of ``kinds`` (auto's candidates, or a bench's list), baselines first:
-    NCCL held to each of ``ctas`` channels, shaping at N=2 and 1, partition and both carveouts at
-    each of ``sms``."""
+    NCCL held to each of ``ctas`` channels, FSDP2 prefetching each of ``prefetch`` modules ahead,
+    shaping at N=2 and 1, partition and both carveouts at each of ``sms``."""
     kinds = tuple(kinds)
     out = [make(k) for k in ("sequential", "ddp", "low-priority", "priority") if k in kinds]
     if "ctas" in kinds:
         out += [make("ctas", n) for n in ctas]
+    if "prefetch" in kinds:
+        out += [make("prefetch", n) for n in prefetch]
     if "shaping" in kinds:
         out += [make("shaping", n) for n in (2, 1)]
     for k in sms:

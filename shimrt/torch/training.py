@@ -159,8 +159,10 @@ class Overlap:
             if auto is not None:
                 # low-priority under DDP would be plain DDP's own streams and channels again; NCCL's
                 # channels alone (ctas) are FSDP2's, whose steps its collectives set (issue 42).
-                skip = ("sequential", "auto", "low-priority") + (() if self.model.kind == "FSDP2" else ("ctas",))
-                usable = self._usable(candidates(auto.sms, [k for k in KINDS if k not in skip], auto.ctas))
+                skip = ("sequential", "auto", "low-priority") + (() if self.model.kind == "FSDP2" else
+                                                                 ("ctas", "prefetch"))
+                usable = self._usable(candidates(auto.sms, [k for k in KINDS if k not in skip], auto.ctas,
+                                                 auto.prefetch))
                 self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
                                                       reference="ddp", check=auto.check_steps, lead=LEAD_STEPS,
                                                       check_block=auto.check_block,
@@ -200,6 +202,8 @@ class Overlap:
                 if fatal is not None:
                     continue
                 self.resources.prepare(p)
+                if p.prefetch is not None and self.model.kind != "FSDP2":
+                    raise UsageError(f"prefetch is FSDP2's: a {self.model.kind} has no parameters to all-gather ahead")
                 if p.window and self.model.last_parameter() is None:
                     raise UsageError(f"{self.model.kind} gives no gradient hook to open the window at")
                 mine.append(p.name)

@@ -53,7 +53,7 @@ def test_the_custom_route_moves_fsdp2s_collectives_through_its_public_api(device
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("policy", ["carveout:32", "partition:32"])
+@pytest.mark.parametrize("policy", ["carveout:32", "partition:32", "prefetch:2"])
 def test_a_compute_policy_under_fsdp2_trains_as_plain_fsdp2_within_rounding(device, policy):
     got = _one_rank(device, policy)
     assert got["policy"] == policy and got["diff"] <= 1e-5, got
