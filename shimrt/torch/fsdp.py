@@ -110,7 +110,9 @@ def prefetch(model: Any, depth: int | None) -> None:
     """FSDP2's explicit prefetch under ``model``: each FSDP2 module below the root all-gathers the
     next ``depth`` modules (in ``model.modules()`` order, their forward order in a stack of blocks)
     when its forward starts, and the ``depth`` before it when its backward starts (None: no
-    explicit lists, FSDP2's own prefetch of one)."""
+    explicit lists, FSDP2's own prefetch of one). Lists a user set are replaced, and not restored
+    (FSDP2 has no public way to read them); a model whose prefetch is its own runs ``prefetch:N``
+    only where the policy is asked for by name or auto tries it."""
     from torch.distributed.fsdp import FSDPModule
     blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
     for i, block in enumerate(blocks):
