@@ -20,11 +20,13 @@ from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from shimrt.torch.fsdp import (
     GroupAllGather,
     GroupReduceScatter,
+    held_prefetch,
     install,
     is_fsdp,
     moveable,
     param_groups,
     prefetch,
+    restore_prefetch,
     use,
 )
 
@@ -86,14 +88,21 @@ def main() -> None:
                 comm.group = group
     opt = torch.optim.SGD(user.parameters(), lr=0.1, momentum=0.9)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
-    depths = {0: 2, 3: None, 5: 1} if option == "prefetch" else {}  # from these steps on
+    depths = {0: 2, 3: None, 5: 1} if option == "prefetch" else {}  # from these steps on (None: the user's own)
     lists = []  # each block's prefetch lists as FSDP2 holds them (forward, backward), after each change
+
+    def held_lists() -> None:  # the blocks' (held_prefetch's first state is the root's)
+        lists.append(",".join(f"{len(forward)}{len(backward)}" for _, forward, backward in held_prefetch(user)[1:]))
+    if depths:
+        user[0].set_modules_to_forward_prefetch([user[2]])  # the user's own list, before any policy
+        own = held_prefetch(user)
     for step in range(8):
         if step in depths:
-            prefetch(user, depths[step])
-            states = [b._get_fsdp_state() for b in user]
-            lists.append(",".join(f"{len(s._states_to_forward_prefetch)}{len(s._states_to_backward_prefetch)}"
-                                  for s in states))
+            if depths[step] is None:
+                restore_prefetch(own)
+            else:
+                prefetch(user, depths[step])
+            held_lists()
         if step < 5:
             move(second if step % 2 else first)
         elif step == 5:
@@ -107,6 +116,9 @@ def main() -> None:
     # Each rank's shards (DTensor ops would use the destroyed group: the DeviceMesh keeps it).
     diff = max((a.to_local() - b.to_local()).abs().max().item()
                for a, b in zip(user.parameters(), plain.parameters(), strict=True))
+    if depths:  # the end: the user's lists back
+        restore_prefetch(own)
+        held_lists()
     counts = [f"{kind} {sum(g is first for g in made)}+{sum(g is second for g in made)}"
               for kind, made in calls.items()]
     held = f"prefetch {' '.join(lists)}; " if lists else ""

@@ -66,10 +66,11 @@ def test_overlap_refuses_an_unknown_fsdp_route_before_anything_else():
 
 
 def test_fsdp2_prefetching_ahead_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
-    """The same moves with FSDP2's explicit prefetch set between steps (2 modules ahead, then
-    FSDP2's own, then 1: shimrt.torch.fsdp.prefetch): every collective once, as without, and the
-    parameters as plain FSDP2's, bit for bit."""
+    """The same moves with FSDP2's explicit prefetch set between steps (2 modules ahead, then the
+    user's own list back, then 1, then the user's again: shimrt.torch.fsdp.prefetch,
+    held_prefetch, restore_prefetch): every collective once, as without, and the parameters as
+    plain FSDP2's, bit for bit."""
     # each block's (forward, backward) prefetch list lengths, as FSDP2 holds them after each change
-    held = "prefetch 20,21,12,02 00,00,00,00 10,11,11,01"
+    held = "prefetch 20,21,12,02 10,00,00,00 10,11,11,01 10,00,00,00"
     for rank, line in enumerate(_two_ranks(gloo_ranks, "prefetch")):
         assert line == f"rank {rank}: {held}; {CALLS}; fsdp True groups 4 moveable None diff 0.0", line

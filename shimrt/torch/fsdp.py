@@ -31,7 +31,9 @@ torch internals touched: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_
 ``_reduce_scatter_process_group``, ``post_forward_mesh_info``, ``fsdp_params[i].offload_to_cpu``,
 ``reduce_grads`` and ``comm_ctx.all_gather_stream``/``reduce_scatter_stream`` (the streams). Public
 API used: ``set_custom_all_gather``/``set_custom_reduce_scatter`` (the custom route) and
-``set_modules_to_forward_prefetch``/``set_modules_to_backward_prefetch`` (a policy's prefetch).
+``set_modules_to_forward_prefetch``/``set_modules_to_backward_prefetch`` (a policy's prefetch; the
+model's own lists are read and put back through each state's ``_states_to_forward_prefetch`` and
+``_states_to_backward_prefetch``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "prefetch"]
+__all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "prefetch", "held_prefetch",
+           "restore_prefetch"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -110,9 +113,8 @@ def prefetch(model: Any, depth: int | None) -> None:
     """FSDP2's explicit prefetch under ``model``: each FSDP2 module below the root all-gathers the
     next ``depth`` modules (in ``model.modules()`` order, their forward order in a stack of blocks)
     when its forward starts, and the ``depth`` before it when its backward starts (None: no
-    explicit lists, FSDP2's own prefetch of one). Lists a user set are replaced, and not restored
-    (FSDP2 has no public way to read them); a model whose prefetch is its own runs ``prefetch:N``
-    only where the policy is asked for by name or auto tries it."""
+    explicit lists, FSDP2's own prefetch of one). The lists held before are replaced:
+    :class:`Fsdp` keeps them (:func:`held_prefetch`) and puts them back for the plain job."""
     from torch.distributed.fsdp import FSDPModule
     blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
     for i, block in enumerate(blocks):
@@ -120,6 +122,21 @@ def prefetch(model: Any, depth: int | None) -> None:
         behind = [] if depth is None else blocks[max(0, i - depth):i][::-1]
         block.set_modules_to_forward_prefetch(ahead)
         block.set_modules_to_backward_prefetch(behind)
+
+
+def held_prefetch(model: Any) -> list[tuple[Any, list, list]]:
+    """Each FSDP2 state under ``model`` with the forward and backward prefetch lists it holds now
+    (FSDP2 keeps them as ``_states_to_forward_prefetch``/``_states_to_backward_prefetch``; no
+    public getter), to be put back as they were (:func:`restore_prefetch`)."""
+    from torch.distributed.fsdp import FSDPModule
+    states = [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
+    return [(s, list(s._states_to_forward_prefetch), list(s._states_to_backward_prefetch)) for s in states]
+
+
+def restore_prefetch(held: list[tuple[Any, list, list]]) -> None:
+    """The prefetch lists :func:`held_prefetch` read, put back."""
+    for state, forward, backward in held:
+        state._states_to_forward_prefetch, state._states_to_backward_prefetch = list(forward), list(backward)
 
 
 def use(groups: list[Any], group: Any) -> None:
@@ -193,7 +210,8 @@ class Fsdp:
         self._own_streams: tuple[Any, Any] | None = None   # FSDP2's all-gather and reduce-scatter streams
         self._high_streams: tuple[Any, Any] | None = None  # shimrt's, of the greatest priority
         self._high = False
-        self._prefetch: int | None = None  # the explicit prefetch depth set (None: FSDP2's own)
+        self._prefetch: int | None = None  # the explicit prefetch depth set (None: the model's own lists)
+        self._own_prefetch: list | None = None  # those lists, once a policy changed them
 
     def moveable(self) -> str | None:
         return moveable(self.groups)
@@ -208,9 +226,15 @@ class Fsdp:
         self.streams()
 
     def prefetch(self, depth: int | None) -> None:
-        if depth != self._prefetch:
+        if depth == self._prefetch:
+            return
+        if self._own_prefetch is None:  # the model's own lists, before the first policy changes them
+            self._own_prefetch = held_prefetch(self.model)
+        if depth is None:
+            restore_prefetch(self._own_prefetch)
+        else:
             prefetch(self.model, depth)
-            self._prefetch = depth
+        self._prefetch = depth
 
     def before_step(self) -> None:
         self.streams()
