@@ -656,6 +656,12 @@ def cases() -> list[Case]:
         cmd("bench torch --bucket-mb 10**30", "--bucket-mb", *bench, "torch", "--bucket-mb", big, timeout=60),
         cmd("bench torch --configs bogus", "--configs", *bench, "torch", "--configs", "bogus", timeout=60),
         cmd("bench torch --policies bogus", "--policies", *bench, "torch", "--policies", "bogus", timeout=60),
+        cmd("bench torch --steady 10**30", "--steady", *bench, "torch", "--steady", big, timeout=60),
+        cmd("bench torch --fsdp-route tree", "--fsdp-route", *bench, "torch", "--fsdp-route", "tree", timeout=60),
+        cmd("bench torch --fsdp-route custom without --fsdp", "--fsdp-route", *bench, "torch", "--fsdp-route", "custom",
+            timeout=60),
+        cmd("bench torch --policies prefetch without --fsdp", "prefetch", *bench, "torch", "--policies", "prefetch",
+            timeout=60),
         cmd("bench torch --plots a file", "--plots", *bench, "torch", "--plots", "{file}", setup=a_file, timeout=60),
     ]
     # bench plot: results that pass the schema's first look
@@ -723,6 +729,10 @@ def cases() -> list[Case]:
             ("policy shaping:65", "policy='shaping:65'", "shaping"),
             ("policy carveout:-1", "policy='carveout:-1'", "carveout"),
             ("policy priority:2", "policy='priority:2'", "priority"),
+            ("policy ctas:65", "policy='ctas:65'", "ctas"), ("policy prefetch:0", "policy='prefetch:0'", "prefetch"),
+            ("policy prefetch:9", "policy='prefetch:9'", "prefetch"), ("fsdp_route 'tree'", "fsdp_route='tree'",
+                                                                       "fsdp_route"),
+            ("fsdp_route None", "fsdp_route=None", "fsdp_route"),
             ("policy ' priority'", "policy=' priority'", "policy"),
             ("sms [32, 32]", "sms=[32, 32]", "sms"), ("sms [10**6]", "sms=[10**6]", "sms"),
             ("sms [0]", "sms=[0]", "sms"), ("sms []", "sms=[]", "sms"), ("sms '32'", "sms='32'", "sms"),
