@@ -53,10 +53,18 @@ if [ "$part" = all ] || [ "$part" = benches ]; then
             "shimrt.bench overlap --quiet --compute bias_gelu:8192:1024,softmax:8192:1024 --comm-threads 256 --json $OUT/overlap_256.json" \
             "shimrt.bench host-cost --timeout 240 --json $OUT/host_cost.json")
 fi
+# Processes sharing the GPU run side by side under MPS; where it cannot be had, they time-slice (said so).
+mps_flag() {
+  if python3 -c "import sys; from shimrt.launch import mps
+try: sys.exit(bool(mps.running(mps.find_control())))
+except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
+  else mpsflag=; echo "MPS not usable here (see above): two processes time-slice the GPU" | tee -a "$summary"; fi
+}
 if [ "$part" = link ]; then
   # Each rank a host of its own in NCCL's eyes: the shared-GPU check does not apply (docs/regimes.md).
+  mps_flag
   steps+=("shimrt.bench host-cost --no-torch --batches 20 --timeout 70 --json $OUT/host_cost.json" \
-          "shimrt.launch --nproc 2 --devices 0,0 --mps --link socket --timeout 150 -m shimrt.bench collectives --ops all_reduce -b 1M -e 256M -f 4 -n 5 -w 2 --json $OUT/link_socket.json")
+          "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 150 -m shimrt.bench collectives --ops all_reduce -b 1M -e 256M -f 4 -n 5 -w 2 --json $OUT/link_socket.json")
 fi
 if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
@@ -65,11 +73,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
     lat="--ops all_reduce -b 8 -e 256M -f 2 -n 10 -w 3 --torch"
     # torch loads its own libnccl.so.2 unless the one shimrt uses is preloaded (the bench refuses two side by side).
     [ -n "${SHIMRT_NCCL_LIBRARY:-}" ] && export LD_PRELOAD=$SHIMRT_NCCL_LIBRARY
-    # Processes sharing the GPU run side by side under MPS; where it cannot be had, they time-slice (said so).
-    if python3 -c "import sys; from shimrt.launch import mps
-try: sys.exit(bool(mps.running(mps.find_control())))
-except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
-    else mpsflag=; echo "MPS not usable here (see above): two processes time-slice the GPU" | tee -a "$summary"; fi
+    mps_flag
     latency_steps=("shimrt.bench host-cost --timeout 240 --json $OUT/host_cost_multirank.json" \
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --json $OUT/latency_2procs.json" \
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2procs_nonblocking.json" \
