@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
+from shimrt import UsageError
 from shimrt.torch.fsdp import (
     GroupAllGather,
     GroupReduceScatter,
@@ -27,6 +28,7 @@ from shimrt.torch.fsdp import (
     param_groups,
     prefetch,
     restore_prefetch,
+    uninstall,
     use,
 )
 
@@ -75,10 +77,22 @@ def main() -> None:
     user = sharded(model(), DeviceMesh.from_group(first, "cpu"))
     plain = sharded(model(), init_device_mesh("cpu", (2,)))
     groups = param_groups(user)
+    lists: list[str] = []  # what the test checks beside the counts: prefetch lists held, collectives restored
     comms = None
     if option == "custom":  # FSDP2 passes its own group; shimrt's collectives run on theirs
         comms = (GroupAllGather(first), GroupReduceScatter(first))
-        install(user, comms)
+        replaced = install(user, comms)
+        other = sharded(model(), DeviceMesh.from_group(first, "cpu"))  # a user's own all-gather on its last block
+
+        class Mine(GroupAllGather):
+            pass
+        other[3].set_custom_all_gather(Mine(first))
+        try:
+            install(other, comms)
+            lists.append("not refused")
+        except UsageError as exc:  # nothing changed: the first blocks keep FSDP2's own
+            kept = type(param_groups(other[0], below=False)[0]._all_gather_comm).__name__
+            lists.append(f"refused ({'Mine' in str(exc)}, {kept})")
 
     def move(group: dist.ProcessGroup) -> None:
         if comms is None:
@@ -89,7 +103,6 @@ def main() -> None:
     opt = torch.optim.SGD(user.parameters(), lr=0.1, momentum=0.9)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
     depths = {0: 2, 3: None, 5: 1} if option == "prefetch" else {}  # from these steps on (None: the user's own)
-    lists = []  # each block's prefetch lists as FSDP2 holds them (forward, backward), after each change
 
     def held_lists() -> None:  # the blocks' (held_prefetch's first state is the root's)
         lists.append(",".join(f"{len(forward)}{len(backward)}" for _, forward, backward in held_prefetch(user)[1:]))
@@ -116,12 +129,16 @@ def main() -> None:
     # Each rank's shards (DTensor ops would use the destroyed group: the DeviceMesh keeps it).
     diff = max((a.to_local() - b.to_local()).abs().max().item()
                for a, b in zip(user.parameters(), plain.parameters(), strict=True))
+    if comms is not None:  # FSDP2's own collectives back, as the plain job and close() put them
+        uninstall(replaced)
+        kinds = {type(c).__name__ for g in groups for c in (g._all_gather_comm, g._reduce_scatter_comm)}
+        lists.append("restored " + ",".join(sorted(kinds)))
     if depths:  # the end: the user's lists back
         restore_prefetch(own)
         held_lists()
     counts = [f"{kind} {sum(g is first for g in made)}+{sum(g is second for g in made)}"
               for kind, made in calls.items()]
-    held = f"prefetch {' '.join(lists)}; " if lists else ""
+    held = f"{'prefetch ' if depths else ''}{' '.join(lists)}; " if lists else ""
     print(f"rank {rank}: {held}calls {' '.join(counts)}; fsdp {is_fsdp(user)} groups {len(groups)} "
           f"moveable {moveable(groups)} diff {diff}", flush=True)
     dist.destroy_process_group()

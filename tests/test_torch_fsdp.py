@@ -48,13 +48,15 @@ def test_the_custom_route_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
     """The same steps, the groups moved through FSDP2's public set_custom_all_gather and
     set_custom_reduce_scatter (shimrt.torch.fsdp.install): shimrt's collectives run on the group it
     sets, whatever group FSDP2 passes; after the first group is destroyed, training goes on through
-    the second, and the parameters end as plain FSDP2's, bit for bit."""
+    the second, and the parameters end as plain FSDP2's, bit for bit. A model with an all-gather
+    of its user's is refused, naming it, with nothing changed; uninstall puts FSDP2's own back."""
     torch = pytest.importorskip("torch")
     from torch.distributed.fsdp import FSDPModule
     if not hasattr(FSDPModule, "set_custom_all_gather"):
         pytest.skip(f"torch {torch.__version__}'s FSDP2 has no set_custom_all_gather")
     for rank, line in enumerate(_two_ranks(gloo_ranks, "custom")):
-        assert line == f"rank {rank}: {CALLS}; fsdp True groups 4 moveable None diff 0.0", line
+        assert line == (f"rank {rank}: refused (True, DefaultAllGather) restored DefaultAllGather,"
+                        f"DefaultReduceScatter; {CALLS}; fsdp True groups 4 moveable None diff 0.0"), line
 
 
 def test_overlap_refuses_an_unknown_fsdp_route_before_anything_else():

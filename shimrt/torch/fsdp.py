@@ -17,8 +17,9 @@ Two routes to the groups (``route``): ``"mesh"`` writes each group's
 ``mesh_info.shard_process_group``; ``"custom"`` gives FSDP2, through its public
 ``set_custom_all_gather``/``set_custom_reduce_scatter``, an all-gather and a reduce-scatter of
 shimrt's (:class:`GroupAllGather`, :class:`GroupReduceScatter`) that run torch's own collective on
-the policy's group instead of the one FSDP2 passes: one Python call per collective, on every step,
-the plain job's included (a module with several parameter groups per state is refused there).
+the policy's group instead of the one FSDP2 passes: one Python call per collective. They are put
+in when a policy's group is first used and FSDP2's own put back for the plain job and at close;
+refused there: a module with several parameter groups per state, or with collectives of its own.
 Which costs less per step is bench torch ``--fsdp --fsdp-route``'s to measure (issue 42).
 
 Refused, with the reason: an HSDP (2-D) mesh, CPU offload, ``reshard_after_forward`` as an int (its
@@ -44,8 +45,8 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "prefetch", "held_prefetch",
-           "restore_prefetch"]
+__all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "uninstall", "prefetch",
+           "top_blocks", "held_prefetch", "restore_prefetch"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -60,12 +61,12 @@ def is_fsdp(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def param_groups(model: Any) -> list[Any]:
-    """Every FSDPParamGroup under ``model`` (its own and its submodules'), in module order; torch
-    2.11 keeps one per module state (``_fsdp_param_group``), later versions a list."""
+def param_groups(model: Any, below: bool = True) -> list[Any]:
+    """Every FSDPParamGroup under ``model`` (its own and, ``below``, its submodules'), in module
+    order; torch 2.11 keeps one per module state (``_fsdp_param_group``), later versions a list."""
     from torch.distributed.fsdp import FSDPModule
     found: list[Any] = []
-    for module in model.modules():
+    for module in model.modules() if below else [model]:
         if isinstance(module, FSDPModule):
             state = module._get_fsdp_state()
             many = getattr(state, "_fsdp_param_groups", None)
@@ -91,37 +92,71 @@ def moveable(groups: list[Any]) -> str | None:
     return None
 
 
-def install(model: Any, comms: tuple[GroupAllGather, GroupReduceScatter]) -> None:
+#: What :func:`install` replaced: (FSDP2 module, its all-gather, its reduce-scatter) per module.
+Installed = list[tuple[Any, Any, Any]]
+
+
+def install(model: Any, comms: tuple[GroupAllGather, GroupReduceScatter]) -> Installed:
     """``comms`` as every FSDP2 module's all-gather and reduce-scatter under ``model``, through
     FSDP2's public ``set_custom_all_gather``/``set_custom_reduce_scatter`` (the custom route);
-    UsageError where this torch or this model cannot take them."""
+    returns what they replace (FSDP2 keeps it in each group's ``_all_gather_comm`` and
+    ``_reduce_scatter_comm``; no public getter), for :func:`uninstall`. UsageError, with nothing
+    changed, where this torch or this model cannot take them, or a module has collectives of its
+    own (set by its user: replacing them would change what they do)."""
     from torch.distributed.fsdp import FSDPModule
     if not hasattr(FSDPModule, "set_custom_all_gather") or not hasattr(FSDPModule, "set_custom_reduce_scatter"):
         raise UsageError("this torch's FSDP2 has no set_custom_all_gather/set_custom_reduce_scatter: use the mesh "
                          "route")
+    held: Installed = []
     for module in model.modules():
-        if isinstance(module, FSDPModule):
+        if isinstance(module, FSDPModule) and (groups := param_groups(module, below=False)):
+            gather, scatter = groups[0]._all_gather_comm, groups[0]._reduce_scatter_comm
+            for comm in (gather, scatter):
+                if not type(comm).__name__.startswith("Default"):
+                    raise UsageError(f"this FSDP2 model has a collective of its own ({type(comm).__name__}): the "
+                                     "custom route would replace it; use the mesh route")
+            held.append((module, gather, scatter))
+    try:
+        for module, _, _ in held:
             try:
                 module.set_custom_all_gather(comms[0])
                 module.set_custom_reduce_scatter(comms[1])
             except ValueError as exc:  # several parameter groups per state (per-parameter meshes)
                 raise UsageError(f"FSDP2 refuses custom collectives on this model ({exc}): use the mesh "
                                  "route") from None
+    except BaseException:
+        uninstall(held)
+        raise
+    return held
+
+
+def uninstall(held: Installed) -> None:
+    """The collectives :func:`install` replaced, put back (FSDP2's own: the plain job)."""
+    for module, gather, scatter in held:
+        module.set_custom_all_gather(gather)
+        module.set_custom_reduce_scatter(scatter)
 
 
 def prefetch(model: Any, depth: int | None) -> None:
-    """FSDP2's explicit prefetch under ``model``: each FSDP2 module below the root all-gathers the
-    next ``depth`` modules (in ``model.modules()`` order, their forward order in a stack of blocks)
-    when its forward starts, and the ``depth`` before it when its backward starts (None: no
+    """FSDP2's explicit prefetch under ``model``: each of its top FSDP2 blocks (:func:`top_blocks`)
+    all-gathers the next ``depth`` blocks (in module order, their forward order in a stack of
+    blocks) when its forward starts, and the ``depth`` before it when its backward starts (None: no
     explicit lists, FSDP2's own prefetch of one). The lists held before are replaced:
     :class:`Fsdp` keeps them (:func:`held_prefetch`) and puts them back for the plain job."""
-    from torch.distributed.fsdp import FSDPModule
-    blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
-    for i, block in enumerate(blocks):
+    for i, block in enumerate(blocks := top_blocks(model)):
         ahead = [] if depth is None else blocks[i + 1:i + 1 + depth]
         behind = [] if depth is None else blocks[max(0, i - depth):i][::-1]
         block.set_modules_to_forward_prefetch(ahead)
         block.set_modules_to_backward_prefetch(behind)
+
+
+def top_blocks(model: Any) -> list[Any]:
+    """The FSDP2 modules under ``model`` (the root) with no FSDP2 module between them and the root,
+    in module order: a stack's blocks, not the modules nested in them (whose prefetch their block's
+    forward already covers)."""
+    from torch.distributed.fsdp import FSDPModule
+    names = [(n, m) for n, m in model.named_modules() if isinstance(m, FSDPModule) and m is not model]
+    return [m for n, m in names if not any(n.startswith(f"{other}.") for other, _ in names)]
 
 
 def held_prefetch(model: Any) -> list[tuple[Any, list, list]]:
@@ -203,10 +238,12 @@ class Fsdp:
             if dist.get_process_group_ranks(g.mesh_info.shard_process_group) != ranks:
                 raise UsageError("overlap() needs every FSDP2 module sharded over the same ranks")
         self._torch = torch
+        # The custom route's collectives: installed when a policy's group is first used, taken out
+        # for the plain job (and at close), so a refused overlap() and the plain job change nothing.
         self.comms: tuple[GroupAllGather, GroupReduceScatter] | None = None
+        self._installed: Installed | None = None
         if self.route == "custom":
             self.comms = (GroupAllGather(self.group), GroupReduceScatter(self.group))
-            install(model, self.comms)
         self._own_streams: tuple[Any, Any] | None = None   # FSDP2's all-gather and reduce-scatter streams
         self._high_streams: tuple[Any, Any] | None = None  # shimrt's, of the greatest priority
         self._high = False
@@ -217,11 +254,17 @@ class Fsdp:
         return moveable(self.groups)
 
     def use(self, group: Any, high: bool) -> None:
-        if self.comms is not None:
+        if self.comms is None:
+            use(self.groups, group)
+        elif group is self.group:
+            if self._installed is not None:
+                uninstall(self._installed)
+                self._installed = None
+        else:
             for comm in self.comms:
                 comm.group = group
-        else:
-            use(self.groups, group)
+            if self._installed is None:
+                self._installed = install(self.model, self.comms)
         self._high = validate.boolean(high, "high")
         self.streams()
 
