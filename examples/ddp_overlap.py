@@ -67,6 +67,8 @@ def main() -> None:
     p.add_argument("--compare", action="store_true", help="train a plain copy beside it and compare")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard of every layer, then the model) in "
                                                       "place of DDP")
+    p.add_argument("--fsdp-route", choices=("mesh", "custom"), default="mesh",
+                   help="with --fsdp: how its collectives reach the policy's groups (overlap's fsdp_route)")
     args = p.parse_args()
     launch = shimrt.launch.environment()
     if launch.source not in ("torchrun", "shimrt"):
@@ -99,7 +101,8 @@ def main() -> None:
 
     model = wrapped()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    ov = shimrt.torch.overlap(model, policy=args.policy, timeout=args.timeout)      # + this line
+    ov = shimrt.torch.overlap(model, policy=args.policy, timeout=args.timeout,      # + this line
+                              fsdp_route=args.fsdp_route)
     if args.compare:
         plain = wrapped()
         plain_optimizer = torch.optim.SGD(plain.parameters(), lr=1e-3)

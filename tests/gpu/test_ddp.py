@@ -262,13 +262,15 @@ def test_priority_puts_the_ddp_on_a_high_priority_group_until_closed_and_reports
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("policy", ["priority", "carveout:32"])
-def test_fsdp2_under_a_policy_trains_as_plain_fsdp2_with_two_ranks(device, policy):
+@pytest.mark.parametrize("policy, route", [("priority", "mesh"), ("carveout:32", "mesh"), ("priority", "custom"),
+                                           ("prefetch:2", "mesh"), ("ctas:8", "custom")])
+def test_fsdp2_under_a_policy_trains_as_plain_fsdp2_with_two_ranks(device, policy, route):
     """The example with --fsdp: every layer fully_shard-ed, the policy's group and streams under
-    FSDP2; against plain FSDP2, shard by shard: bit for bit where only the group and streams
-    change (two ranks: a + b either way), within 1e-5 where cuBLAS's carveout changes kernels."""
-    out = _launch(device, "--fsdp", "--policy", policy, "--compare", "--steps", "12", "--width", "512", "--layers",
-                  "2", "--tokens", "256", "--dtype", "fp32")
+    FSDP2 (through its groups' mesh, or its public custom collectives); against plain FSDP2, shard
+    by shard: bit for bit where only the group, streams, prefetch or NCCL's channels change (two
+    ranks: a + b either way), within 1e-5 where cuBLAS's carveout changes kernels."""
+    out = _launch(device, "--fsdp", "--fsdp-route", route, "--policy", policy, "--compare", "--steps", "12",
+                  "--width", "512", "--layers", "2", "--tokens", "256", "--dtype", "fp32")
     diff, said = _diff(out)
-    assert (diff, said) == (0.0, "bit for bit") if policy == "priority" else diff <= 1e-5, out[-2000:]
+    assert (diff, said) == (0.0, "bit for bit") if policy != "carveout:32" else diff <= 1e-5, out[-2000:]
     assert f"policy: {policy} (" in out, out[-2000:]
