@@ -9,7 +9,8 @@
 #   example out); own: a model of a user's own
 #   (scripts/own_model.py, OWN_ARGS its flags) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
 #   link: host-cost, and two ranks on GPU 0 whose collectives cross NCCL's socket transport on loopback (python -m
-#   shimrt.launch --link socket: any NCCL, no multi-rank build needed), bench collectives' bus bandwidth per size;
+#   shimrt.launch --link socket: any NCCL, no multi-rank build needed): bench collectives' bus bandwidth per size,
+#   and bench overlap --comm nccl (the paper's two controls on a collective that waits on the link, beside the stand-in);
 #   all: every part but latency, ddp (which nccl includes), own and link.
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
@@ -64,7 +65,8 @@ if [ "$part" = link ]; then
   # Each rank a host of its own in NCCL's eyes: the shared-GPU check does not apply (docs/regimes.md).
   mps_flag
   steps+=("shimrt.bench host-cost --no-torch --batches 20 --timeout 70 --json $OUT/host_cost.json" \
-          "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 150 -m shimrt.bench collectives --ops all_reduce -b 1M -e 256M -f 4 -n 5 -w 2 --json $OUT/link_socket.json")
+          "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 150 -m shimrt.bench collectives --ops all_reduce -b 1M -e 256M -f 4 -n 5 -w 2 --json $OUT/link_socket.json" \
+          "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 300 -m shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_link.json")
 fi
 if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
