@@ -140,7 +140,7 @@ def check(args: argparse.Namespace) -> None:
     if args.fsdp_route != "mesh" and not args.fsdp:
         raise UsageError("--fsdp-route applies with --fsdp (FSDP2's collectives): add --fsdp or leave it out")
     if args.policies is None:  # ctas:N and prefetch:N are FSDP2's candidates (shimrt.torch.training)
-        args.policies = [k for k in KINDS if k not in FSDP_KINDS or args.fsdp]
+        args.policies = [k for k in KINDS if k not in policies_mod.FSDP_KINDS or args.fsdp]
     if "prefetch" in args.policies and not args.fsdp:
         raise UsageError("prefetch:N is FSDP2's (it all-gathers parameters ahead): add --fsdp, or leave prefetch out "
                          "of --policies")
@@ -159,8 +159,6 @@ def check(args: argparse.Namespace) -> None:
 #: What --policies takes (shimrt.torch.policies' kinds but ``ddp``: one process here holds every
 #: rank, so there is no torch.distributed process group to all-reduce through).
 KINDS = tuple(k for k in policies_mod.KINDS if k != "ddp")
-#: Kinds that run by default under --fsdp only (FSDP2's auto tries them; DDP's does not).
-FSDP_KINDS = ("ctas", "prefetch")
 channels = policies_mod.channels_for
 
 

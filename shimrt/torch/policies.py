@@ -36,8 +36,8 @@ from ..errors import UsageError
 from ..stream import PRIORITIES
 from ..targets import MAX_SMS
 
-__all__ = ["Shaping", "Partition", "Carveout", "Policy", "KINDS", "SMS_BOUNDS", "Auto", "channels_for", "parse",
-           "candidates", "Kind", "Compute"]
+__all__ = ["Shaping", "Partition", "Carveout", "Policy", "KINDS", "FSDP_KINDS", "SMS_BOUNDS", "Auto", "channels_for",
+           "parse", "candidates", "Kind", "Compute"]
 
 
 class Kind(str, Enum):
@@ -211,6 +211,9 @@ ENGINE_POLICY: dict[str, str | None] = {
     "prefetch": None,
     "shaping": "shaping+priority", "partition": "partition", "carveout": None, "windowed-carveout": None,
     "auto": "auto"}
+#: Kinds that FSDP2's auto tries and DDP's does not (an FSDP2 step is set by its collectives; a
+#: DDP has no parameters to prefetch), and bench torch runs by default under --fsdp only.
+FSDP_KINDS = (Kind.CTAS.value, Kind.PREFETCH.value)
 #: The channel counts of the ``ctas`` candidates (auto's and bench torch's): a quarter and half of
 #: the 16 that a carveout or partition of 32 SMs gives each of two ranks on a GPU.
 CTAS = (4, 8)
@@ -250,8 +253,8 @@ class Auto:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sms", tuple(kept_sms(self.sms, "Auto.sms")))
-        object.__setattr__(self, "ctas", tuple(channel_counts(self.ctas, "Auto.ctas")))
-        object.__setattr__(self, "prefetch", tuple(channel_counts(self.prefetch, "Auto.prefetch", MAX_PREFETCH)))
+        object.__setattr__(self, "ctas", tuple(distinct_counts(self.ctas, "Auto.ctas")))
+        object.__setattr__(self, "prefetch", tuple(distinct_counts(self.prefetch, "Auto.prefetch", MAX_PREFETCH)))
         object.__setattr__(self, "trial_steps", validate.integer(self.trial_steps, "Auto.trial_steps", least=1,
                                                                  most=1000))
         object.__setattr__(self, "margin", validate.number(self.margin, "Auto.margin", least=0, most=0.5))
@@ -278,7 +281,7 @@ def kept_sms(values: Any, what: str = "sms") -> list[int]:
     return out
 
 
-def channel_counts(values: Any, what: str = "ctas", most: int = 64) -> list[int]:
+def distinct_counts(values: Any, what: str = "ctas", most: int = 64) -> list[int]:
     """``values`` as a list of distinct counts from 1 to ``most`` (NCCL's 64 channels, or
     :data:`MAX_PREFETCH` modules), possibly empty."""
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):

@@ -66,7 +66,7 @@ from .groups import Groups, subgroup_refusal
 from .interop import require_torch
 from .interop import stream as torch_stream
 from .placement import Placement, Wrapped
-from .policies import KINDS, Auto, Policy, candidates, parse
+from .policies import FSDP_KINDS, KINDS, Auto, Policy, candidates, parse
 from .resources import Resources, Window
 from .trials import Trials
 
@@ -159,8 +159,7 @@ class Overlap:
             if auto is not None:
                 # low-priority under DDP would be plain DDP's own streams and channels again; NCCL's
                 # channels alone (ctas) are FSDP2's, whose steps its collectives set (issue 42).
-                skip = ("sequential", "auto", "low-priority") + (() if self.model.kind == "FSDP2" else
-                                                                 ("ctas", "prefetch"))
+                skip = ("sequential", "auto", "low-priority") + (() if self.model.kind == "FSDP2" else FSDP_KINDS)
                 usable = self._usable(candidates(auto.sms, [k for k in KINDS if k not in skip], auto.ctas,
                                                  auto.prefetch))
                 self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
