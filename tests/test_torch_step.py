@@ -143,6 +143,7 @@ def test_bad_bench_torch_options_are_refused(capsys):
                          (["--steps", "0"], "--steps"), (["--local-ranks", "1"], "--local-ranks"),
                          (["--policies", "sequential,fast"], "--policies"), (["--timeout", "0"], "--timeout"),
                          (["--width", "32"], "--width"), (["--layers", "0"], "--layers"),
+                         (["--batch", "0"], "--batch"), (["--seq", "7"], "--seq"),
                          (["--loss-every", "-1"], "--loss-every"), (["--optimizer", "adam"], "--optimizer"),
                          (["--settle", "-1"], "--settle"), (["--settle", "x"], "--settle")):
         assert main(["torch", *argv]) == 2
@@ -156,6 +157,18 @@ def test_a_width_the_heads_do_not_divide_is_refused_before_the_gpu_is_looked_for
     err = capsys.readouterr().err.strip()
     assert err == ("shimrt.bench torch: --width must be a multiple of heads (2) with a head size that is a multiple "
                    "of 8, not 257"), err
+
+
+def test_batch_and_seq_size_every_configuration_and_the_rest_keep_their_own():
+    import argparse
+
+    from shimrt.bench.torch_step import CONFIGS, model_size
+    args = argparse.Namespace(width=None, layers=None, batch=16, seq=512)
+    for name, own in CONFIGS.items():
+        size = model_size(name, args)
+        assert (size.batch, size.seq, size.width, size.layers) == (16, 512, own["width"], own["layers"])
+        assert size.tokens == 16 * 512
+    assert model_size("balanced", argparse.Namespace(width=None, layers=None, batch=None, seq=None)).batch == 1
 
 
 def test_shimrt_torch_without_torch_says_how_to_get_it():

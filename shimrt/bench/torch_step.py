@@ -75,7 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=cli.distinct(validate.one_of, "--configs", allowed=tuple(CONFIGS)),
         help=f"configurations, comma-separated, of {', '.join(CONFIGS)} (default: all with one process per rank, "
              f"{', '.join(WIDE)} with every rank in this one)")
-    for flag, least, what in (("--width", 64, "model width"), ("--layers", 1, "blocks")):
+    # --batch and --seq size a configuration to a link (docs/regimes.md): compute about as long as its all-reduces.
+    for flag, least, what in (("--width", 64, "model width"), ("--layers", 1, "blocks"),
+                              ("--batch", 1, "sequences per rank and step"), ("--seq", 8, "tokens per sequence")):
         p.add_argument(flag, metavar="N", default=None,
                        type=cli.count(flag, least),
                        help=f"{what} of every configuration, at least {least} (default: each configuration's own)")
@@ -231,9 +233,11 @@ def _same(torch: Any, a: Any, b: Any) -> tuple[bool, float]:
 
 
 def model_size(name: str, args: argparse.Namespace) -> Any:
-    """Configuration ``name``'s model (a ModelSize), with ``--width`` and ``--layers`` over its own."""
+    """Configuration ``name``'s model (a ModelSize), with ``--width``, ``--layers``, ``--batch`` and
+    ``--seq`` over its own."""
     from .torch_model import ModelSize
-    shape = CONFIGS[name] | {k: v for k in ("width", "layers") if (v := getattr(args, k)) is not None}
+    shape = CONFIGS[name] | {k: v for k in ("width", "layers", "batch", "seq")
+                             if (v := getattr(args, k, None)) is not None}
     return ModelSize(heads=max(1, shape["width"] // 128), **shape)
 
 
