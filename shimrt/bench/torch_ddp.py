@@ -9,6 +9,8 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   sharing a GPU that drift apart compute partly alone: compute-heavy measured 25 ms so on the
   H200, against 48 ms with both ranks computing at once);
 - all-reduces alone: buckets of the gradients' size through torch.distributed, back to back;
+- per DDP way, its forward and backward's own GPU time (:class:`~shimrt.bench.torch_measure.ComputeSpans`)
+  against compute alone's: how much slower the compute runs beside the all-reduces ("slower");
 - plain DDP (ProcessGroupNCCL on its own streams): the reference a user already has; it runs
   first and again last, and the two set the run's noise;
 - DDP with ``shimrt.torch.overlap`` under each fixed policy of ``--policies`` and auto (its trial
@@ -54,7 +56,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
-from .torch_measure import comm_hidden, step_times_ms
+from .torch_measure import ComputeSpans, comm_hidden, step_times_ms
 
 __all__ = ["run"]
 
@@ -145,11 +147,14 @@ def steady(window: Callable[[], float]) -> list[float]:
 
 
 def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any] = contextlib.nullcontext,
-             after: Callable[[], Any] | None = None, loss_every: int = 0):
+             after: Callable[[], Any] | None = None, loss_every: int = 0, spans: ComputeSpans | None = None):
     """Step ``i``: one training step, then ``after`` (the ranks kept in step, say); the loss read
-    on the host after every ``loss_every``-th step (0: never)."""
+    on the host after every ``loss_every``-th step (0: never); ``spans`` marks each step's forward
+    and backward."""
     def step(i: int) -> Any:
         with context():
+            if spans is not None:
+                spans.start()
             loss = model(*data)
             loss.backward()
             optimizer.step()
@@ -180,8 +185,18 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     steps: dict[str, list[float]] = {}  # this rank's timed steps: compute, comm and each way's
     tick = torch.zeros(1, device=r.device)
     every = args.loss_every
-    compute = _stepper(model, data, opt, after=lambda: r.dist.all_reduce(tick), loss_every=every)
+    # The forward and backward's own GPU time per step, alone and in each DDP way (FSDP2's forward
+    # waits on its all-gathers: there a span is not compute alone).
+    spans: dict[str, list[float]] = {}
+
+    def spanned(m: Any) -> ComputeSpans | None:
+        return None if args.fsdp else ComputeSpans(torch, [m.embed.weight, m.position.weight])
+    marks = spanned(model)
+    compute = _stepper(model, data, opt, after=lambda: r.dist.all_reduce(tick), loss_every=every, spans=marks)
     steps["compute"], _ = step_times_ms(torch, compute, args.warmup, args.steps)
+    if marks is not None:
+        spans["compute"] = marks.ms(args.steps)
+        marks.close()
     chunk = (args.bucket_mb << 20) // grad_dtype.itemsize
     buckets = [torch.zeros(min(chunk, (grad_bytes - i) // grad_dtype.itemsize), dtype=grad_dtype, device=r.device)
                for i in range(0, grad_bytes, chunk * grad_dtype.itemsize)]
@@ -207,6 +222,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                                           gradient_as_bucket_view=args.bucket_view)
         entry: dict = {}
         ov = step = going = None
+        marks = spanned(model)
         try:
             if policy is not None:
                 chosen = (Auto(sms=args.sms, trial_steps=args.trial_steps, **AUTOS[policy]) if policy in AUTOS
@@ -214,7 +230,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 ov = overlap(ddp, chosen, timeout=args.comm_timeout, fsdp_route=args.fsdp_route)
                 entry["ranks_per_gpu"] = ov.ranks_per_gpu
             step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext,
-                            loss_every=every)
+                            loss_every=every, spans=marks)
             trials = 0
             if ov is not None and policy in AUTOS:
                 while ov.report()["policy"] is None:
@@ -232,6 +248,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             began = time.time()
             ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
             losses = [float(x) for x in torch.stack(seen).tolist()]
+            if marks is not None:
+                spans[way] = marks.ms(args.steps)
             entry["timed_between"] = (began, time.time())  # the host's clock: to match GPU clock samples
             if ov is not None:
                 report = ov.report()
@@ -245,6 +263,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 with contextlib.suppress(ShimrtError, RuntimeError):  # the error said is the one above
                     ov.close()
         finally:
+            if marks is not None:
+                marks.close()
             del ddp, model, opt, ov, step, going  # the steps' closures hold the DDP: freed before the next way's
         steps[way] = ms
         if reference is None:
@@ -264,6 +284,13 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     for n, e in out["ways"].items():
         e["step_ms"], e["steps_ms"] = slowest[n]
         e["hidden"] = comm_hidden(out["compute_ms"], out["comm_ms"], e["step_ms"])  # NaN for a way that failed
+    if not args.fsdp:  # every rank measured the same ways (a failed one: NaN)
+        names = ["compute", *out["ways"]]
+        means = r.slowest([statistics.fmean(spans.get(n) or [float("nan")]) for n in names])
+        out["compute_span_ms"] = means[0]
+        for n, m in zip(names[1:], means[1:], strict=True):
+            out["ways"][n]["span_ms"] = m
+            out["ways"][n]["contention"] = m / means[0] - 1
     return out
 
 
@@ -278,7 +305,8 @@ def noise(r: dict) -> float:
 
 
 def report(name: str, r: dict) -> str:
-    """Configuration ``name``'s table (each way's median step, mean step and slowest step,
+    """Configuration ``name``'s table (each way's median step, mean step and slowest step, the
+    share of the all-reduces hidden, how much longer its forward and backward ran than alone,
     ``ov.step()``'s host time per step) and how its goals stand, by the medians and by the means (what a
     run's total time follows: a way whose steps run at two speeds has a median that depends on the
     stretch the run caught)."""
@@ -288,8 +316,11 @@ def report(name: str, r: dict) -> str:
     lines = [f"{name}{' (FSDP2: plain DDP below is plain FSDP2)' if r.get('fsdp') else ''}: "
              f"{r['model']['parameters'] / 1e6:.0f} M parameters, {r['gradient_bytes'] / 2**30:.2f} GiB of "
              f"gradients ({loop}); compute alone {r['compute_ms']:.2f} ms, all-reduces alone {r['comm_ms']:.2f} ms "
-             f"(no overlap can beat {max(r['compute_ms'], r['comm_ms']):.2f} ms)",
-             f"{'way':24s} {'step ms':>8s} {'mean':>8s} {'slowest':>8s} {'vs DDP':>7s} {'hidden':>7s}  notes"]
+             f"(no overlap can beat {max(r['compute_ms'], r['comm_ms']):.2f} ms)"
+             + (f"; forward and backward alone {r['compute_span_ms']:.2f} ms (slower: a way's beside its "
+                f"all-reduces against that)" if "compute_span_ms" in r else ""),
+             f"{'way':24s} {'step ms':>8s} {'mean':>8s} {'slowest':>8s} {'vs DDP':>7s} {'hidden':>7s} {'slower':>7s}"
+             "  notes"]
     for way, e in ways.items():
         notes = e.get("failed") or (f"kept {e['kept']} after {e['trial_steps']} trial steps" if way in AUTOS else
                                     f"loss max diff {e['loss_max_diff']:.3g}" if "loss_max_diff" in e else "")
@@ -300,7 +331,7 @@ def report(name: str, r: dict) -> str:
         if len(windows) >= STEADY_WINDOWS and abs(windows[-1] - windows[-2]) > STEADY_TOLERANCE * windows[-2]:
             notes += f"; not steady after {len(windows)} windows"
         lines.append(f"{way:24s} {e['step_ms']:8.2f} {means[way]:8.2f} {max(e['steps_ms']):8.2f} "
-                     f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%}  {notes}")
+                     f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%} {e.get('contention', math.nan):+6.1%}  {notes}")
     autos = [a for a in AUTOS if a in ways and not math.isnan(ways[a]["step_ms"])]
     lines += [kept_line(r, means, a) for a in autos]
     if autos:

@@ -20,6 +20,9 @@ an SM with NCCL), the CUPTI timeline of a step, and the Interposer's host cost p
   compute-bound GEMM, each about as long as the all-reduces. What of the shorter each hides
   (:func:`overlap_share`) says what the all-reduces compete for besides SMs: with ranks sharing
   one GPU, its memory.
+- :class:`ComputeSpans`: each step's forward and backward on the GPU, from its first kernel to the
+  last gradient's, so that a DDP step's compute beside its all-reduces is set against the same
+  compute alone (the contention the all-reduces cause).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from ..device import Device
 from ..errors import ShimrtError
 from ..occupancy import Footprint, coresident
 
-__all__ = ["step_times_ms", "timed_steps", "phases", "bound", "sharing", "comm_alone", "comm_hidden", "contention",
-           "timeline", "interposer_cost", "is_nccl", "finish"]
+__all__ = ["ComputeSpans", "step_times_ms", "timed_steps", "phases", "bound", "sharing", "comm_alone", "comm_hidden",
+           "contention", "timeline", "interposer_cost", "is_nccl", "finish"]
 
 if TYPE_CHECKING:
     from ..torch.step import GradientBuckets, NcclBuckets
@@ -211,6 +214,42 @@ def comm_alone(torch: Any, comm: NcclBuckets, buckets: GradientBuckets, repeats:
     rounds after one that warms up."""
     timed = sorted(rounds(lambda: _round_ms(torch, comm, buckets), repeats))
     return timed[len(timed) // 2]
+
+
+class ComputeSpans:
+    """The GPU time of each step's forward and backward: an event on the current stream as the
+    forward starts (:meth:`start`), another each time one of ``last`` (the parameters whose
+    gradients backward computes last, the embeddings) has its gradient accumulated, the step's
+    span ending at the later. Under DDP those hooks run before the reducer's end-of-backward wait
+    for the all-reduces, so the span is the compute's own, slowed only by what runs beside it."""
+
+    def __init__(self, torch: Any, last: list) -> None:
+        self._torch, self._pairs = torch, []
+        self._handles = [p.register_post_accumulate_grad_hook(self._end) for p in last]
+
+    def start(self) -> None:
+        """Mark a step's start (before its forward)."""
+        self._pairs.append([self._event(), None])
+
+    def _event(self) -> Any:
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _end(self, _: Any) -> None:
+        if self._pairs:
+            self._pairs[-1][1] = self._event()
+
+    def ms(self, last: int) -> list[float]:
+        """The ``last`` steps' spans (ms; their events finished): NaN for a step whose gradients
+        never came."""
+        return [a.elapsed_time(b) if b is not None else float("nan") for a, b in self._pairs[-last:]]
+
+    def close(self) -> None:
+        """Remove the hooks (the model outlives the measurement)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 def comm_hidden(compute_ms: float, comm_ms: float, step_ms: float) -> float:
