@@ -126,7 +126,7 @@ def test_bench_torch_without_torch_says_how_to_get_it(capsys):
 
 
 @pytest.mark.parametrize("flag", [["--bucket-view"], ["--loss-every", "10"], ["--optimizer", "adamw"], ["--fsdp"],
-                                  ["--settle", "4"], ["--steady", "8"]])
+                                  ["--settle", "4"], ["--steady", "8"], ["--profile", "/tmp"]])
 def test_the_ddp_only_options_are_refused_with_ranks_in_one_process(capsys, monkeypatch, flag):
     pytest.importorskip("torch")
     from shimrt.bench.__main__ import main

@@ -39,7 +39,10 @@ of the slowest rank's steps (the goals are said by both) and the slowest step, a
 every timed step's (the slowest rank's, step by step), so a way whose steps run at two speeds
 shows it. Hidden: (compute alone + all-reduces alone - step) / all-reduces alone. Losses are
 set against plain DDP's, step for step, from the same weights and batches. Rank 0 prints;
-``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0.
+``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0. ``--profile DIR``:
+after each way's timed steps, 3 more under torch.profiler; every rank's Chrome trace in DIR, and
+where rank 0's step went (collectives' kernels and blocks, FSDP2's copies, the communication
+exposed: :mod:`.torch_timeline`) under the table.
 """
 
 from __future__ import annotations
@@ -167,6 +170,21 @@ def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any]
     return step
 
 
+#: Steps of a way under torch.profiler (--profile).
+PROFILED_STEPS = 3
+
+
+def _profiled(r: _Rank, step: Callable[[int], Any], config: str, way: str) -> dict:
+    """PROFILED_STEPS of ``step`` under torch.profiler: this rank's trace written to --profile and
+    where its time went (:func:`shimrt.bench.torch_timeline.summarise`)."""
+    from .torch_timeline import record, summarise
+    path = r.args.profile / f"{config}_{way.replace(' ', '_')}_rank{r.rank}.json.gz"
+    try:
+        return summarise(record(r.torch, step, PROFILED_STEPS, path), PROFILED_STEPS)
+    except (ShimrtError, RuntimeError, OSError) as exc:  # the way's times stand without it
+        return {"failed": f"{type(exc).__name__}: {exc}"}
+
+
 def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     """Every way of configuration ``name`` (``kinds``: --policies; ``sequential`` has no place
     under DDP and is left out) on this rank; times are the slowest rank's."""
@@ -251,6 +269,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             if marks is not None:
                 spans[way] = marks.ms(args.steps)
             entry["timed_between"] = (began, time.time())  # the host's clock: to match GPU clock samples
+            if args.profile is not None:  # after the timed steps: the profiler's cost is in none of them
+                entry["timeline"] = _profiled(r, going, name, way)
             if ov is not None:
                 report = ov.report()
                 entry.update(kept=report["policy"], choice=report["describe"], dropped=report["dropped"],
@@ -332,6 +352,10 @@ def report(name: str, r: dict) -> str:
             notes += f"; not steady after {len(windows)} windows"
         lines.append(f"{way:24s} {e['step_ms']:8.2f} {means[way]:8.2f} {max(e['steps_ms']):8.2f} "
                      f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%} {e.get('contention', math.nan):+6.1%}  {notes}")
+    if any("timeline" in e for e in ways.values()):
+        from .torch_timeline import describe
+        lines += ["where rank 0's steps went (torch.profiler, 3 steps after the timed ones):"]
+        lines += ["  " + describe(way, e["timeline"]) for way, e in ways.items() if "timeline" in e]
     autos = [a for a in AUTOS if a in ways and not math.isnan(ways[a]["step_ms"])]
     lines += [kept_line(r, means, a) for a in autos]
     if autos:

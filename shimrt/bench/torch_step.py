@@ -129,6 +129,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ranks in this process (default: 2 on one GPU where NCCL can, else one per GPU)")
     p.add_argument("--plots", metavar="DIR", default=None, type=validate.argument(cli.writable_folder, "--plots"),
                    help="write a CUPTI timeline of one step per policy as DIR/torch_CONFIG.png")
+    p.add_argument("--profile", metavar="DIR", default=None, type=validate.argument(cli.writable_folder, "--profile"),
+                   help="one process per rank: after each way's timed steps, 3 steps more under torch.profiler, "
+                        "each rank's Chrome trace in DIR and where rank 0's step time went in the table "
+                        "(shimrt.bench.torch_timeline)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     cli.add_json(p)
     p.set_defaults(run=run, check=check)
@@ -413,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
         from . import torch_ddp
         return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs or CONFIGS})
     for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False),
-                          ("settle", 0), ("steady", 0), ("fsdp_route", "mesh")):
+                          ("settle", 0), ("steady", 0), ("fsdp_route", "mesh"), ("profile", None)):
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "
                              "or python -m shimrt.launch --nproc N, without --local-ranks")
