@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|own|link]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|fsdp|own|link]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
-#   example out); own: a model of a user's own
+#   example out); fsdp: bench torch --fsdp (plain FSDP2, its candidates and auto; FSDP_ARGS more flags) with
+#   --profile: where each way's step went, each rank's torch.profiler trace in profile.tar; own: a model of a user's own
 #   (scripts/own_model.py, OWN_ARGS its flags) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
 #   link: host-cost, and two ranks on GPU 0 whose collectives cross NCCL's socket transport on loopback (python -m
 #   shimrt.launch --link socket: any NCCL, no multi-rank build needed): bench collectives' bus bandwidth per size,
@@ -17,7 +18,7 @@
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl|latency|ddp|own|link) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|own|link]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency|ddp|fsdp|own|link) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|fsdp|own|link]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -68,7 +69,7 @@ if [ "$part" = link ]; then
           "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 150 -m shimrt.bench collectives --ops all_reduce -b 1M -e 256M -f 4 -n 5 -w 2 --json $OUT/link_socket.json" \
           "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 300 -m shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_link.json")
 fi
-if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = own ]; then
+if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = fsdp ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
     # Latency against torch.distributed, 8 B to 256 MiB, blocking and non-blocking communicators: two processes
     # on the GPU under MPS (the launcher's own daemon), and two ranks in one process.
@@ -90,6 +91,8 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;
+      fsdp) mkdir -p "$OUT/profile"
+            steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 540 -m shimrt.bench torch --fsdp --steps 16 --settle 10 --sms 32 --optimizer adamw --loss-every 10 --timeout 520 --profile $OUT/profile ${FSDP_ARGS:-} --json $OUT/torch_fsdp.json") ;;
       own) steps=() ;;
       *) steps+=("${latency_steps[@]}" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
@@ -129,7 +132,9 @@ for step in ${steps[@]+"${steps[@]}"}; do
 done
 [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
 # The device tool brings back at most 8 files: the plots come as one tar.
-if [ -d "$OUT/plots" ]; then tar -C "$OUT" -cf "$OUT/plots.tar" plots && rm -rf "$OUT/plots"; fi
+for d in plots profile; do
+  if [ -d "$OUT/$d" ]; then tar -C "$OUT" -cf "$OUT/$d.tar" "$d" && rm -rf "${OUT:?}/$d"; fi
+done
 # Nothing of --mps may outlive the run: no daemon, no private folder.
 python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob('/tmp/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up"
 for f in ${failed[@]+"${failed[@]}"}; do echo "FAILED: $f" | tee -a "$summary"; done
