@@ -331,8 +331,8 @@ def test_autos_options_are_checked_where_they_enter(options, message):
 
 def test_auto_keeps_its_options_as_given():
     from shimrt.torch.policies import Auto
-    assert Auto() == Auto(sms=(32, 48, 64), trial_steps=3, margin=0.01, check_steps=4, check_block=1,
-                          check_always=False)
+    assert Auto() == Auto(sms=(32, 48, 64), trial_steps=3, margin=0.01, check_steps=4, check_block=6,
+                          check_always=True)
     assert Auto(sms=[64, 32]).sms == (64, 32)
 
 
@@ -393,20 +393,22 @@ def test_the_ddp_goals_say_a_miss_and_leave_out_goals_a_configuration_has_not():
     assert "(priority, 22.00 ms): NOT met" in medians
 
 
-def test_the_ddp_report_sets_auto_blocks_beside_auto_each_with_its_kept_line_and_goals():
+def test_the_ddp_report_sets_auto_steps_beside_auto_each_with_its_kept_line_and_goals():
     from shimrt.bench.torch_ddp import AUTOS, report
-    assert AUTOS["auto-blocks"] == {"check_block": 6, "check_always": True}
+    assert AUTOS["auto-steps"] == {"check_block": 1, "check_always": False}
     r = _ddp_result()
-    r["ways"]["auto-blocks"] = dict(step_ms=22.2, steps_ms=[22.2] * 3, hidden=0.5, kept="priority", trial_steps=60,
-                                    trials={"check": {"policy": "priority", "held": True, "block": 6,
-                                                      "means_ms": {"ddp": 25.0, "priority": 22.1}}})
+    r["ways"]["auto"]["trials"]["check"]["block"] = 6  # the default's check, in blocks
+    r["ways"]["auto-steps"] = dict(step_ms=22.2, steps_ms=[22.2] * 3, hidden=0.5, kept="priority", trial_steps=60,
+                                   trials={"check": {"policy": "priority", "held": True,
+                                                     "means_ms": {"ddp": 25.0, "priority": 22.1}}})
     lines = report("comm-heavy-1024", r).splitlines()
     kept = [x for x in lines if " kept priority: " in x]
-    assert kept[0].startswith("auto kept priority: 21.00 ms") and kept[1].startswith("auto-blocks kept priority: "
+    assert kept[0].startswith("auto kept priority: 21.00 ms") and kept[1].startswith("auto-steps kept priority: "
                                                                                        "22.20 ms")
-    assert "its check in blocks of 6 beside plain DDP: ddp 25.00, priority 22.10 ms, priority held" in kept[1]
+    assert "its check in blocks of 6 beside plain DDP: ddp 25.10, priority 21.20 ms, priority held" in kept[0]
+    assert "its check beside plain DDP: ddp 25.00, priority 22.10 ms, priority held" in kept[1]
     goals = [x for x in lines if x.startswith("goals by the")]
-    assert len(goals) == 4 and "auto-blocks 0.888x plain DDP" in goals[2]
+    assert len(goals) == 4 and "auto-steps 0.888x plain DDP" in goals[2]
     # neither auto is the best fixed way of the other
     assert all("best fixed way (priority" in g for g in goals)
 
@@ -662,6 +664,23 @@ def test_a_block_check_of_one_round_is_refused_it_could_not_see_its_noise():
     with pytest.raises(UsageError, match="a check in blocks needs at least 2 rounds"):
         Trials([P("ddp"), P("a")], reference="ddp", check=1, check_block=4)
     from shimrt.torch.policies import Auto
-    with pytest.raises(UsageError, match="Auto.check_block above 1 needs at least 2 check_steps"):
-        Auto(check_steps=1, check_block=6)
+    with pytest.raises(UsageError, match=r"Auto.check_block above 1 \(here 6; the default is 6\) needs at least 2 "
+                                         r"check_steps .*pass check_block=1"):
+        Auto(check_steps=1)
+    assert Auto(check_steps=1, check_block=1).check_steps == 1
     assert Auto(check_steps=0, check_block=6).check_block == 6  # no check at all: nothing to refuse
+
+
+def test_the_ddp_report_gives_each_ways_compute_slowdown_and_where_its_steps_went():
+    from shimrt.bench.torch_ddp import report
+    r = _ddp_result()
+    r["compute_span_ms"] = 12.5
+    r["ways"]["plain DDP"].update(span_ms=15.0, contention=0.2)
+    r["ways"]["priority"].update(span_ms=float("nan"), contention=float("nan"))  # not measured: blank
+    r["ways"]["carveout:64"]["timeline"] = {"failed": "RuntimeError: no trace"}
+    text = report("balanced", r)
+    assert "forward and backward alone 12.50 ms" in text
+    assert re.search(r"^plain DDP .* 1.000x +50.0% +\+20.0%  $", text, re.M), text
+    assert re.search(r"priority .* 0.880x +50.0% {9}loss max diff 0", text), text
+    assert "where rank 0's steps went (torch.profiler, 3 steps after the timed ones):" in text
+    assert "  carveout:64: no timeline (RuntimeError: no trace)" in text

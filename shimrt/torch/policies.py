@@ -236,9 +236,12 @@ class Auto:
     that a pick other than plain DDP must pass once the others' resources are gone (a round: a
     warm-up and a timed step of plain DDP, then of the pick; 0: no check); ``check_block``, timed
     steps per visit of the check (above 1: the check runs in blocks, as the job will, and decides
-    on its own steps: :mod:`shimrt.torch.trials`; at least 2 ``check_steps`` then);
-    ``check_always``, check the fastest other finalist even when the trials kept plain DDP (with
-    ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is); ``ctas``, the NCCL channel
+    on its own steps: :mod:`shimrt.torch.trials`; at least 2 ``check_steps`` then; 1: one step per
+    visit, alternating); ``check_always``, check the fastest other finalist even when the trials
+    kept plain DDP (with ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is). Blocks
+    of 6 checked always are the default since an H100 run (docs/ddp.md, b0f05c9) where, on the one
+    configuration whose plain DDP ran at one speed, they kept carveout:32 (0.959x plain DDP, the
+    best fixed way 0.957x) while the alternating check kept plain DDP; ``ctas``, the NCCL channel
     counts of its ``ctas:N`` candidates and ``prefetch``, the depths of its ``prefetch:N`` ones
     (both FSDP2's only)."""
 
@@ -246,8 +249,8 @@ class Auto:
     trial_steps: int = 3
     margin: float = 0.01
     check_steps: int = 4
-    check_block: int = 1
-    check_always: bool = False
+    check_block: int = 6
+    check_always: bool = True
     ctas: tuple[int, ...] = CTAS
     prefetch: tuple[int, ...] = PREFETCH
 
@@ -264,8 +267,9 @@ class Auto:
                                                                  most=1000))
         object.__setattr__(self, "check_always", validate.boolean(self.check_always, "Auto.check_always"))
         if self.check_block > 1 and self.check_steps == 1:
-            raise UsageError("Auto.check_block above 1 needs at least 2 check_steps (the check's noise is taken "
-                             "between its visits), not check_steps=1")
+            raise UsageError(f"Auto.check_block above 1 (here {self.check_block}; the default is 6) needs at least 2 "
+                             "check_steps (the check's noise is taken between its visits), not check_steps=1: pass "
+                             "check_block=1 for a one-round check")
 
 
 def kept_sms(values: Any, what: str = "sms") -> list[int]:
