@@ -224,7 +224,8 @@ class ComputeSpans:
     for the all-reduces, so the span is the compute's own, slowed only by what runs beside it."""
 
     def __init__(self, torch: Any, last: list) -> None:
-        self._torch, self._pairs = torch, []
+        self._torch = torch
+        self._pairs: list[list[Any]] = []  # [start event, end event or None] per step
         self._handles = [p.register_post_accumulate_grad_hook(self._end) for p in last]
 
     def start(self) -> None:
