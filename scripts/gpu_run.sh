@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|fsdp|own|link]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|fsdp|own|link|link-torch]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
@@ -12,13 +12,15 @@
 #   link: host-cost, and two ranks on GPU 0 whose collectives cross NCCL's socket transport on loopback (python -m
 #   shimrt.launch --link socket: any NCCL, no multi-rank build needed): bench collectives' bus bandwidth per size,
 #   and bench overlap --comm nccl (the paper's two controls on a collective that waits on the link, beside the stand-in);
+#   link-torch: bench torch over that link, its configurations sized to it (link-comm-heavy, link-balanced,
+#   link-compute-heavy; LINK_ARGS more flags);
 #   all: every part but latency, ddp (which nccl includes), own and link.
 #   pytest.log, summary.txt (machine, selftest, benchmark tables), and the benchmarks' JSON
 #   (plot the overlap results anywhere: python -m shimrt.bench plot overlap.json).
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl|latency|ddp|fsdp|own|link) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|fsdp|own|link]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency|ddp|fsdp|own|link|link-torch) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|fsdp|own|link|link-torch]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -68,6 +70,11 @@ if [ "$part" = link ]; then
   steps+=("shimrt.bench host-cost --no-torch --batches 20 --timeout 70 --json $OUT/host_cost.json" \
           "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 150 -m shimrt.bench collectives --ops all_reduce -b 1M -e 256M -f 4 -n 5 -w 2 --json $OUT/link_socket.json" \
           "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 300 -m shimrt.bench overlap --comm nccl --stand-in-too --quiet --json $OUT/overlap_link.json")
+fi
+if [ "$part" = link-torch ]; then
+  mps_flag
+  export MASTER_ADDR=localhost MASTER_PORT=29514
+  steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 560 -m shimrt.bench torch --steps 8 --settle 4 --sms 32 --optimizer adamw --loss-every 10 --comm-timeout 120 --timeout 540 ${LINK_ARGS:-} --json $OUT/torch_link.json")
 fi
 if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = fsdp ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then

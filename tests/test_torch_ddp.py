@@ -684,3 +684,17 @@ def test_the_ddp_report_gives_each_ways_compute_slowdown_and_where_its_steps_wen
     assert re.search(r"priority .* 0.880x +50.0% {10}loss max diff 0", text), text
     assert "where rank 0's steps went (torch.profiler, 3 steps after the timed ones):" in text
     assert "  carveout:64: no timeline (RuntimeError: no trace)" in text
+
+
+def test_the_network_configurations_goals_say_how_much_the_best_way_hides():
+    from shimrt.bench.torch_ddp import report
+    r = _ddp_result()
+    for way in r["ways"].values():
+        way["hidden"] = 0.3 if way["hidden"] == way["hidden"] else way["hidden"]  # NaN stays NaN
+    r["ways"]["priority"]["hidden"] = 0.62
+    last = report("link-balanced", r).splitlines()[-1]
+    assert last == "goal: the best way hides at least 50% of the all-reduces: priority 62.0%, met", last
+    r["ways"]["priority"]["hidden"] = 0.41
+    assert report("link-balanced", r).splitlines()[-1].endswith("priority 41.0%, NOT met")
+    assert "goal: the best way hides" not in report("balanced", r)
+    assert "at least 15% below" in report("link-balanced", r)

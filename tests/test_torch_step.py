@@ -159,6 +159,19 @@ def test_a_width_the_heads_do_not_divide_is_refused_before_the_gpu_is_looked_for
                    "of 8, not 257"), err
 
 
+def test_every_configuration_is_native_linked_or_one_processs_and_builds():
+    import argparse
+
+    from shimrt.bench.torch_step import CONFIGS, LINKED, NATIVE, WIDE, model_size
+    assert set(NATIVE) | set(LINKED) == set(CONFIGS) and not set(NATIVE) & set(LINKED)
+    assert set(WIDE) <= set(NATIVE)
+    none = argparse.Namespace(width=None, layers=None, batch=None, seq=None)
+    # the linked ones: one model, bf16 weights (half the all-reduce bytes), more tokens as the compute grows
+    sizes = [model_size(n, none) for n in LINKED]
+    assert len({(s.width, s.layers, s.weights) for s in sizes}) == 1 and sizes[0].weights == "bfloat16"
+    assert [s.tokens for s in sizes] == sorted(s.tokens for s in sizes)
+
+
 def test_batch_and_seq_size_every_configuration_and_the_rest_keep_their_own():
     import argparse
 

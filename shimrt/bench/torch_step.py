@@ -61,7 +61,19 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # A user's smaller model, whose step waits on the host as much as on the GPU: twelve blocks of
     # 1024 (219 M parameters) in fp32 under bf16 autocast, so its all-reduces are fp32 (0.82 GiB).
     "balanced-1024": dict(width=1024, layers=12, batch=4, seq=1024, weights="float32"),
-    "comm-heavy-1024": dict(width=1024, layers=12, batch=1, seq=1024, weights="float32")}
+    "comm-heavy-1024": dict(width=1024, layers=12, batch=1, seq=1024, weights="float32"),
+    # Sized to a network link (python -m shimrt.launch --link socket, docs/regimes.md): on an H100
+    # at b0f05c9 NCCL's socket transport on loopback all-reduced 0.82 GiB in 324 ms (2.7 GB/s) and
+    # 24 sequences of comm-heavy-1024's model took 172 ms of compute. Its weights in bf16 halve the
+    # all-reduces (0.41 GiB, about 160 ms at that speed): 8, 24 and 40 sequences put the compute
+    # at about a third of them, level with them and 1.7 times them.
+    "link-comm-heavy": dict(width=1024, layers=12, batch=8, seq=1024),
+    "link-balanced": dict(width=1024, layers=12, batch=24, seq=1024),
+    "link-compute-heavy": dict(width=1024, layers=12, batch=40, seq=1024)}
+#: The configurations of one process per rank by default: over the native link (shared memory
+#: between ranks of a GPU) and over a network link (--link socket).
+NATIVE = ("compute-heavy", "balanced", "comm-heavy", "balanced-1024", "comm-heavy-1024")
+LINKED = ("link-comm-heavy", "link-balanced", "link-compute-heavy")
 #: The configurations of one process holding every rank (the host-bound ones are DDP's: here their
 #: policies' times would be the host's noise).
 WIDE = ("compute-heavy", "balanced", "comm-heavy")
@@ -73,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``bench torch``."""
     p.add_argument("--configs", default=None,
                    type=cli.distinct(validate.one_of, "--configs", allowed=tuple(CONFIGS)),
-        help=f"configurations, comma-separated, of {', '.join(CONFIGS)} (default: all with one process per rank, "
+        help=f"configurations, comma-separated, of {', '.join(CONFIGS)} (default with one process per rank: "
+             f"{', '.join(NATIVE)}, or under python -m shimrt.launch --link socket {', '.join(LINKED)}; "
              f"{', '.join(WIDE)} with every rank in this one)")
     # --batch and --seq size a configuration to a link (docs/regimes.md): compute about as long as its all-reduces.
     for flag, least, what in (("--width", 64, "model width"), ("--layers", 1, "blocks"),
@@ -414,8 +427,10 @@ def run(args: argparse.Namespace) -> int:
     from ..launch import local_devices
     launch = launch_env()
     if launch.world_size > 1 and args.local_ranks is None:  # one process per rank: DDP and shimrt.torch.overlap
+        from ..nccl.link import link_of_process
         from . import torch_ddp
-        return torch_ddp.run(args, {name: model_size(name, args) for name in args.configs or CONFIGS})
+        names = args.configs or (LINKED if link_of_process() else NATIVE)
+        return torch_ddp.run(args, {name: model_size(name, args) for name in names})
     for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False),
                           ("settle", 0), ("steady", 0), ("fsdp_route", "mesh"), ("profile", None)):
         if getattr(args, flag) != default:
