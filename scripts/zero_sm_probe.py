@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             dist.all_gather_into_tensor(out, send)  # the first call: set-up outside the trace
             torch.cuda.synchronize()
             with tempfile.TemporaryDirectory() as folder:
-                path = record(torch, lambda i: dist.all_gather_into_tensor(out, send), args.calls,
+                path = record(torch, lambda i, out=out: dist.all_gather_into_tensor(out, send), args.calls,
                               Path(folder) / f"probe_{rank}.json.gz")
                 kernels, copies = kernels_and_copies(path)
             torch.cuda.synchronize()
