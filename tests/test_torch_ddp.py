@@ -88,7 +88,8 @@ def test_the_plain_job_takes_no_channels_and_no_compute_side():
 def test_autos_candidates_start_with_plain_ddp_and_size_nccl_by_the_ranks_on_a_gpu():
     kinds = [k for k in policies.KINDS if k not in ("sequential", "auto")]
     got = policies.candidates([32, 64], kinds=kinds)
-    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "ctas:4", "ctas:8", "prefetch:2", "shaping:2",
+    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "ctas:4", "ctas:8", "prefetch:2", "zero-sm",
+                                     "shaping:2",
                                      "shaping:1", "partition:32", "carveout:32", "windowed-carveout:32",
                                      "partition:64", "carveout:64", "windowed-carveout:64"]
     assert [p.name for p in policies.candidates([32], kinds=["prefetch"], prefetch=[1, 3])] == ["prefetch:1",
@@ -698,3 +699,33 @@ def test_the_network_configurations_goals_say_how_much_the_best_way_hides():
     assert report("link-balanced", r).splitlines()[-1].endswith("priority 41.0%, NOT met")
     assert "goal: the best way hides" not in report("balanced", r)
     assert "at least 15% below" in report("link-balanced", r)
+
+
+def test_zero_sm_is_a_policy_of_ncclss_cta_policy_zero_with_no_channel_count():
+    p = policies.parse("zero-sm")
+    assert p.zero_sm and p.priority == "high" and p.ctas is None and p.channels(2) is None
+    assert p.sized(2) == p  # no channels fixed for it, whatever the ranks per GPU
+    assert "CTA policy ZERO" in p.describe(2) and "copy engines" in p.describe(2)
+    with pytest.raises(UsageError, match="zero_sm asks NCCL for no SMs .*it takes no ctas"):
+        Policy("z", zero_sm=True, ctas=4)
+    with pytest.raises(UsageError, match="no ctas, no compute side, no prefetch, no zero_sm"):
+        Policy("z", baseline="plain", zero_sm=True)
+    with pytest.raises(UsageError, match="Policy.zero_sm must be"):
+        Policy("z", zero_sm="yes")
+    with pytest.raises(UsageError, match="policy 'zero-sm' takes no number"):
+        policies.parse("zero-sm:2")
+    # never one of auto's candidates: a fixed policy until it has run on a GPU
+    assert "zero-sm" in policies.FIXED_ONLY and "zero-sm" not in policies.FSDP_KINDS
+
+
+def test_this_torch_can_or_cannot_put_fsdp2s_all_gathers_in_symmetric_memory_and_says_which():
+    torch = pytest.importorskip("torch")
+    from shimrt.torch.fsdp import symmetric_refusal
+    why = symmetric_refusal()
+    try:
+        from torch.distributed import _symmetric_memory as symm_mem
+        has = all(hasattr(symm_mem, n) for n in ("set_backend", "get_mem_pool", "rendezvous")) and \
+            hasattr(torch.cuda, "use_mem_pool")
+    except ImportError:
+        has = False
+    assert (why is None) == has, why

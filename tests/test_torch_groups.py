@@ -131,3 +131,22 @@ def test_both_adapters_refuse_alike_a_model_off_one_cuda_device_and_a_group_not_
     assert one_cuda_device({torch.device("cuda", 3)}, "x") == 3
     with pytest.raises(UsageError, match=r"needs FSDP2 over NCCL \(its process group's backend is 'gloo'\)"):
         require_nccl(dist, dist.group.WORLD, "FSDP2")
+
+
+def test_a_zero_sm_group_asks_nccl_for_its_cta_policy_zero_and_no_channel_count():
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from shimrt.torch.groups import options
+    if not dist.is_available() or not dist.is_nccl_available():
+        pytest.skip(f"torch {torch.__version__} has no NCCL process group")
+    zero = getattr(dist.ProcessGroupNCCL, "NCCL_CTA_POLICY_ZERO", None)
+    if zero is None:
+        with pytest.raises(UsageError, match="has no NCCL CTA policy ZERO .*zero-sm cannot run"):
+            options(dist, "high", None, zero_sm=True)
+        return
+    made = options(dist, "high", None, zero_sm=True)
+    assert made.config.cta_policy == zero and made.is_high_priority_stream
+    assert options(dist, "high", 8).config.cta_policy != zero  # NCCL's default policy elsewhere
+    with pytest.raises(UsageError, match="CTA policy ZERO takes no channel count, not ctas=8"):
+        options(dist, "high", 8, zero_sm=True)

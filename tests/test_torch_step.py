@@ -151,6 +151,24 @@ def test_bad_bench_torch_options_are_refused(capsys):
         assert f"argument {needle}" in err and "Traceback" not in err
 
 
+def test_zero_sm_is_refused_without_fsdp2s_custom_route_and_added_with_it(capsys):
+    import argparse
+
+    from shimrt.bench.__main__ import main
+    from shimrt.bench.torch_step import check
+    for argv in (["--policies", "zero-sm"], ["--fsdp", "--policies", "priority,zero-sm"]):
+        assert main(["torch", *argv]) == 2
+        err = capsys.readouterr().err
+        assert "zero-sm is FSDP2's over its custom collectives" in err and "--fsdp --fsdp-route custom" in err, err
+    base = dict(plots=None, trial_steps=None, configs=["balanced"], width=None, layers=None, batch=None, seq=None)
+    custom = argparse.Namespace(**base, fsdp=True, fsdp_route="custom", policies=None)
+    check(custom)
+    assert "zero-sm" in custom.policies and "prefetch" in custom.policies
+    mesh = argparse.Namespace(**base, fsdp=True, fsdp_route="mesh", policies=None)
+    check(mesh)
+    assert "zero-sm" not in mesh.policies and "ctas" in mesh.policies
+
+
 def test_a_width_the_heads_do_not_divide_is_refused_before_the_gpu_is_looked_for(capsys):
     from shimrt.bench.__main__ import main
     assert main(["torch", "--width", "257"]) == 2
@@ -570,7 +588,7 @@ def test_ctas_ways_run_under_fsdp2_or_when_named():
         assert ("ctas" in args.policies) == has_ctas, argv
     args = p.parse_args(["--configs", "balanced"])
     torch_step.check(args)
-    assert list(args.policies) == [k for k in torch_step.KINDS if k not in ("ctas", "prefetch")]
+    assert list(args.policies) == [k for k in torch_step.KINDS if k not in ("ctas", "prefetch", "zero-sm")]
     args = p.parse_args(["--configs", "balanced", "--fsdp"])
     torch_step.check(args)
     assert "prefetch" in args.policies and "ctas" in args.policies

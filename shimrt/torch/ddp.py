@@ -47,9 +47,24 @@ class Ddp:
     def moveable(self) -> str | None:
         return moveable(self.ddp)
 
-    def use(self, group: Any, high: bool) -> None:
+    def use(self, group: Any, high: bool, symmetric: bool = False) -> None:
         # DDP's collectives run on ProcessGroupNCCL's own streams: the group's options carry ``high``.
+        if symmetric:
+            raise UsageError("a DDP all-gathers nothing: symmetric all-gather outputs are FSDP2's (zero-sm)")
         use(self.ddp, group)
+
+    def refusal(self, policy: Any) -> str | None:
+        if policy.prefetch is not None:
+            return "prefetch is FSDP2's: a DDP has no parameters to all-gather ahead"
+        if policy.zero_sm:
+            return ("zero-sm is FSDP2's: a DDP only all-reduces, which NCCL's copy engines cannot do (they copy, "
+                    "they do not add)")
+        if policy.window:
+            try:
+                self.last_parameter()
+            except UsageError as exc:
+                return str(exc)
+        return None
 
     def prefetch(self, depth: int | None) -> None:
         if depth is not None:

@@ -20,7 +20,11 @@ shimrt's (:class:`GroupAllGather`, :class:`GroupReduceScatter`) that run torch's
 the policy's group instead of the one FSDP2 passes: one Python call per collective. They are put
 in when a policy's group is first used and FSDP2's own put back for the plain job and at close;
 refused there: a module with several parameter groups per state, or with collectives of its own.
-Which costs less per step is bench torch ``--fsdp --fsdp-route``'s to measure (issue 42).
+Which costs less per step is bench torch ``--fsdp --fsdp-route``'s to measure (issue 42). Only the
+custom route can run ``zero-sm``: its all-gather allocates FSDP2's all-gather outputs (through the
+``allocate`` FSDP2 calls) from torch's symmetric-memory pool on NCCL's backend and registers each
+with the policy's group (``rendezvous``), so that NCCL, on that group's CTA policy ZERO, can
+all-gather on the copy engines (:func:`symmetric_refusal` says where torch cannot).
 
 Refused, with the reason: an HSDP (2-D) mesh, CPU offload, ``reshard_after_forward`` as an int (its
 post-forward mesh is another group's), and a torch whose FSDP2 keeps its groups elsewhere.
@@ -34,7 +38,9 @@ torch internals touched: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_
 API used: ``set_custom_all_gather``/``set_custom_reduce_scatter`` (the custom route) and
 ``set_modules_to_forward_prefetch``/``set_modules_to_backward_prefetch`` (a policy's prefetch; the
 model's own lists are read and put back through each state's ``_states_to_forward_prefetch`` and
-``_states_to_backward_prefetch``).
+``_states_to_backward_prefetch``); for ``zero-sm``, ``torch.distributed._symmetric_memory``
+(``set_backend``, ``get_backend``, ``get_mem_pool``, ``rendezvous``: private in torch 2.11) and
+``torch.cuda.use_mem_pool``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
 __all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "uninstall", "prefetch",
-           "top_blocks", "held_prefetch", "restore_prefetch"]
+           "top_blocks", "held_prefetch", "restore_prefetch", "symmetric_refusal"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -198,12 +204,57 @@ class _OnGroup:
         return torch.empty(*size, dtype=dtype, device=device)
 
 
+def symmetric_refusal() -> str | None:
+    """Why this torch cannot put FSDP2's all-gather outputs in symmetric memory on NCCL's backend
+    (None: it can), without changing anything."""
+    import torch
+    try:
+        from torch.distributed import _symmetric_memory as symm_mem
+    except ImportError as exc:
+        return f"this torch has no torch.distributed._symmetric_memory ({exc})"
+    missing = [n for n in ("set_backend", "get_mem_pool", "rendezvous") if not hasattr(symm_mem, n)]
+    if missing or not hasattr(torch.cuda, "use_mem_pool"):
+        return (f"this torch's symmetric memory lacks {', '.join(missing or ['torch.cuda.use_mem_pool'])} "
+                "(torch 2.11's has them)")
+    return None
+
+
+def symmetric_pool(device: Any) -> Any:
+    """torch's symmetric-memory pool on ``device`` (a torch device), its backend NCCL's (windows
+    registered with a group's communicator): set here unless this process chose it already;
+    UsageError where it chose another."""
+    from torch.distributed import _symmetric_memory as symm_mem
+    chosen = symm_mem.get_backend(device) if hasattr(symm_mem, "get_backend") else None
+    if chosen not in (None, "NCCL"):
+        raise UsageError(f"zero-sm needs torch's symmetric memory on NCCL's backend, and this process chose "
+                         f"{chosen!r} (torch.distributed._symmetric_memory.set_backend): it cannot change once used")
+    if chosen is None:
+        symm_mem.set_backend("NCCL")
+    return symm_mem.get_mem_pool(device)
+
+
 class GroupAllGather(_OnGroup):
-    """FSDP2's all-gather (its ``AllGather`` interface: ``allocate`` and the call) on the group."""
+    """FSDP2's all-gather (its ``AllGather`` interface: ``allocate`` and the call) on the group;
+    with :attr:`symmetric` (zero-sm), its outputs from the symmetric-memory pool, each registered
+    with the group before NCCL gathers into it."""
 
     names = ("all_gather_single", "all_gather_into_tensor")
 
+    def __init__(self, group: Any):
+        super().__init__(group)
+        self.symmetric = False
+
+    def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+        if not self.symmetric:
+            return super().allocate(size, dtype=dtype, device=device)
+        import torch
+        with torch.cuda.use_mem_pool(symmetric_pool(torch.device(device))):
+            return torch.empty(*size, dtype=dtype, device=device)
+
     def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
+        if self.symmetric:
+            from torch.distributed import _symmetric_memory as symm_mem
+            symm_mem.rendezvous(output_tensor, group=self.group)  # once per allocation: torch keeps it
         return self.collective(output_tensor, input_tensor, group=self.group, async_op=async_op)
 
 
@@ -253,7 +304,9 @@ class Fsdp:
     def moveable(self) -> str | None:
         return moveable(self.groups)
 
-    def use(self, group: Any, high: bool) -> None:
+    def use(self, group: Any, high: bool, symmetric: bool = False) -> None:
+        if validate.boolean(symmetric, "symmetric") and (self.comms is None or group is self.group):
+            raise UsageError("symmetric all-gather outputs need the custom route and a policy's group (zero-sm)")
         if self.comms is None:
             use(self.groups, group)
         elif group is self.group:
@@ -263,10 +316,21 @@ class Fsdp:
         else:
             for comm in self.comms:
                 comm.group = group
+            self.comms[0].symmetric = symmetric
             if self._installed is None:
                 self._installed = install(self.model, self.comms)
         self._high = validate.boolean(high, "high")
         self.streams()
+
+    def refusal(self, policy: Any) -> str | None:
+        if policy.window:
+            return "FSDP2 gives no gradient hook to open the window at"
+        if policy.zero_sm:
+            if self.route != "custom":
+                return ("zero-sm needs overlap(..., fsdp_route='custom'): its all-gather outputs come from symmetric "
+                        "memory, which only FSDP2's custom all-gather allocates")
+            return symmetric_refusal()
+        return None
 
     def prefetch(self, depth: int | None) -> None:
         if depth == self._prefetch:

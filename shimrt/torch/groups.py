@@ -9,7 +9,8 @@ for every bucket, and turns off the scaling DDP does while copying gradients int
 on a step bound by the host it cost 15 ms of a 36 ms step (``docs/ddp.md``). So a policy's
 communication is not a hook but a process group over the same ranks whose options carry it:
 ``is_high_priority_stream`` (NCCL's kernels on a stream of the greatest priority) and NCCL's
-``min_ctas``/``max_ctas`` (its channels, one block each, on the SMs a policy keeps for it).
+``min_ctas``/``max_ctas`` (its channels, one block each, on the SMs a policy keeps for it), or
+NCCL's CTA policy ZERO (``zero-sm``: collectives on the copy engines where NCCL can).
 :func:`shimrt.torch.ddp.use` points the DDP's reducer at one of them between two steps; the
 buckets, their order and their memory stay as they are.
 """
@@ -25,26 +26,37 @@ from ..stream import PRIORITIES
 
 __all__ = ["options", "require_nccl", "one_cuda_device", "subgroup_refusal", "Groups"]
 
-#: A group's options, as (stream priority, NCCL channels or None for NCCL's own choice).
-Key = tuple[str, "int | None"]
+#: A group's options, as (stream priority, NCCL channels or None for NCCL's own choice, NCCL's
+#: CTA policy ZERO).
+Key = tuple[str, "int | None", bool]
 
 
-def options(dist: Any, priority: str, ctas: int | None) -> Any:
+def options(dist: Any, priority: str, ctas: int | None, zero_sm: bool = False) -> Any:
     """ProcessGroupNCCL's options for streams of ``priority`` ("high": the greatest) and NCCL
-    held to ``ctas`` channels (None: NCCL's choice). UsageError where this torch cannot say it."""
+    held to ``ctas`` channels (None: NCCL's choice), or (``zero_sm``) of NCCL's CTA policy ZERO.
+    UsageError where this torch cannot say it."""
     validate.one_of(priority, "priority", PRIORITIES)
     if ctas is not None:
         ctas = validate.integer(ctas, "ctas", least=1, most=64)
+    if validate.boolean(zero_sm, "zero_sm") and ctas is not None:
+        raise UsageError(f"a group of NCCL's CTA policy ZERO takes no channel count, not ctas={ctas}")
     if not dist.is_available() or not dist.is_nccl_available():
         raise UsageError("this torch has no NCCL process group (torch.distributed with NCCL)")
     made = dist.ProcessGroupNCCL.Options()
     made.is_high_priority_stream = priority == "high"
+    config = getattr(made, "config", None)
     if ctas is not None:
-        config = getattr(made, "config", None)
         if config is None or not hasattr(config, "max_ctas"):
             raise UsageError("this torch's ProcessGroupNCCL.Options has no NCCL config (min_ctas, max_ctas): "
                              "a policy that sizes NCCL's channels cannot run")
         config.min_ctas = config.max_ctas = ctas
+    if zero_sm:
+        zero = getattr(dist.ProcessGroupNCCL, "NCCL_CTA_POLICY_ZERO", None)
+        if zero is None or config is None or not hasattr(config, "cta_policy"):
+            raise UsageError("this torch's ProcessGroupNCCL has no NCCL CTA policy ZERO (Options().config.cta_policy "
+                             "and ProcessGroupNCCL.NCCL_CTA_POLICY_ZERO: torch 2.10+ built with NCCL 2.28+): zero-sm "
+                             "cannot run")
+        config.cta_policy = zero
     return made
 
 
@@ -139,8 +151,9 @@ class Groups:
 
     def report(self) -> dict:
         """The device memory of the groups' communicators, in MiB: each made, and those alive."""
-        mib = {f"{priority}-priority, {'NCCL' if ctas is None else ctas} channels": round(n / 2**20, 1)
-               for (priority, ctas), n in self.memory.items()}
+        mib = {f"{priority}-priority, {'NCCL' if ctas is None else ctas} channels"
+               + (", CTA policy ZERO" if zero else ""): round(n / 2**20, 1)
+               for (priority, ctas, zero), n in self.memory.items()}
         alive = sum(n for k, n in self.memory.items() if k in self.made)
         return {"made_mib": mib, "alive_mib": round(alive / 2**20, 1), "alive": len(self.made)}
 

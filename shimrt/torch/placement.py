@@ -30,9 +30,15 @@ class Wrapped(Protocol):
     def moveable(self) -> str | None:
         """Why its collectives cannot move to another process group (None: they can)."""
 
-    def use(self, group: Any, high: bool) -> None:
+    def use(self, group: Any, high: bool, symmetric: bool = False) -> None:
         """Its collectives on ``group`` from the next step, on streams of the greatest priority
-        where ``high`` and the model's streams carry them (between steps, on every rank alike)."""
+        where ``high`` and the model's streams carry them (between steps, on every rank alike);
+        ``symmetric``: the all-gathers' outputs in symmetric memory registered with ``group``
+        (FSDP2 over its custom collectives; :meth:`refusal` says where it cannot be)."""
+
+    def refusal(self, policy: Policy) -> str | None:
+        """Why this model cannot run ``policy`` (None: it can), for what the model's kind or set-up
+        rules out (a window without a gradient hook, prefetch or zero-sm without FSDP2's parts)."""
 
     def prefetch(self, depth: int | None) -> None:
         """FSDP2: all-gather the next ``depth`` modules ahead, in forward and backward, from the
@@ -66,7 +72,7 @@ class Placement:
         """The process group ``policy``'s collectives run on (made on first asking)."""
         if policy.plain:
             return self.model.group
-        return self.groups.get((policy.priority, policy.channels(self.ranks_per_gpu)))
+        return self.groups.get((policy.priority, policy.channels(self.ranks_per_gpu), policy.zero_sm))
 
     def use(self, policy: Policy) -> None:
         """The model's collectives on ``policy``'s group (and streams) from the next step;
@@ -75,7 +81,7 @@ class Placement:
         if group is not self.current and (why := self.model.moveable()):
             raise UsageError(f"auto would move this {self.model.kind}'s collectives to {policy.name}'s process "
                              f"group, and they cannot move now: {why}")
-        self.model.use(group, not policy.plain and policy.priority == "high")
+        self.model.use(group, not policy.plain and policy.priority == "high", policy.zero_sm)
         self.model.prefetch(policy.prefetch)
         self.current = group
 

@@ -11,6 +11,11 @@ A policy is a :class:`Policy`. Its name says what it does:
   per rank (one block each): what the collectives themselves take of the SMs, and no more;
 - ``prefetch:N`` (FSDP2 only): the collectives on streams of the greatest priority, and FSDP2 told to
   all-gather the next N modules ahead, in forward and in backward (its own prefetch is one);
+- ``zero-sm`` (FSDP2 over its custom collectives only): the collectives on streams of the greatest
+  priority, on a communicator of NCCL's CTA policy ZERO, and FSDP2's all-gather outputs in
+  symmetric memory registered with it: NCCL 2.28+ then all-gathers on the copy engines, holding no
+  SM (its reduce-scatters still run kernels: a copy engine does not add). Where a requirement of
+  NCCL's fails it runs its kernels instead, without saying so (``scripts/zero_sm_probe.py`` tells);
 - ``shaping:N``: every torch kernel capped at N blocks per SM (launch interposition), room left
   for NCCL's blocks;
 - ``partition:K``: torch's compute on an SM partition of all but K SMs, NCCL's channels sized to
@@ -36,8 +41,8 @@ from ..errors import UsageError
 from ..stream import PRIORITIES
 from ..targets import MAX_SMS
 
-__all__ = ["Shaping", "Partition", "Carveout", "Policy", "KINDS", "FSDP_KINDS", "SMS_BOUNDS", "Auto", "channels_for",
-           "parse", "candidates", "Kind", "Compute"]
+__all__ = ["Shaping", "Partition", "Carveout", "Policy", "KINDS", "FSDP_KINDS", "FIXED_ONLY", "SMS_BOUNDS", "Auto",
+           "channels_for", "parse", "candidates", "Kind", "Compute"]
 
 
 class Kind(str, Enum):
@@ -50,6 +55,7 @@ class Kind(str, Enum):
     PRIORITY = "priority"
     CTAS = "ctas"
     PREFETCH = "prefetch"
+    ZERO_SM = "zero-sm"
     SHAPING = "shaping"
     PARTITION = "partition"
     CARVEOUT = "carveout"
@@ -108,7 +114,8 @@ class Policy:
     where they are to be held to a number (None: :meth:`channels` derives them from the SMs a
     partition or carveout keeps, for the ranks sharing the GPU, where the group is made), and
     ``baseline``, where the policy is one (:data:`BASELINES`): ``"plain"`` or ``"sequential"``;
-    ``prefetch``, FSDP2's modules all-gathered ahead (None: FSDP2's own prefetch)."""
+    ``prefetch``, FSDP2's modules all-gathered ahead (None: FSDP2's own prefetch); ``zero_sm``,
+    NCCL's CTA policy ZERO and symmetric all-gather outputs (FSDP2's copy-engine all-gather)."""
 
     name: str
     priority: str = "high"
@@ -116,9 +123,11 @@ class Policy:
     ctas: int | None = None
     baseline: str | None = None
     prefetch: int | None = None
+    zero_sm: bool = False
 
     def __post_init__(self) -> None:
         validate.text(self.name, "Policy.name")
+        object.__setattr__(self, "zero_sm", validate.boolean(self.zero_sm, "Policy.zero_sm"))
         if self.baseline is not None:
             validate.one_of(self.baseline, "Policy.baseline", BASELINES)
         validate.one_of(self.priority, "Policy.priority", PRIORITIES)
@@ -130,9 +139,13 @@ class Policy:
         if self.prefetch is not None:
             object.__setattr__(self, "prefetch", validate.integer(self.prefetch, "Policy.prefetch", least=1,
                                                                   most=MAX_PREFETCH))
-        if self.plain and (self.ctas is not None or self.compute is not None or self.prefetch is not None):
+        if self.plain and (self.ctas is not None or self.compute is not None or self.prefetch is not None
+                           or self.zero_sm):
             raise UsageError(f"Policy {self.name!r}: the plain job (baseline='plain') runs its own collectives "
-                             "as they are: no ctas, no compute side, no prefetch")
+                             "as they are: no ctas, no compute side, no prefetch, no zero_sm")
+        if self.zero_sm and self.ctas is not None:
+            raise UsageError(f"Policy {self.name!r}: zero_sm asks NCCL for no SMs (CTA policy ZERO); it takes no "
+                             "ctas")
         if self.window and self.sequential:
             raise UsageError(f"Policy {self.name!r}: a windowed carveout needs the all-reduces beside backward "
                              "(it limits the carveout to the time they run there), not baseline='sequential'")
@@ -170,6 +183,8 @@ class Policy:
         else None (NCCL's own number)."""
         if self.ctas is not None:
             return self.ctas
+        if self.zero_sm:  # NCCL's CTA policy ZERO: no channel count of shimrt's
+            return None
         kept = self.partition if self.partition is not None else self.carveout
         return None if kept is None else channels_for(kept, ranks_per_gpu)
 
@@ -193,6 +208,8 @@ class Policy:
             parts.append(f"NCCL {ctas} channels/rank")
         if self.prefetch is not None:
             parts.append(f"FSDP2 all-gathers {self.prefetch} modules ahead")
+        if self.zero_sm:
+            parts.append("NCCL's CTA policy ZERO, all-gathers into symmetric memory (on the copy engines)")
         return ", ".join(parts)
 
 
@@ -208,12 +225,15 @@ NUMBERED = (Kind.CTAS.value, Kind.PREFETCH.value, Kind.SHAPING.value, Kind.PARTI
 #: under every policy, not as one of its own; prefetch is FSDP2's).
 ENGINE_POLICY: dict[str, str | None] = {
     "sequential": "sequential", "ddp": None, "low-priority": "concurrent", "priority": "priority", "ctas": None,
-    "prefetch": None,
+    "prefetch": None, "zero-sm": None,
     "shaping": "shaping+priority", "partition": "partition", "carveout": None, "windowed-carveout": None,
     "auto": "auto"}
 #: Kinds that FSDP2's auto tries and DDP's does not (an FSDP2 step is set by its collectives; a
 #: DDP has no parameters to prefetch), and bench torch runs by default under --fsdp only.
 FSDP_KINDS = (Kind.CTAS.value, Kind.PREFETCH.value)
+#: Kinds no auto tries: ``zero-sm`` needs FSDP2's custom collectives and a torch and NCCL that
+#: offer the CTA policy ZERO, and has not yet run on a GPU; a fixed policy only.
+FIXED_ONLY = (Kind.ZERO_SM.value,)
 #: The channel counts of the ``ctas`` candidates (auto's and bench torch's): a quarter and half of
 #: the 16 that a carveout or partition of 32 SMs gives each of two ranks on a GPU.
 CTAS = (4, 8)
@@ -314,6 +334,8 @@ def make(kind: str, number: int | None = None) -> Policy:
             return Policy("sequential", priority="low", baseline="sequential")
         if kind == Kind.DDP:
             return Policy("ddp", baseline="plain")
+        if kind == Kind.ZERO_SM:
+            return Policy("zero-sm", zero_sm=True)
         return Policy(kind, priority="high" if kind == Kind.PRIORITY else "low")
     if number is None:
         example = {Kind.SHAPING: 2, Kind.CTAS: 8, Kind.PREFETCH: 2}.get(Kind(kind), 48)
@@ -360,6 +382,8 @@ def candidates(sms: Iterable[int], kinds: Iterable[str] = KINDS, ctas: Iterable[
         out += [make("ctas", n) for n in ctas]
     if "prefetch" in kinds:
         out += [make("prefetch", n) for n in prefetch]
+    if "zero-sm" in kinds:
+        out.append(make("zero-sm"))
     if "shaping" in kinds:
         out += [make("shaping", n) for n in (2, 1)]
     for k in sms:

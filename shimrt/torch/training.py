@@ -66,7 +66,7 @@ from .groups import Groups, subgroup_refusal
 from .interop import require_torch
 from .interop import stream as torch_stream
 from .placement import Placement, Wrapped
-from .policies import FSDP_KINDS, KINDS, Auto, Policy, candidates, parse
+from .policies import FIXED_ONLY, FSDP_KINDS, KINDS, Auto, Policy, candidates, parse
 from .resources import Resources, Window
 from .trials import Trials
 
@@ -159,7 +159,8 @@ class Overlap:
             if auto is not None:
                 # low-priority under DDP would be plain DDP's own streams and channels again; NCCL's
                 # channels alone (ctas) are FSDP2's, whose steps its collectives set (issue 42).
-                skip = ("sequential", "auto", "low-priority") + (() if self.model.kind == "FSDP2" else FSDP_KINDS)
+                skip = ("sequential", "auto", "low-priority", *FIXED_ONLY) + \
+                    (() if self.model.kind == "FSDP2" else FSDP_KINDS)
                 usable = self._usable(candidates(auto.sms, [k for k in KINDS if k not in skip], auto.ctas,
                                                  auto.prefetch))
                 self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
@@ -200,11 +201,9 @@ class Overlap:
             try:
                 if fatal is not None:
                     continue
+                if why := self.model.refusal(p):
+                    raise UsageError(why)
                 self.resources.prepare(p)
-                if p.prefetch is not None and self.model.kind != "FSDP2":
-                    raise UsageError(f"prefetch is FSDP2's: a {self.model.kind} has no parameters to all-gather ahead")
-                if p.window and self.model.last_parameter() is None:
-                    raise UsageError(f"{self.model.kind} gives no gradient hook to open the window at")
                 mine.append(p.name)
             except ShimrtError as exc:
                 if getattr(exc, "sticky", False):

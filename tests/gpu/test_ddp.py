@@ -263,12 +263,26 @@ def test_priority_puts_the_ddp_on_a_high_priority_group_until_closed_and_reports
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("policy, route", [("priority", "mesh"), ("carveout:32", "mesh"), ("priority", "custom"),
-                                           ("prefetch:2", "mesh"), ("ctas:8", "custom")])
+                                           ("prefetch:2", "mesh"), ("ctas:8", "custom"), ("zero-sm", "custom")])
 def test_fsdp2_under_a_policy_trains_as_plain_fsdp2_with_two_ranks(device, policy, route):
     """The example with --fsdp: every layer fully_shard-ed, the policy's group and streams under
     FSDP2 (through its groups' mesh, or its public custom collectives); against plain FSDP2, shard
-    by shard: bit for bit where only the group, streams, prefetch or NCCL's channels change (two
-    ranks: a + b either way), within 1e-5 where cuBLAS's carveout changes kernels."""
+    by shard: bit for bit where only the group, streams, prefetch, NCCL's channels or its CTA
+    policy and the all-gathers' memory change (two ranks: a + b either way; an all-gather copies),
+    within 1e-5 where cuBLAS's carveout changes kernels. zero-sm is skipped, with the reason, where
+    this torch cannot ask for it."""
+    if policy == "zero-sm":
+        import torch.distributed as dist
+
+        from shimrt import UsageError
+        from shimrt.torch.fsdp import symmetric_refusal
+        from shimrt.torch.groups import options
+        try:
+            options(dist, "high", None, zero_sm=True)
+        except UsageError as exc:
+            pytest.skip(str(exc))
+        if why := symmetric_refusal():
+            pytest.skip(why)
     out = _launch(device, "--fsdp", "--fsdp-route", route, "--policy", policy, "--compare", "--steps", "12",
                   "--width", "512", "--layers", "2", "--tokens", "256", "--dtype", "fp32")
     diff, said = _diff(out)
