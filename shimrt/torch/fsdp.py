@@ -254,7 +254,7 @@ class GroupAllGather(_OnGroup):
     def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
         if self.symmetric:
             from torch.distributed import _symmetric_memory as symm_mem
-            symm_mem.rendezvous(output_tensor, group=self.group)  # once per allocation: torch keeps it
+            symm_mem.rendezvous(output_tensor, group=self.group.group_name)  # once per allocation: torch keeps it
         return self.collective(output_tensor, input_tensor, group=self.group, async_op=async_op)
 
 
