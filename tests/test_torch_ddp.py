@@ -363,7 +363,7 @@ def _ddp_result():
 
 
 def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_stand():
-    from shimrt.bench.torch_ddp import report
+    from shimrt.bench.torch_ddp_report import report
     text = report("comm-heavy-1024", _ddp_result())
     assert "(adamw, loss read every 10 step(s))" in text
     assert "compute alone 18.00 ms, all-reduces alone 6.60 ms (no overlap can beat 18.00 ms)" in text
@@ -385,7 +385,7 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
 
 
 def test_the_ddp_goals_say_a_miss_and_leave_out_goals_a_configuration_has_not():
-    from shimrt.bench.torch_ddp import report
+    from shimrt.bench.torch_ddp_report import report
     r = _ddp_result()
     r["ways"]["auto"] = dict(r["ways"]["auto"], step_ms=26.5, steps_ms=[26.5] * 3)
     medians = report("compute-heavy", r).splitlines()[-2]
@@ -395,7 +395,7 @@ def test_the_ddp_goals_say_a_miss_and_leave_out_goals_a_configuration_has_not():
 
 
 def test_the_ddp_report_sets_auto_steps_beside_auto_each_with_its_kept_line_and_goals():
-    from shimrt.bench.torch_ddp import AUTOS, report
+    from shimrt.bench.torch_ddp_report import AUTOS, report
     assert AUTOS["auto-steps"] == {"check_block": 1, "check_always": False}
     r = _ddp_result()
     r["ways"]["auto"]["trials"]["check"]["block"] = 6  # the default's check, in blocks
@@ -416,7 +416,7 @@ def test_the_ddp_report_sets_auto_steps_beside_auto_each_with_its_kept_line_and_
 
 def test_the_ddp_bars_are_drawn(tmp_path):
     require_matplotlib()
-    from shimrt.bench.torch_ddp import bars_png
+    from shimrt.bench.torch_ddp_report import bars_png
     path = bars_png("comm-heavy", _ddp_result(), tmp_path / "ddp.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -673,7 +673,7 @@ def test_a_block_check_of_one_round_is_refused_it_could_not_see_its_noise():
 
 
 def test_the_ddp_report_gives_each_ways_compute_slowdown_and_where_its_steps_went():
-    from shimrt.bench.torch_ddp import report
+    from shimrt.bench.torch_ddp_report import report
     r = _ddp_result()
     r["compute_span_ms"] = 12.5
     r["ways"]["plain DDP"].update(span_ms=15.0, contention=0.2)
@@ -688,7 +688,7 @@ def test_the_ddp_report_gives_each_ways_compute_slowdown_and_where_its_steps_wen
 
 
 def test_the_network_configurations_goals_say_how_much_the_best_way_hides():
-    from shimrt.bench.torch_ddp import report
+    from shimrt.bench.torch_ddp_report import report
     r = _ddp_result()
     for way in r["ways"].values():
         way["hidden"] = 0.3 if way["hidden"] == way["hidden"] else way["hidden"]  # NaN stays NaN

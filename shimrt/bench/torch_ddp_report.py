@@ -1,0 +1,142 @@
+"""``bench torch``'s tables with one process per rank (:mod:`.torch_ddp` measures): each
+configuration's ways set against plain DDP (or plain FSDP2), what each auto kept beside the same
+policy fixed, how the goals of issues 41 and 43 stand by the medians and by the means, and a bar
+chart per configuration.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+__all__ = ["AUTOS", "REFERENCES", "report", "bars_png", "noise"]
+
+#: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
+#: never above it by more than the run's noise (plain DDP's first and last runs apart), within
+#: this of the best fixed policy.
+GOAL_BELOW = {"comm-heavy-1024": 0.03, "link-balanced": 0.15}
+#: Where communication can hide (a network link): the best way hides at least this share of the
+#: all-reduces alone.
+GOAL_HIDDEN = {"link-balanced": 0.5}
+GOAL_BEST = 0.02
+#: The autos of a run: the way's name -> its Auto options beyond --sms and --trial-steps.
+AUTOS: dict[str, dict[str, Any]] = {"auto": {}, "auto-steps": {"check_block": 1, "check_always": False}}
+#: The ways that are plain DDP (the last under overlap(policy="ddp")): references, set apart in the goals.
+REFERENCES = ("plain DDP", "plain DDP again", "ddp")
+
+
+def noise(r: dict) -> float:
+    """The run's noise: plain DDP's first and last runs apart, as a share of the first (by the
+    means, what a run's total time follows); 0 where either is missing."""
+    first, last = r["ways"]["plain DDP"], r["ways"].get("plain DDP again")
+    if last is None or any(math.isnan(t) for t in first["steps_ms"] + last["steps_ms"]):
+        return 0.0
+    a, b = statistics.fmean(first["steps_ms"]), statistics.fmean(last["steps_ms"])
+    return abs(a - b) / a
+
+
+def slower(way: dict) -> str:
+    """How much longer a way's forward and backward ran than alone, as the table gives it (blank
+    where it was not measured: FSDP2, whose forward waits on its all-gathers)."""
+    c = way.get("contention")
+    return "" if c is None or math.isnan(c) else f"{c:+.1%}"
+
+
+def report(name: str, r: dict) -> str:
+    """Configuration ``name``'s table (each way's median step, mean step and slowest step, the
+    share of the all-reduces hidden, how much longer its forward and backward ran than alone,
+    ``ov.step()``'s host time per step) and how its goals stand, by the medians and by the means (what a
+    run's total time follows: a way whose steps run at two speeds has a median that depends on the
+    stretch the run caught)."""
+    ways, base = r["ways"], r["ways"]["plain DDP"]["step_ms"]
+    means = {w: statistics.fmean(e["steps_ms"]) for w, e in ways.items()}
+    loop = f"{r.get('optimizer', 'sgd')}, loss read every {r.get('loss_every') or 'no'} step(s)"
+    lines = [f"{name}{' (FSDP2: plain DDP below is plain FSDP2)' if r.get('fsdp') else ''}: "
+             f"{r['model']['parameters'] / 1e6:.0f} M parameters, {r['gradient_bytes'] / 2**30:.2f} GiB of "
+             f"gradients ({loop}); compute alone {r['compute_ms']:.2f} ms, all-reduces alone {r['comm_ms']:.2f} ms "
+             f"(no overlap can beat {max(r['compute_ms'], r['comm_ms']):.2f} ms)"
+             + (f"; forward and backward alone {r['compute_span_ms']:.2f} ms (slower: a way's beside its "
+                f"all-reduces against that)" if "compute_span_ms" in r else ""),
+             f"{'way':24s} {'step ms':>8s} {'mean':>8s} {'slowest':>8s} {'vs DDP':>7s} {'hidden':>7s} {'slower':>7s}"
+             "  notes"]
+    for way, e in ways.items():
+        notes = e.get("failed") or (f"kept {e['kept']} after {e['trial_steps']} trial steps" if way in AUTOS else
+                                    f"loss max diff {e['loss_max_diff']:.3g}" if "loss_max_diff" in e else "")
+        host = e.get("host_us") or {}
+        if host.get("step_us") is not None:
+            notes += f"; ov.step() {host['step_us']:.0f} us/step"
+        if e.get("unsteady"):
+            notes += f"; not steady after {len(e['steady_windows_ms'])} windows"
+        lines.append(f"{way:24s} {e['step_ms']:8.2f} {means[way]:8.2f} {max(e['steps_ms']):8.2f} "
+                     f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%} {slower(e):>7s}  {notes}")
+    if any("timeline" in e for e in ways.values()):
+        from .torch_timeline import describe
+        lines += ["where rank 0's steps went (torch.profiler, 3 steps after the timed ones):"]
+        lines += ["  " + describe(way, e["timeline"]) for way, e in ways.items() if "timeline" in e]
+    autos = [a for a in AUTOS if a in ways and not math.isnan(ways[a]["step_ms"])]
+    lines += [kept_line(r, means, a) for a in autos]
+    if autos:
+        lines.append(f"noise: plain DDP's first and last runs {noise(r):.1%} apart (by their means)")
+    for a in autos:
+        lines.append(_goals(name, "medians", {w: e["step_ms"] for w, e in ways.items()}, noise(r), a))
+        lines.append(_goals(name, "means", means, noise(r), a))
+    if name in GOAL_HIDDEN:
+        hidden = {w: e["hidden"] for w, e in ways.items() if not math.isnan(e["hidden"])}
+        if hidden:
+            best = max(hidden, key=hidden.__getitem__)
+            lines.append(f"goal: the best way hides at least {GOAL_HIDDEN[name]:.0%} of the all-reduces: {best} "
+                         f"{hidden[best]:.1%}, {'met' if hidden[best] >= GOAL_HIDDEN[name] else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
+    """What auto (``way``: one of :data:`AUTOS`) kept beside the same policy fixed in this run (by
+    the means), and its check."""
+    auto = r["ways"][way]
+    kept = auto.get("kept")
+    said = f"{way} kept {kept}: {means[way]:.2f} ms"
+    if kept in means and not math.isnan(means[kept]):
+        said += f"; fixed {kept} in this run {means[kept]:.2f} ms ({way} {means[way] / means[kept]:.3f}x)"
+    check = (auto.get("trials") or {}).get("check")
+    if check:
+        times = ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items())
+        blocks = f" in blocks of {check['block']}" if check.get("block") else ""
+        said += (f"; its check{blocks} beside plain DDP: {times} ms, {check['policy']} "
+                 f"{'held' if check['held'] else 'gave way'}")
+    return said
+
+
+def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "auto") -> str:
+    """How configuration ``name``'s goals stand by ``ms`` (way -> its step time; NaN for a way that
+    failed) for ``way`` (one of :data:`AUTOS`), never above plain DDP by more than ``slack`` (the
+    run's noise)."""
+    auto, base = ms[way], ms["plain DDP"]
+    best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES) and not math.isnan(t)),
+               key=ms.__getitem__, default=None)
+    below = 1 - auto / base
+    said = [f"goals by the {by}: {way} {auto / base:.3f}x plain DDP ({below:+.1%} below); at most 1.00x "
+            f"(+{slack:.1%} noise): {'met' if auto <= base * (1 + slack) else 'NOT met'}"]
+    if name in GOAL_BELOW:
+        said.append(f"at least {GOAL_BELOW[name]:.0%} below: {'met' if below >= GOAL_BELOW[name] else 'NOT met'}")
+    if best is not None:
+        said.append(f"within {GOAL_BEST:.0%} of the best fixed way ({best}, {ms[best]:.2f} ms): "
+                    f"{'met' if auto <= ms[best] * (1 + GOAL_BEST) else 'NOT met'}")
+    return "; ".join(said)
+
+
+def bars_png(name: str, r: dict, path: Any) -> Any:
+    """A bar per way (step ms), with compute alone, all-reduces alone and their sum drawn across."""
+    from .plots import new_figure, save_png
+    ways = [w for w, e in r["ways"].items() if not math.isnan(e["step_ms"])]
+    figure = new_figure(max(6, 0.6 * len(ways) + 2), 4)
+    ax = figure.add_subplot()
+    ax.bar(range(len(ways)), [r["ways"][w]["step_ms"] for w in ways], color="tab:blue")
+    for y, label, style in ((r["compute_ms"], "compute alone", "--"), (r["comm_ms"], "all-reduces alone", ":"),
+                            (r["compute_ms"] + r["comm_ms"], "compute + all-reduces", "-.")):
+        ax.axhline(y, color="black", linestyle=style, linewidth=1, label=label)
+    ax.set_xticks(range(len(ways)), ways, rotation=45, ha="right")
+    ax.set_ylabel("step time (ms), slowest rank")
+    ax.set_title(f"bench torch, DDP: {name}")
+    ax.legend(fontsize=8)
+    return save_png(figure, path)
