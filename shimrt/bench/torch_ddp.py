@@ -31,19 +31,20 @@ rank deciding alike; at most :data:`STEADY_WINDOWS`): a way is timed once it run
 and the windows it took are in ``--json``.
 
 ``--fsdp``: the same with FSDP2 (``fully_shard`` of every block, then the model) in place of DDP,
-plain FSDP2 the reference (its rows keep plain DDP's names); written for 2-8 GPUs, run so far on
-none. The loop is a user's: ``--optimizer`` (fused SGD or fused AdamW), the loss read on the host
-every ``--loss-every`` steps (1: the host waits for each step's end), ``--bucket-mb`` (DDP's
-``bucket_cap_mb``), ``--bucket-view`` (``gradient_as_bucket_view=True``). A step's time is the
-median of per-step CUDA events after the warm-up; the table gives the slowest rank's, the mean of
-the slowest rank's steps (the goals are said by both) and the slowest step, and ``--json`` every
-timed step's (the slowest rank's, step by step), so a way whose steps run at two speeds shows it
-(the tables and goals: :mod:`.torch_ddp_report`). Hidden: (compute alone + all-reduces alone - step)
-/ all-reduces alone. Losses are set against plain DDP's, step for step, from the same weights and
-batches. Rank 0 prints; ``--json`` and ``--plots`` (a bar chart per configuration) are written by
-rank 0. ``--profile DIR``: after each way's timed steps, 3 more under torch.profiler; every rank's
-Chrome trace in DIR, and where rank 0's step went (collectives' kernels and blocks, FSDP2's copies,
-the communication exposed: :mod:`.torch_timeline`) under the table.
+plain FSDP2 the reference (its rows keep plain DDP's names); written for 2-8 GPUs, run so far with
+two ranks on one H100 (docs/ddp.md). The loop is a user's: ``--optimizer`` (fused SGD or fused
+AdamW), the loss read on the host every ``--loss-every`` steps (1: the host waits for each step's
+end), ``--bucket-mb`` (DDP's ``bucket_cap_mb``), ``--bucket-view``
+(``gradient_as_bucket_view=True``). A step's time is the median of per-step CUDA events after the
+warm-up; the table gives the slowest rank's, the mean of the slowest rank's steps (the goals are
+said by both) and the slowest step, and ``--json`` every timed step's (the slowest rank's, step by
+step), so a way whose steps run at two speeds shows it (the tables and goals:
+:mod:`.torch_ddp_report`). Hidden: (compute alone + all-reduces alone - step) / all-reduces alone.
+Losses are set against plain DDP's, step for step, from the same weights and batches. Rank 0 prints;
+``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0. ``--profile DIR``:
+after each way's timed steps, 3 more under torch.profiler; every rank's Chrome trace in DIR, and
+where rank 0's step went (collectives' kernels and blocks, FSDP2's copies, the communication
+exposed: :mod:`.torch_timeline`) under the table.
 """
 
 from __future__ import annotations
