@@ -19,7 +19,7 @@ compute's own slowdown under the policy, whether losses and gradients equal the 
 bit for bit; and why it gains what it gains (:mod:`.torch_measure`: bounds, SM sharing, memory
 contention); --json, and --plots for CUPTI timelines of one step per policy (PNG).
 
-About 460 lines: :func:`run_config` is one configuration's whole measurement (the policies'
+About 480 lines: :func:`run_config` is one configuration's whole measurement (the policies'
 communicators, compute alone, every way, the timelines), whose parts share its state, and the
 options of both modes are declared and checked here, once (--fsdp, --fsdp-route, --settle,
 --steady belong to one process per rank); the measurements themselves are :mod:`.torch_measure`'s,
