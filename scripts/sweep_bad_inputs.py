@@ -663,6 +663,12 @@ def cases() -> list[Case]:
         cmd("bench torch --policies prefetch without --fsdp", "prefetch", *bench, "torch", "--policies", "prefetch",
             timeout=60),
         cmd("bench torch --plots a file", "--plots", *bench, "torch", "--plots", "{file}", setup=a_file, timeout=60),
+        cmd("bench torch --batch 10**30", "--batch", *bench, "torch", "--batch", big, timeout=60),
+        cmd("bench torch --seq 7", "--seq", *bench, "torch", "--seq", "7", timeout=60),
+        cmd("bench torch --profile a file", "--profile", *bench, "torch", "--profile", "{file}", setup=a_file,
+            timeout=60),
+        cmd("bench torch --policies zero-sm without FSDP2's custom route", "zero-sm", *bench, "torch", "--fsdp",
+            "--policies", "zero-sm", timeout=60),
     ]
     # bench plot: results that pass the schema's first look
     plot = (*bench, "plot", "{results}")
