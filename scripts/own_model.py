@@ -7,8 +7,9 @@ Two models, neither the bench's ``nn.TransformerEncoderLayer`` stack:
 - ``cnn``: residual blocks of 3x3 convolutions with BatchNorm (cuDNN's kernels, DDP's buffer
   broadcast every forward), channels-last, SGD with momentum.
 Both under bf16 autocast with the loss read every 10 steps. Each phase is a fresh DDP of the same
-weights, ``--warmup`` steps (auto: its trials, then as many as remain), then ``--steps`` timed as a
-whole on the slowest rank.
+weights (``--fsdp``: FSDP2, ``fully_shard`` of every block and then the model, the optimizer over
+its shards, against plain FSDP2), ``--warmup`` steps (auto: its trials, then as many as remain),
+then ``--steps`` timed as a whole on the slowest rank.
 
     torchrun --standalone --nproc-per-node 2 scripts/own_model.py --steps 60
 """
@@ -87,6 +88,10 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--link", choices=("native", "socket"), default="native",
                    help="socket: each rank a host of its own, NCCL's sockets over the loopback (shimrt.nccl.link)")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard every block, then the model) in place "
+                                                       "of DDP")
+    p.add_argument("--fsdp-route", choices=("mesh", "custom"), default="mesh",
+                   help="with --fsdp: how FSDP2's collectives reach auto's groups (overlap's fsdp_route)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -102,7 +107,8 @@ def main() -> None:
         x = torch.randint(0, 32000, (args.batch, args.seq + 1), generator=g).to(device)
         x, y = x[:, :-1], x[:, 1:].reshape(-1)
         make = lambda: Gpt(args.width, args.blocks, args.heads).to(device)  # noqa: E731
-        optimizer = lambda params: torch.optim.AdamW(params, lr=1e-4, fused=True)  # noqa: E731
+        # fused over DTensors is not every torch's: FSDP2's shards take foreach
+        optimizer = lambda params: torch.optim.AdamW(params, lr=1e-4, fused=not args.fsdp)  # noqa: E731
     else:
         shape = (args.batch, 3, args.image, args.image)
         x = torch.randn(shape, generator=g).to(device, memory_format=torch.channels_last)
@@ -110,11 +116,23 @@ def main() -> None:
         make = lambda: cnn(args.width, args.blocks).to(device, memory_format=torch.channels_last)  # noqa: E731
         optimizer = lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9)  # noqa: E731
 
+    def wrapped() -> nn.Module:
+        if not args.fsdp:
+            return DDP(make(), device_ids=[device])
+        from torch.distributed.fsdp import fully_shard
+        model = make()
+        for block in (model.blocks if args.model == "gpt" else [m for m in model if isinstance(m, Block)]):
+            fully_shard(block)
+        return fully_shard(model)
+
+    plain = "plain FSDP2" if args.fsdp else "plain DDP"
+
     def phase(name: str, policy: str | None) -> dict:
         torch.manual_seed(0)
-        model = DDP(make(), device_ids=[device])
+        model = wrapped()
         opt = optimizer(model.parameters())
-        ov = shimrt.torch.overlap(model, policy=policy) if policy else None
+        ov = shimrt.torch.overlap(model, policy=policy, fsdp_route=args.fsdp_route if args.fsdp else "mesh") \
+            if policy else None
 
         def step(i: int) -> None:
             with ov.step() if ov is not None else contextlib.nullcontext():
@@ -148,10 +166,10 @@ def main() -> None:
             print(json.dumps(out), flush=True)
         return out
 
-    runs = [phase("plain DDP", None), phase("auto", "auto"), phase("plain DDP again", None)]
+    runs = [phase(plain, None), phase("auto", "auto"), phase(f"{plain} again", None)]
     if rank == 0:
         base = (runs[0]["ms"] + runs[2]["ms"]) / 2
-        print(f"plain DDP {runs[0]['ms']:.2f} / {runs[2]['ms']:.2f} ms, auto {runs[1]['ms']:.2f} ms "
+        print(f"{plain} {runs[0]['ms']:.2f} / {runs[2]['ms']:.2f} ms, auto {runs[1]['ms']:.2f} ms "
               f"({runs[1]['ms'] / base:.3f}x their mean), kept {runs[1]['kept']}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
