@@ -7,8 +7,10 @@
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
 #   example out); fsdp: scripts/zero_sm_probe.py (does NCCL all-gather on the copy engines here?), then bench
-#   torch --fsdp (plain FSDP2, its candidates and auto; FSDP_ARGS more flags) with --profile: where each way's
-#   step went, each rank's torch.profiler trace in profile.tar; own: a model of a user's own
+#   torch --fsdp (plain FSDP2, its candidates and auto, each way timed once two windows of 6 steps agree;
+#   FSDP_ROUTE=custom for FSDP2's custom collectives, which adds zero-sm; FSDP_ARGS in place of the default
+#   --configs comm-heavy,balanced-1024,comm-heavy-1024) with --profile: where each way's step went, each rank's
+#   torch.profiler trace in profile.tar; own: a model of a user's own
 #   (scripts/own_model.py, OWN_ARGS its flags) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
 #   link: host-cost, and two ranks on GPU 0 whose collectives cross NCCL's socket transport on loopback (python -m
 #   shimrt.launch --link socket: any NCCL, no multi-rank build needed): bench collectives' bus bandwidth per size,
@@ -101,7 +103,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
       ddp) steps=("${ddp_steps[@]}") ;;
       fsdp) mkdir -p "$OUT/profile"
             steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 scripts/zero_sm_probe.py" \
-                   "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 430 -m shimrt.bench torch --fsdp --steps 16 --settle 10 --sms 32 --optimizer adamw --loss-every 10 --timeout 410 --profile $OUT/profile ${FSDP_ARGS:-} --json $OUT/torch_fsdp.json") ;;
+                   "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 430 -m shimrt.bench torch --fsdp --fsdp-route ${FSDP_ROUTE:-mesh} --steps 16 --settle 10 --steady 6 --sms 32 --optimizer adamw --loss-every 10 --timeout 410 --profile $OUT/profile ${FSDP_ARGS:---configs comm-heavy,balanced-1024,comm-heavy-1024} --json $OUT/torch_fsdp.json") ;;
       own) steps=() ;;
       *) steps+=("${latency_steps[@]}" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
