@@ -113,7 +113,9 @@ def main() -> None:
         shape = (args.batch, 3, args.image, args.image)
         x = torch.randn(shape, generator=g).to(device, memory_format=torch.channels_last)
         y = torch.randint(0, 1000, (args.batch,), generator=g).to(device)
-        make = lambda: cnn(args.width, args.blocks).to(device, memory_format=torch.channels_last)  # noqa: E731
+        # FSDP2 shards contiguous parameters only: its model keeps them so (the input stays channels-last)
+        layout = torch.contiguous_format if args.fsdp else torch.channels_last
+        make = lambda: cnn(args.width, args.blocks).to(device, memory_format=layout)  # noqa: E731
         optimizer = lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9)  # noqa: E731
 
     def wrapped() -> nn.Module:

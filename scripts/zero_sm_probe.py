@@ -13,7 +13,8 @@ Run one process per rank, e.g. two ranks on one GPU::
 
 With two ranks on one GPU, NCCL 2.30+ and NCCL_MULTI_RANK_GPU_ENABLE=1 are needed (torch's own
 NCCL unless the multi-rank one is preloaded: LD_PRELOAD). Each rank all-gathers ``--mib`` MiB
-per rank, ``--calls`` times under torch.profiler, from a plain buffer and from a symmetric one,
+per rank, in place (as FSDP2 does: the send buffer is the rank's block of the receive buffer),
+``--calls`` times under torch.profiler, into a plain buffer and into a symmetric one,
 on a group of CTA policy ZERO; rank 0 prints per buffer the NCCL kernels and memory copies the
 profiler saw, the time per all-gather, and whether every element is right. "copy engines: yes"
 means the symmetric all-gather ran with no NCCL kernel and the right result.
@@ -75,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     symm_mem.set_backend("NCCL")
     dist.barrier()
     n = args.mib << 18  # float32 elements per rank
-    send = torch.full((n,), float(rank + 1), device=device)
     expected = torch.arange(1, size + 1, device=device, dtype=torch.float32).repeat_interleave(n)
     rows = {}
     for kind in ("plain", "symmetric"):
@@ -86,10 +86,13 @@ def main(argv: list[str] | None = None) -> int:
                 with torch.cuda.use_mem_pool(symm_mem.get_mem_pool(device)):
                     out = torch.empty(n * size, device=device)
                 symm_mem.rendezvous(out, group=dist.group.WORLD.group_name)
+            # In place, as FSDP2 gathers: NCCL's copy engines need both buffers in the window.
+            send = out.narrow(0, rank * n, n)
+            send.fill_(float(rank + 1))
             dist.all_gather_into_tensor(out, send)  # the first call: set-up outside the trace
             torch.cuda.synchronize()
             with tempfile.TemporaryDirectory() as folder:
-                path = record(torch, lambda i, out=out: dist.all_gather_into_tensor(out, send), args.calls,
+                path = record(torch, lambda i, out=out, send=send: dist.all_gather_into_tensor(out, send), args.calls,
                               Path(folder) / f"probe_{rank}.json.gz")
                 kernels, copies = kernels_and_copies(path)
             torch.cuda.synchronize()

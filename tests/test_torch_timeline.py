@@ -76,3 +76,21 @@ def test_no_kernels_or_bad_steps_are_refused():
 
 def test_a_failed_timeline_says_why():
     assert describe("auto", {"failed": "RuntimeError: x"}) == "auto: no timeline (RuntimeError: x)"
+
+
+def test_a_copy_engine_all_gather_counts_as_communication_and_ranges_hold_only_their_own_streams_kernels():
+    s = summarise({"traceEvents": [
+        # torch.distributed's range on NCCL's stream (tid 20) holds a peer copy: the copy engines' all-gather
+        dict(annotation("nccl:all_gather_into_tensor", 0, 500), pid=0, tid=20),
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy PtoP (Device -> Device)", "ts": 100, "dur": 300,
+         "pid": 0, "tid": 20},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 600, "dur": 100, "pid": 0, "tid": 7},
+        # FSDP2's copy-in range on its all-gather stream (tid 20) does not hold the gemm on stream 7
+        dict(annotation("FSDP::all_gather_copy_in (blocks.0)", 0, 100), pid=0, tid=20),
+        dict(kernel("sm90_xmma_gemm_bf16", 0, 200), pid=0, tid=7),
+        dict(kernel("void at::native::elementwise_kernel", 0, 50), pid=0, tid=20),
+    ]}, 1)
+    assert s["collectives"] == {"AllGather (copy engine)": {"ms": 0.3, "kernels": 1.0, "blocks": 0}}
+    assert s["compute_ms"] == pytest.approx(0.2) and s["copy-in_ms"] == pytest.approx(0.05)
+    assert s["comm_ms"] == pytest.approx(0.3) and s["exposed_ms"] == pytest.approx(0.2)  # 200..400: nothing beside
+    assert "AllGather (copy engine) 1 copies 0.30 ms; copy-in" in describe("zero-sm", s)

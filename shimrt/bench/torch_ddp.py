@@ -175,7 +175,7 @@ def _profiled(r: _Rank, step: Callable[[int], Any], config: str, way: str) -> di
     path = r.args.profile / f"{config}_{way.replace(' ', '_')}_rank{r.rank}.json.gz"
     try:
         return summarise(record(r.torch, step, PROFILED_STEPS, path), PROFILED_STEPS)
-    except (ShimrtError, RuntimeError, OSError) as exc:  # the way's times stand without it
+    except (ShimrtError, RuntimeError, OSError, ValueError, KeyError) as exc:  # the way's times stand without it
         return {"failed": f"{type(exc).__name__}: {exc}"}
 
 
@@ -204,11 +204,14 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     def spanned(m: Any) -> ComputeSpans | None:
         return None if args.fsdp else ComputeSpans(torch, [m.embed.weight, m.position.weight])
     marks = spanned(model)
-    compute = _stepper(model, data, opt, after=lambda: r.dist.all_reduce(tick), loss_every=every, spans=marks)
-    steps["compute"], _ = step_times_ms(torch, compute, args.warmup, args.steps)
-    if marks is not None:
-        spans["compute"] = marks.ms(args.steps)
-        marks.close()
+    try:
+        compute = _stepper(model, data, opt, after=lambda: r.dist.all_reduce(tick), loss_every=every, spans=marks)
+        steps["compute"], _ = step_times_ms(torch, compute, args.warmup, args.steps)
+        if marks is not None:
+            spans["compute"] = marks.ms(args.steps)
+    finally:
+        if marks is not None:
+            marks.close()
     chunk = (args.bucket_mb << 20) // grad_dtype.itemsize
     buckets = [torch.zeros(min(chunk, (grad_bytes - i) // grad_dtype.itemsize), dtype=grad_dtype, device=r.device)
                for i in range(0, grad_bytes, chunk * grad_dtype.itemsize)]
@@ -300,13 +303,16 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     for n, e in out["ways"].items():
         e["step_ms"], e["steps_ms"] = slowest[n]
         e["hidden"] = comm_hidden(out["compute_ms"], out["comm_ms"], e["step_ms"])  # NaN for a way that failed
-    if not args.fsdp:  # every rank measured the same ways (a failed one: NaN)
+    if not args.fsdp:
         names = ["compute", *out["ways"]]
-        means = r.slowest([statistics.fmean(spans.get(n) or [float("nan")]) for n in names])
+        means = r.slowest([statistics.fmean(spans[n]) if spans.get(n) else 0.0 for n in names])
+        # NCCL's MAX drops a NaN: a way missing on any rank is said so apart, and is NaN here
+        missing = r.slowest([0.0 if spans.get(n) else 1.0 for n in names])
+        means = [float("nan") if gone or m <= 0 else m for m, gone in zip(means, missing, strict=True)]
         out["compute_span_ms"] = means[0]
         for n, m in zip(names[1:], means[1:], strict=True):
             out["ways"][n]["span_ms"] = m
-            out["ways"][n]["contention"] = m / means[0] - 1
+            out["ways"][n]["contention"] = m / means[0] - 1  # NaN where either is
     return out
 
 

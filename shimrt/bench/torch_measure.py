@@ -226,15 +226,18 @@ class ComputeSpans:
     def __init__(self, torch: Any, last: list) -> None:
         self._torch = torch
         self._pairs: list[list[Any]] = []  # [start event, end event or None] per step
+        self._stream: Any = None  # the stream of the step being marked
         self._handles = [p.register_post_accumulate_grad_hook(self._end) for p in last]
 
     def start(self) -> None:
-        """Mark a step's start (before its forward)."""
+        """Mark a step's start (before its forward), on the current stream, where the step's end
+        is marked too (the hooks run on autograd's thread, whose current stream may be another)."""
+        self._stream = self._torch.cuda.current_stream()
         self._pairs.append([self._event(), None])
 
     def _event(self) -> Any:
         event = self._torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self._stream)
         return event
 
     def _end(self, _: Any) -> None:

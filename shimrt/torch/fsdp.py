@@ -39,7 +39,7 @@ API used: ``set_custom_all_gather``/``set_custom_reduce_scatter`` (the custom ro
 ``set_modules_to_forward_prefetch``/``set_modules_to_backward_prefetch`` (a policy's prefetch; the
 model's own lists are read and put back through each state's ``_states_to_forward_prefetch`` and
 ``_states_to_backward_prefetch``); for ``zero-sm``, ``torch.distributed._symmetric_memory``
-(``set_backend``, ``get_backend``, ``get_mem_pool``, ``rendezvous``: private in torch 2.11) and
+(``set_backend``, ``get_mem_pool``, ``rendezvous``: private in torch 2.11) and
 ``torch.cuda.use_mem_pool``.
 """
 
@@ -52,7 +52,7 @@ from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
 __all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "uninstall", "prefetch",
-           "top_blocks", "held_prefetch", "restore_prefetch", "symmetric_refusal"]
+           "top_blocks", "held_prefetch", "restore_prefetch", "symmetric_refusal", "nccl_symmetric_memory"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -219,18 +219,16 @@ def symmetric_refusal() -> str | None:
     return None
 
 
-def symmetric_pool(device: Any) -> Any:
-    """torch's symmetric-memory pool on ``device`` (a torch device), its backend NCCL's (windows
-    registered with a group's communicator): set here unless this process chose it already;
-    UsageError where it chose another."""
+def nccl_symmetric_memory() -> None:
+    """torch's symmetric memory on NCCL's backend (its windows registered with a group's
+    communicator), for this process: torch starts on its own CUDA backend, and takes another until
+    a symmetric allocation is made; UsageError once one was made on another."""
     from torch.distributed import _symmetric_memory as symm_mem
-    chosen = symm_mem.get_backend(device) if hasattr(symm_mem, "get_backend") else None
-    if chosen not in (None, "NCCL"):
-        raise UsageError(f"zero-sm needs torch's symmetric memory on NCCL's backend, and this process chose "
-                         f"{chosen!r} (torch.distributed._symmetric_memory.set_backend): it cannot change once used")
-    if chosen is None:
+    try:
         symm_mem.set_backend("NCCL")
-    return symm_mem.get_mem_pool(device)
+    except RuntimeError as exc:
+        raise UsageError(f"zero-sm needs torch's symmetric memory on NCCL's backend, and this process has used "
+                         f"another ({exc})") from None
 
 
 class GroupAllGather(_OnGroup):
@@ -248,7 +246,8 @@ class GroupAllGather(_OnGroup):
         if not self.symmetric:
             return super().allocate(size, dtype=dtype, device=device)
         import torch
-        with torch.cuda.use_mem_pool(symmetric_pool(torch.device(device))):
+        from torch.distributed import _symmetric_memory as symm_mem
+        with torch.cuda.use_mem_pool(symm_mem.get_mem_pool(device), device=device):
             return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: Any, input_tensor: Any, group: Any, async_op: bool = False) -> Any:
@@ -300,6 +299,7 @@ class Fsdp:
         self._high = False
         self._prefetch: int | None = None  # the explicit prefetch depth set (None: the model's own lists)
         self._own_prefetch: list | None = None  # those lists, once a policy changed them
+        self._symmetric_backend = False  # torch's symmetric memory set to NCCL's backend (zero-sm)
 
     def moveable(self) -> str | None:
         return moveable(self.groups)
@@ -316,6 +316,9 @@ class Fsdp:
         else:
             for comm in self.comms:
                 comm.group = group
+            if symmetric and not self._symmetric_backend:  # once: at overlap(), not inside a step
+                nccl_symmetric_memory()
+                self._symmetric_backend = True
             self.comms[0].symmetric = symmetric
             if self._installed is None:
                 self._installed = install(self.model, self.comms)
