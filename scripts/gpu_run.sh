@@ -41,14 +41,27 @@ fail() { failed+=("$1"); status=1; }
 # stack after 150 s, even when the main thread is blocked in C,
 # instead of taking the whole call with it; the slowest tests are listed at the end.
 if [ "$part" = all ] || [ "$part" = tests ]; then
-# PYTEST_PATHS (default tests) runs a part of the suite, e.g. tests/gpu, where one call cannot hold it all.
-python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 ${PYTEST_PATHS:-tests} 2>&1 \
-  | tee "$OUT/pytest.log" | tail -3 || fail pytest
+# PYTEST_PATHS (default tests) runs a part of the suite, e.g. tests/gpu, where one call cannot hold it all;
+# SUITE_PART names the three parts that each fit one 10-minute call (the whole suite, GPU tests over 330 s of it,
+# does not): ddp (tests/gpu/test_ddp.py, the two-rank torch tests), gpu (the other GPU tests, the soak and the
+# selftest), cpu (the rest of the suite).
+case ${SUITE_PART:-} in
+  "") paths=${PYTEST_PATHS:-tests} ;;
+  ddp) paths=tests/gpu/test_ddp.py ;;
+  gpu) paths="tests/gpu --ignore=tests/gpu/test_ddp.py" ;;
+  cpu) paths="tests --ignore=tests/gpu" ;;
+  *) echo "SUITE_PART must be ddp, gpu or cpu, not ${SUITE_PART}" >&2; exit 2 ;;
+esac
+echo "== pytest $paths" | tee -a "$summary"
+python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 $paths 2>&1 \
+  | tee "$OUT/pytest.log" | tail -3 | tee -a "$summary" || fail pytest
 # pytest's summary line ("1 failed, ...", "1 error in ..."), not any log line that says "error" (torch's warnings do)
 tail -n 3 "$OUT/pytest.log" | grep -qE "(^|[ =])[0-9]+ (failed|errors?)( |,|$)" && fail "pytest's summary"
+if [ -z "${SUITE_PART:-}" ] || [ "$SUITE_PART" = gpu ]; then
 python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | tr '\r' '\n' | grep -v "^soak [0-9]" | tee -a "$summary" || fail soak
 echo "== python -m shimrt.selftest --quiet" | tee -a "$summary"
 python3 -m shimrt.selftest --quiet 2>&1 | tee -a "$summary" || fail selftest
+fi
 fi
 steps=()
 if [ "$part" = all ] || [ "$part" = benches ]; then
