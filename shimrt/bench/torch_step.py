@@ -65,11 +65,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # Sized to a network link (python -m shimrt.launch --link socket, docs/regimes.md): on an H100
     # at b0f05c9 NCCL's socket transport on loopback all-reduced 0.82 GiB in 324 ms (2.7 GB/s) and
     # 24 sequences of comm-heavy-1024's model took 172 ms of compute. Its weights in bf16 halve the
-    # all-reduces (0.41 GiB, about 160 ms at that speed): 8, 24 and 40 sequences put the compute
-    # at about a third of them, level with them and 1.7 times them.
+    # all-reduces (0.41 GiB, about 160 ms at that speed): 8, 24 and 32 sequences put the compute
+    # at about a third of them, level with them and 1.4 times them. Not more: a step's logits
+    # (32768 tokens of the vocabulary, in bf16 and fp32 with their gradients) and activations
+    # come to about 30 GiB a rank at 32 sequences, and two ranks share the GPU.
     "link-comm-heavy": dict(width=1024, layers=12, batch=8, seq=1024),
     "link-balanced": dict(width=1024, layers=12, batch=24, seq=1024),
-    "link-compute-heavy": dict(width=1024, layers=12, batch=40, seq=1024)}
+    "link-compute-heavy": dict(width=1024, layers=12, batch=32, seq=1024)}
 #: The configurations of one process per rank by default: over the native link (shared memory
 #: between ranks of a GPU) and over a network link (--link socket).
 NATIVE = ("compute-heavy", "balanced", "comm-heavy", "balanced-1024", "comm-heavy-1024")
