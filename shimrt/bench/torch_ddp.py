@@ -231,7 +231,9 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     ways += [(p.name, p.name) for p in fixed] + ([("ddp", "ddp")] + [(a, a) for a in AUTOS] if "auto" in kinds else [])
     ways.append(("plain DDP again", None))  # the run's noise: plain DDP's first and last runs apart
     reference = None
-    for way, policy in ways:
+    for count, (way, policy) in enumerate(ways, 1):
+        if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
+            print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
         model, data, opt = r.fresh(size, shard=args.fsdp)
         ddp = model if args.fsdp else DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb,
                                           gradient_as_bucket_view=args.bucket_view)
