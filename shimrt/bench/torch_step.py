@@ -149,7 +149,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one process per rank: after each way's timed steps, 3 steps more under torch.profiler, "
                         "each rank's Chrome trace in DIR and where rank 0's step time went in the table "
                         "(shimrt.bench.torch_timeline)")
-    p.add_argument("--quiet", action="store_true", help="no progress (a bar with every rank in this one process, a line per way with one process per rank)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress (a bar with every rank in this one process, a line per way with one process "
+                        "per rank)")
     cli.add_json(p)
     p.set_defaults(run=run, check=check)
 
