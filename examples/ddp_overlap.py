@@ -75,9 +75,8 @@ def main() -> None:
         p.error("run one process per GPU: torchrun --nproc-per-node N examples/ddp_overlap.py, or "
                 "python -m shimrt.launch --nproc N examples/ddp_overlap.py")
 
-    if not torch.cuda.is_available():  # one line (rank 0's), not a traceback per rank
-        p.exit(2, f"{p.prog}: needs a CUDA GPU and torch built with CUDA (torch {torch.__version__} sees none)\n"
-               if launch.rank == 0 else None)
+    if not torch.cuda.is_available():  # a line per rank, not a traceback: the first to exit ends the others
+        p.exit(2, f"{p.prog}: needs a CUDA GPU and torch built with CUDA (torch {torch.__version__} sees none)\n")
     index = launch.device  # torchrun's LOCAL_RANK, or the launcher's --devices
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
