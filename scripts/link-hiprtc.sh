@@ -5,7 +5,9 @@
 #                                                searches by file name; ldconfig's cache knows only sonames)
 #   otherwise: bash scripts/link-hiprtc.sh DIR   links in DIR; then export LD_LIBRARY_PATH=DIR
 set -euo pipefail
-lib=$(ldconfig -p | awk '/libamdhip64\.so\.5 /{print $NF; exit}')
+# awk reads to the end: one that exits at the first match leaves ldconfig writing to a closed pipe,
+# and pipefail then ends the script with SIGPIPE's 141 (seen once in .ci/run).
+lib=$(ldconfig -p | awk '/libamdhip64\.so\.5 / && !found {print $NF; found = 1}')
 [ -n "$lib" ] || lib=/usr/lib/x86_64-linux-gnu/libamdhip64.so.5
 [ -e "$lib" ] || { echo "libamdhip64.so.5 not found: apt-get install libamdhip64-5 libhiprtc-builtins5" >&2; exit 1; }
 dir=${1:-$(dirname "$(readlink -f "$lib")")}
