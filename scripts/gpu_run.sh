@@ -56,7 +56,8 @@ echo "== pytest $paths" | tee -a "$summary"
 python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 $paths 2>&1 \
   | tee "$OUT/pytest.log" | tail -3 | tee -a "$summary" || fail pytest
 # pytest's summary line ("1 failed, ...", "1 error in ..."), not any log line that says "error" (torch's warnings do)
-tail -n 3 "$OUT/pytest.log" | grep -qE "(^|[ =])[0-9]+ (failed|errors?)( |,|$)" && fail "pytest's summary"
+# (grep reads it all, -q would not: tail must not die of SIGPIPE under pipefail)
+tail -n 3 "$OUT/pytest.log" | grep -E "(^|[ =])[0-9]+ (failed|errors?)( |,|$)" >/dev/null && fail "pytest's summary"
 if [ -z "${SUITE_PART:-}" ] || [ "$SUITE_PART" = gpu ]; then
 python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | tr '\r' '\n' | grep -v "^soak [0-9]" | tee -a "$summary" || fail soak
 echo "== python -m shimrt.selftest --quiet" | tee -a "$summary"
