@@ -1,0 +1,43 @@
+"""scripts/speed_levels.py: two levels found in a run's steps, and where the steps switch between them."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "speed_levels.py"
+
+
+def module():
+    spec = importlib.util.spec_from_file_location("speed_levels", SCRIPT)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def test_levels_need_a_fifth_of_the_steps_each_and_five_percent_between_them():
+    m = module()
+    assert m.levels([10.0] * 6 + [12.0] * 4) == (10.0, 12.0)
+    assert m.levels([10.0] * 9 + [30.0]) is None  # one slow step is no level
+    assert m.levels([10.0] * 5 + [10.3] * 5) is None  # 3% apart: one level
+    assert m.levels([10.0 + 0.1 * i for i in range(40)]) is None  # a spread, no gap
+
+
+def test_switches_after_a_loss_read_are_counted_apart(tmp_path, capsys):
+    m = module()
+    # 2 untimed steps, the loss read every 5: timed steps 3, 8, 13 follow a read
+    fast, slow = 10.0, 12.0
+    steps = [slow] * 3 + [fast] * 5 + [slow] * 5 + [fast, slow, fast] + [fast] * 4
+    result = {"configs": {"c": {"loss_every": 5, "ways": {
+        "plain DDP": {"steps_ms": steps, "untimed_steps": 2},
+        "auto": {"steps_ms": [slow] * 20, "untimed_steps": 2, "kept": "carveout:32"},  # runs carveout: left out
+        "carveout:32": {"steps_ms": [fast] * 20, "untimed_steps": 2}}}}}
+    out = m.analyse(result)
+    # 3 (after a read) and 8 (after a read) switch and hold; 13 is one step alone; 15 holds (not after a
+    # read); of steps 1-19, 3, 8, 13 and 18 follow a read
+    assert out["configs"]["c"]["ways"] == {"plain DDP": [(3, True), (8, True), (15, False)]}
+    assert out["after_read"] == [2, 4] and out["elsewhere"] == [1, 15]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    assert m.main([str(path)]) == 0
+    assert "switches on 2 of 4 steps after a loss read (50%), on 1 of 15 others (6.7%)" in capsys.readouterr().out
+    assert m.main([str(tmp_path / "none.json")]) == 2
