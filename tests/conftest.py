@@ -176,6 +176,21 @@ def spill_allowance():
 
 
 @pytest.fixture
+def script():
+    """A function that imports ``scripts/NAME.py`` (a diagnostic script, not a package module) and
+    returns the module, to test its parts."""
+    import importlib.util
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load
+
+
+@pytest.fixture
 def gloo_ranks():
     """A function that runs ``tests/SCRIPT RANK PORT ARGS...`` as two gloo ranks on this CPU and
     returns each rank's line starting "rank R:" (the script prints it), after checking both

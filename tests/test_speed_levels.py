@@ -1,29 +1,18 @@
 """scripts/speed_levels.py: two levels found in a run's steps, and where the steps switch between them."""
 
-import importlib.util
 import json
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "speed_levels.py"
 
 
-def module():
-    spec = importlib.util.spec_from_file_location("speed_levels", SCRIPT)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
-
-
-def test_levels_need_a_fifth_of_the_steps_each_and_five_percent_between_them():
-    m = module()
+def test_levels_need_a_fifth_of_the_steps_each_and_five_percent_between_them(script):
+    m = script("speed_levels")
     assert m.levels([10.0] * 6 + [12.0] * 4) == (10.0, 12.0)
     assert m.levels([10.0] * 9 + [30.0]) is None  # one slow step is no level
     assert m.levels([10.0] * 5 + [10.3] * 5) is None  # 3% apart: one level
     assert m.levels([10.0 + 0.1 * i for i in range(40)]) is None  # a spread, no gap
 
 
-def test_switches_after_a_loss_read_are_counted_apart(tmp_path, capsys):
-    m = module()
+def test_switches_after_a_loss_read_are_counted_apart(tmp_path, capsys, script):
+    m = script("speed_levels")
     # 2 untimed steps, the loss read every 5: timed steps 3, 8, 13 follow a read
     fast, slow = 10.0, 12.0
     steps = [slow] * 3 + [fast] * 5 + [slow] * 5 + [fast, slow, fast] + [fast] * 4

@@ -12,14 +12,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "zero_sm_probe.py"
 
 
-def probe():
-    spec = importlib.util.spec_from_file_location("zero_sm_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_it_counts_nccls_kernels_and_the_memory_copies_of_a_trace(tmp_path):
+def test_it_counts_nccls_kernels_and_the_memory_copies_of_a_trace(tmp_path, script):
     path = tmp_path / "t.json.gz"
     events = [{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather_RING_LL", "ts": 0, "dur": 5},
               {"ph": "X", "cat": "kernel", "name": "void at::native::fill_kernel", "ts": 5, "dur": 1},
@@ -27,7 +20,7 @@ def test_it_counts_nccls_kernels_and_the_memory_copies_of_a_trace(tmp_path):
               {"ph": "X", "cat": "cpu_op", "name": "nccl:all_gather", "ts": 0, "dur": 9}]
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
-    assert probe().kernels_and_copies(path) == (1, 1)
+    assert script("zero_sm_probe").kernels_and_copies(path) == (1, 1)
 
 
 @pytest.mark.parametrize("argv, line", [([], None), (["--mib", "0"], "--mib must be 1..4096 and --calls 1..100")])
