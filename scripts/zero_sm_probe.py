@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
-import json
 import sys
 import tempfile
 import time
@@ -34,9 +32,9 @@ from pathlib import Path
 
 def kernels_and_copies(path: Path) -> tuple[int, int]:
     """(NCCL kernels, GPU memory copies) in a Chrome trace of torch.profiler."""
-    with gzip.open(path, "rt") as f:
-        events = json.load(f).get("traceEvents") or []
-    nccl = sum(1 for e in events if e.get("cat") == "kernel" and "nccl" in e.get("name", "").lower())
+    from shimrt.bench.torch_timeline import kind_of, load
+    events = load(path).get("traceEvents") or []
+    nccl = sum(1 for e in events if e.get("cat") == "kernel" and kind_of(e.get("name", "")) is not None)
     copies = sum(1 for e in events if e.get("cat") == "gpu_memcpy")
     return nccl, copies
 

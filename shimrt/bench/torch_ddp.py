@@ -71,7 +71,6 @@ STEADY_TOLERANCE = 0.02
 STEADY_WINDOWS = 8
 
 
-
 class _Rank:
     """This process's rank: its device, process groups and the model's shape."""
 
@@ -138,9 +137,14 @@ def steady(window: Callable[[], float]) -> list[float]:
     means: list[float] = []
     while len(means) < STEADY_WINDOWS:
         means.append(window())
-        if len(means) >= 2 and abs(means[-1] - means[-2]) <= STEADY_TOLERANCE * means[-2]:
+        if agreed(means):
             break
     return means
+
+
+def agreed(means: list[float]) -> bool:
+    """Whether the last two windows' means are STEADY_TOLERANCE apart or less."""
+    return len(means) >= 2 and abs(means[-1] - means[-2]) <= STEADY_TOLERANCE * means[-2]
 
 
 def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any] = contextlib.nullcontext,
@@ -260,8 +264,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             if settle:
                 step_times_ms(torch, going, settle, 0)
             windows = steady(functools.partial(_window_ms, r, going, args.steady)) if args.steady else []
-            entry["unsteady"] = len(windows) >= STEADY_WINDOWS and \
-                abs(windows[-1] - windows[-2]) > STEADY_TOLERANCE * windows[-2]
+            entry["unsteady"] = bool(windows) and not agreed(windows)  # STEADY_WINDOWS ran out
             entry.update(steady_windows_ms=windows, untimed_steps=trials + settle + args.steady * len(windows)
                          + args.warmup)
             began = time.time()
@@ -307,10 +310,12 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         e["hidden"] = comm_hidden(out["compute_ms"], out["comm_ms"], e["step_ms"])  # NaN for a way that failed
     if not args.fsdp:
         names = ["compute", *out["ways"]]
-        means = r.slowest([statistics.fmean(spans[n]) if spans.get(n) else 0.0 for n in names])
-        # NCCL's MAX drops a NaN: a way missing on any rank is said so apart, and is NaN here
-        missing = r.slowest([0.0 if spans.get(n) else 1.0 for n in names])
-        means = [float("nan") if gone or m <= 0 else m for m, gone in zip(means, missing, strict=True)]
+        # NCCL's MAX drops a NaN: a way missing on any rank is said so apart (in the same
+        # all-reduce), and is NaN here
+        both = r.slowest([statistics.fmean(spans[n]) if spans.get(n) else 0.0 for n in names]
+                         + [0.0 if spans.get(n) else 1.0 for n in names])
+        means = [float("nan") if gone or m <= 0 else m
+                 for m, gone in zip(both[:len(names)], both[len(names):], strict=True)]
         out["compute_span_ms"] = means[0]
         for n, m in zip(names[1:], means[1:], strict=True):
             out["ways"][n]["span_ms"] = m

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ..errors import UsageError
 
-__all__ = ["record", "summarise", "describe", "kind_of"]
+__all__ = ["record", "load", "summarise", "describe", "kind_of"]
 
 #: A collective's kernel by its name: NCCL's (ncclDevKernel_AllGather_RING_LL, ncclKernel_...) and
 #: RCCL's; the group is the collective's kind.
@@ -47,7 +47,8 @@ def record(torch: Any, step: Callable[[int], Any], steps: int, path: Path) -> Pa
     return path
 
 
-def _load(trace: dict | Path) -> dict:
+def load(trace: dict | Path) -> dict:
+    """A Chrome trace as a dict: ``trace`` itself, or the file (gzip-ed where it ends with .gz)."""
     if isinstance(trace, dict):
         return trace
     opener = gzip.open if Path(trace).suffix == ".gz" else open
@@ -114,7 +115,7 @@ def summarise(trace: dict | Path, steps: int) -> dict:
     blocks. A kernel is FSDP2's copy-in or copy-out by its own name or a range on its own stream."""
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise UsageError(f"steps must be a positive int, not {steps!r}")
-    events = _load(trace).get("traceEvents") or []
+    events = load(trace).get("traceEvents") or []
     ranges = [(e.get("pid"), e.get("tid"), e["ts"], e["ts"] + e.get("dur", 0), e.get("name", "")) for e in events
               if e.get("cat") == "gpu_user_annotation"]
     kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
