@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|fsdp|own|link|link-torch]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|levels|fsdp|own|link|link-torch]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
-#   example out); fsdp: scripts/zero_sm_probe.py (does NCCL all-gather on the copy engines here?), then bench
+#   example out); levels: plain DDP's two speeds against the host's loss reads (docs/ddp.md): bench torch's
+#   compute-heavy and balanced, plain DDP and priority, the loss read never, every step and every 10th
+#   (LEVELS_ARGS more flags; python scripts/speed_levels.py OUT/levels_N.json reads each);
+#   fsdp: scripts/zero_sm_probe.py (does NCCL all-gather on the copy engines here?), then bench
 #   torch --fsdp (plain FSDP2, its candidates and auto, each way timed once two windows of 6 steps agree;
 #   FSDP_ROUTE=custom for FSDP2's custom collectives, which adds zero-sm; FSDP_ARGS in place of the default
 #   --configs comm-heavy,balanced-1024,comm-heavy-1024) with --profile: where each way's step went, each rank's
@@ -23,7 +26,7 @@
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl|latency|ddp|fsdp|own|link|link-torch) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|fsdp|own|link|link-torch]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency|ddp|levels|fsdp|own|link|link-torch) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|levels|fsdp|own|link|link-torch]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -93,7 +96,7 @@ if [ "$part" = link-torch ]; then
   export MASTER_ADDR=localhost MASTER_PORT=29514
   steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 560 -m shimrt.bench torch --steps 8 --settle 4 --sms 32 --optimizer adamw --loss-every 10 --comm-timeout 120 --timeout 540 ${LINK_ARGS:-} --json $OUT/torch_link.json")
 fi
-if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = fsdp ] || [ "$part" = own ]; then
+if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = levels ] || [ "$part" = fsdp ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
     # Latency against torch.distributed, 8 B to 256 MiB, blocking and non-blocking communicators: two processes
     # on the GPU under MPS (the launcher's own daemon), and two ranks in one process.
@@ -115,6 +118,10 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;
+      levels) steps=()
+              for every in 0 1 10; do
+                steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 -m shimrt.bench torch --configs compute-heavy,balanced --policies priority --steps 40 --settle 20 --sms 32 --optimizer adamw --loss-every $every --timeout 140 ${LEVELS_ARGS:-} --json $OUT/levels_$every.json")
+              done ;;
       fsdp) mkdir -p "$OUT/profile"
             steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 scripts/zero_sm_probe.py" \
                    "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 430 -m shimrt.bench torch --fsdp --fsdp-route ${FSDP_ROUTE:-mesh} --steps 16 --settle 10 --steady 6 --sms 32 --optimizer adamw --loss-every 10 --timeout 410 --profile $OUT/profile ${FSDP_ARGS:---configs comm-heavy,balanced-1024,comm-heavy-1024} --json $OUT/torch_fsdp.json") ;;
@@ -132,7 +139,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
 fi
 # The GPU's clocks, power and throttle reasons, 4 a second, beside the DDP runs (plain DDP runs at two speeds;
 # python scripts/clocks_by_way.py OUT/torch_ddp.json OUT/gpu_clocks.csv says which ran at which clock).
-if [ "$part" = ddp ] || [ "$part" = own ]; then
+if [ "$part" = ddp ] || [ "$part" = levels ] || [ "$part" = own ]; then
   nvidia-smi --query-gpu="$(python3 scripts/clocks_by_way.py --fields)" --format=csv,nounits -lms 250 \
     > "$OUT/gpu_clocks.csv" 2>>"$summary" &
   sampler=$!
