@@ -100,8 +100,12 @@ def main() -> None:
 
     model = wrapped()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    ov = shimrt.torch.overlap(model, policy=args.policy, timeout=args.timeout,      # + this line
-                              fsdp_route=args.fsdp_route)
+    try:
+        ov = shimrt.torch.overlap(model, policy=args.policy, timeout=args.timeout,  # + this line
+                                  fsdp_route=args.fsdp_route)
+    except shimrt.UsageError as exc:  # a policy this job cannot run: the reason, a line per rank
+        dist.destroy_process_group()
+        p.exit(2, f"{p.prog}: {exc}\n")
     if args.compare:
         plain = wrapped()
         plain_optimizer = torch.optim.SGD(plain.parameters(), lr=1e-3)

@@ -76,3 +76,22 @@ def test_fsdp2_prefetching_ahead_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
     held = "prefetch 20,21,12,02 10,00,00,00 10,11,11,01 10,00,00,00"
     for rank, line in enumerate(_two_ranks(gloo_ranks, "prefetch")):
         assert line == f"rank {rank}: {held}; {CALLS}; fsdp True groups 4 moveable None diff 0.0", line
+
+
+def test_zero_sm_is_refused_with_the_reason_where_ranks_share_a_gpu():
+    """zero-sm's symmetric memory failed in NCCL (invalid usage) with two ranks on one GPU: the
+    FSDP2 adapter refuses it there, before any collective, saying why; with one rank per GPU it
+    is refused only for the route or this torch's missing parts."""
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from shimrt.torch import policies
+    from shimrt.torch.fsdp import Fsdp, symmetric_refusal
+    zero = policies.parse("zero-sm")
+    custom = SimpleNamespace(route="custom")  # the one attribute refusal reads
+    assert Fsdp.refusal(custom, zero, 2) == ("zero-sm needs NCCL's symmetric memory, which NCCL refused (invalid "
+                                             "usage) with 2 ranks on one GPU (NCCL 2.32.3, torch 2.11); it is for "
+                                             "one rank per GPU")
+    assert Fsdp.refusal(custom, zero, 1) == symmetric_refusal()
+    assert "fsdp_route='custom'" in Fsdp.refusal(SimpleNamespace(route="mesh"), zero, 2)
+    assert Fsdp.refusal(custom, policies.parse("priority"), 2) is None

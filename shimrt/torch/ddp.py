@@ -53,7 +53,7 @@ class Ddp:
             raise UsageError("a DDP all-gathers nothing: symmetric all-gather outputs are FSDP2's (zero-sm)")
         use(self.ddp, group)
 
-    def refusal(self, policy: Any) -> str | None:
+    def refusal(self, policy: Any, ranks_per_gpu: int) -> str | None:
         if policy.prefetch is not None:
             return "prefetch is FSDP2's: a DDP has no parameters to all-gather ahead"
         if policy.zero_sm:

@@ -204,6 +204,14 @@ class _OnGroup:
         return torch.empty(*size, dtype=dtype, device=device)
 
 
+#: Why zero-sm is refused where ranks share a GPU: seen on an H100 (NCCL 2.32.3 with
+#: NCCL_MULTI_RANK_GPU_ENABLE=1, torch 2.11, two ranks under MPS, tree 71ad7d8), both ranks' first
+#: all-gather failed in torch's NCCL device-communicator set-up (symm_mem/nccl_devcomm_manager.hpp:82,
+#: ncclInvalidUsage) instead of running.
+SHARED_GPU_ZERO_SM = ("zero-sm needs NCCL's symmetric memory, which NCCL refused (invalid usage) with {} ranks on one "
+                      "GPU (NCCL 2.32.3, torch 2.11); it is for one rank per GPU")
+
+
 def symmetric_refusal() -> str | None:
     """Why this torch cannot put FSDP2's all-gather outputs in symmetric memory on NCCL's backend
     (None: it can), without changing anything."""
@@ -325,13 +333,15 @@ class Fsdp:
         self._high = validate.boolean(high, "high")
         self.streams()
 
-    def refusal(self, policy: Any) -> str | None:
+    def refusal(self, policy: Any, ranks_per_gpu: int) -> str | None:
         if policy.window:
             return "FSDP2 gives no gradient hook to open the window at"
         if policy.zero_sm:
             if self.route != "custom":
                 return ("zero-sm needs overlap(..., fsdp_route='custom'): its all-gather outputs come from symmetric "
                         "memory, which only FSDP2's custom all-gather allocates")
+            if ranks_per_gpu > 1:
+                return SHARED_GPU_ZERO_SM.format(ranks_per_gpu)
             return symmetric_refusal()
         return None
 

@@ -36,9 +36,10 @@ class Wrapped(Protocol):
         ``symmetric``: the all-gathers' outputs in symmetric memory registered with ``group``
         (FSDP2 over its custom collectives; :meth:`refusal` says where it cannot be)."""
 
-    def refusal(self, policy: Policy) -> str | None:
+    def refusal(self, policy: Policy, ranks_per_gpu: int) -> str | None:
         """Why this model cannot run ``policy`` (None: it can), for what the model's kind or set-up
-        rules out (a window without a gradient hook, prefetch or zero-sm without FSDP2's parts)."""
+        rules out (a window without a gradient hook, prefetch or zero-sm without FSDP2's parts,
+        zero-sm where ``ranks_per_gpu`` ranks share a GPU)."""
 
     def prefetch(self, depth: int | None) -> None:
         """FSDP2: all-gather the next ``depth`` modules ahead, in forward and backward, from the

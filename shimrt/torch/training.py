@@ -201,7 +201,7 @@ class Overlap:
             try:
                 if fatal is not None:
                     continue
-                if why := self.model.refusal(p):
+                if why := self.model.refusal(p, self.ranks_per_gpu):
                     raise UsageError(why)
                 self.resources.prepare(p)
                 mine.append(p.name)

@@ -27,10 +27,17 @@ rank = int(os.environ["SHIMRT_RANK"])
 PIPE = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
 
 
-def ask(command: str) -> tuple[int, str]:
-    """The launcher's daemon's answer to ``command``, asked from this rank's environment."""
-    done = subprocess.run([mps.find_control()], input=command + "\n", capture_output=True, text=True, timeout=20)
-    return done.returncode, " ".join(done.stdout.split())  # one pid a line, if several
+def ask(command: str, tries: int = 5) -> tuple[int, str]:
+    """The launcher's daemon's answer to ``command``, asked from this rank's environment; asked
+    again, up to ``tries`` times, where the control program fails: on an H100 (71ad7d8) one of two
+    ranks asking at once got exit status 1 and no answer while the other got its answer."""
+    for _ in range(tries):
+        done = subprocess.run([mps.find_control()], input=command + "\n", capture_output=True, text=True, timeout=20)
+        if done.returncode == 0:
+            break
+        time.sleep(0.2)
+    said = done.stdout if done.returncode == 0 else f"status {done.returncode}: {done.stdout} {done.stderr}"
+    return done.returncode, " ".join(said.split())  # one pid a line, if several
 
 
 def daemon_pid():

@@ -3,6 +3,8 @@ trained on the same data: what tests/gpu/test_ddp.py's one-rank cases check, pri
 
 Usage: python ddp_one_rank.py POLICY MARGIN STEPS [second|mixed]
 
+STEPS steps at least; under auto, on until it keeps a policy.
+
 ``second``: then overlap() B under carveout:32 while the first (A) holds its group, A closed,
 auto C while B's group lives, and auto D after every one is closed (torch names groups; a name
 made twice is refused).
@@ -27,6 +29,16 @@ def mlp(device: torch.device) -> torch.nn.Module:
                                torch.nn.GELU(), torch.nn.Linear(512, 512)).to(device)
 
 
+#: auto's trials take as many steps as its candidates and its check need (the block check alone
+#: 56 with Auto(trial_steps=1)): auto runs until it decides, at most this many steps.
+MOST_STEPS = 1000
+
+
+def decided(ov) -> bool:
+    """Whether ``ov`` runs a policy it keeps (a fixed one from the first step; auto once decided)."""
+    return ov.report()["policy"] is not None
+
+
 def main() -> None:
     policy, margin, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     second, mixed = sys.argv[4:] == ["second"], sys.argv[4:] == ["mixed"]
@@ -46,7 +58,9 @@ def main() -> None:
     chosen = shimrt.torch.Auto(trial_steps=1, margin=margin) if policy == "auto" else policy
     ov = shimrt.torch.overlap(model, policy=chosen, timeout=60)
     groups_seen = set()
-    for step in range(steps):
+    for step in range(MOST_STEPS):
+        if step >= steps and decided(ov):
+            break
         x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
         with ov.step():
             groups_seen.add(id(model.process_group))
@@ -71,7 +85,9 @@ def main() -> None:
         def auto_run() -> str | None:
             other = DDP(mlp(device), device_ids=[0], bucket_cap_mb=1)
             ov3 = shimrt.torch.overlap(other, policy=shimrt.torch.Auto(sms=(32,), trial_steps=1), timeout=60)
-            for _ in range(60):
+            for i in range(MOST_STEPS):
+                if i >= 6 and decided(ov3):
+                    break
                 with ov3.step():
                     other(torch.randn(256, 512, device=device)).pow(2).mean().backward()
             kept = ov3.report()["policy"]

@@ -2,6 +2,8 @@
 copy trained on the same data: what tests/gpu/test_fsdp.py checks, printed as JSON.
 
 Usage: python fsdp_one_rank.py POLICY MARGIN STEPS [ROUTE]   ROUTE: mesh (default) or custom
+
+STEPS steps at least; under auto, on until it keeps a policy.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ def main() -> None:
     plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
     chosen = shimrt.torch.Auto(trial_steps=1, margin=margin) if policy == "auto" else policy
     ov = shimrt.torch.overlap(model, policy=chosen, timeout=60, fsdp_route=route)
-    for step in range(steps):
+    for step in range(1000):  # auto's trials: until it decides (ddp_one_rank.py's MOST_STEPS)
+        if step >= steps and ov.report()["policy"] is not None:
+            break
         x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
         with ov.step():
             model(x).pow(2).mean().backward()
@@ -57,13 +61,19 @@ def main() -> None:
     report = ov.report()
     g = param_groups(model)[0]
     stream = g.comm_ctx.reduce_scatter_stream
-    comms = ov.model.comms  # the custom route's all-gather and reduce-scatter (None: the mesh route)
-    on_own = (g.mesh_info.shard_process_group if comms is None else comms[0].group) is own
+
+    def on_own() -> bool:
+        """The collectives run on FSDP2's own group: the mesh's group (the mesh route), or FSDP2's
+        own all-gather (the custom route's taken out: the plain job) or shimrt's on that group."""
+        gather = g._all_gather_comm  # what set_custom_all_gather set (FSDP2 has no public getter)
+        if type(gather).__name__.startswith("Default"):
+            return g.mesh_info.shard_process_group is own
+        return gather.group is own
+    on_own_before = on_own()
     ov.close()
-    print(json.dumps({"policy": report["policy"], "process_group": report["process_group"], "own_group": on_own,
+    print(json.dumps({"policy": report["policy"], "process_group": report["process_group"], "own_group": on_own_before,
                       "stream_priority": stream.priority, "least": max(torch.cuda.Stream.priority_range()),
-                      "own_group_after_close": (g.mesh_info.shard_process_group if comms is None
-                                                else comms[0].group) is own,
+                      "own_group_after_close": on_own(),
                       "mesh_untouched": g.mesh_info.shard_process_group is own,
                       "reference": report["reference"], "host_us": report["host_us"],
                       "dropped": report["dropped"], "diff": diff}), flush=True)
