@@ -53,12 +53,16 @@ def switches(times: list[float], threshold: float, hold: int) -> list[int]:
 def analyse(result: dict, ways: tuple[str, ...] = PLAIN, hold: int = 3) -> dict:
     """Per configuration of a bench torch JSON: its levels, and each way's switches with whether
     each follows a loss read; in all, switches and steps after a read and elsewhere."""
-    out: dict = {"configs": {}, "after_read": [0, 0], "elsewhere": [0, 0]}  # [switches, steps]
+    out: dict = {"configs": {}, "after_read": [0, 0], "elsewhere": [0, 0],  # [switches, steps]
+                 "spread": {}}  # per configuration: (its levels or None, fastest, median, slowest step, every)
     for name, config in result.get("configs", {}).items():
         every = config.get("loss_every") or 0
         present = {w: e for w, e in config.get("ways", {}).items() if w in ways and e.get("steps_ms")
                    and (not w.startswith("auto") or e.get("kept") == "ddp")}  # an auto runs what it kept
-        found = levels([t for e in present.values() for t in e["steps_ms"] if t == t])
+        times = sorted(t for e in present.values() for t in e["steps_ms"] if t == t)
+        found = levels(times)
+        if times:
+            out["spread"][name] = (found, times[0], times[len(times) // 2], times[-1], every)
         if found is None or not every:
             continue
         threshold = sum(found) / 2
@@ -92,9 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speed_levels.py: --hold must be 1 or more, not {args.hold}", file=sys.stderr)
         return 2
     out = analyse(result, tuple(w.strip() for w in args.ways.split(",") if w.strip()), args.hold)
+    for name, (found, fastest, median, slowest, every) in out["spread"].items():
+        level = "one level" if found is None else f"two levels ({found[0]:.2f} and {found[1]:.2f} ms)"
+        read = f"the loss read every {every} steps" if every else "the loss never read"
+        print(f"{name}: {level}, steps {fastest:.2f}-{slowest:.2f} ms (median {median:.2f}), {read}")
     for name, c in out["configs"].items():
         low, high = c["levels_ms"]
-        print(f"{name}: levels {low:.2f} and {high:.2f} ms")
+        print(f"{name}: switches between {low:.2f} and {high:.2f} ms")
         for way, at in c["ways"].items():
             said = ", ".join(f"{i}{' (after a read)' if after else ''}" for i, after in at) or "none"
             print(f"  {way:22s} switches at {said}")
@@ -103,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"switches on {a} of {na} steps after a loss read ({a / max(na, 1):.0%}), on {e} of {ne} others "
               f"({e / max(ne, 1):.1%})")
     else:
-        print("no configuration with two levels and a loss read (loss_every 0 reads none)")
+        print("no configuration with two levels and a loss read to count switches at")
     return 0
 
 

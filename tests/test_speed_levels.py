@@ -28,5 +28,9 @@ def test_switches_after_a_loss_read_are_counted_apart(tmp_path, capsys, script):
     path = tmp_path / "r.json"
     path.write_text(json.dumps(result))
     assert m.main([str(path)]) == 0
-    assert "switches on 2 of 4 steps after a loss read (50%), on 1 of 15 others (6.7%)" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "switches on 2 of 4 steps after a loss read (50%), on 1 of 15 others (6.7%)" in said
+    assert ("c: two levels (10.00 and 12.00 ms), steps 10.00-12.00 ms (median 10.00), the loss read every 5 "
+            "steps") in said
+    assert out["spread"]["c"] == ((10.0, 12.0), 10.0, 10.0, 12.0, 5)
     assert m.main([str(tmp_path / "none.json")]) == 2

@@ -89,7 +89,7 @@ def test_autos_candidates_start_with_plain_ddp_and_size_nccl_by_the_ranks_on_a_g
     kinds = [k for k in policies.KINDS if k not in ("sequential", "auto")]
     got = policies.candidates([32, 64], kinds=kinds)
     assert [p.name for p in got] == ["ddp", "low-priority", "priority", "ctas:4", "ctas:8", "prefetch:2", "zero-sm",
-                                     "shaping:2",
+                                     "paced", "shaping:2",
                                      "shaping:1", "partition:32", "carveout:32", "windowed-carveout:32",
                                      "partition:64", "carveout:64", "windowed-carveout:64"]
     assert [p.name for p in policies.candidates([32], kinds=["prefetch"], prefetch=[1, 3])] == ["prefetch:1",
@@ -721,6 +721,22 @@ def test_zero_sm_is_a_policy_of_ncclss_cta_policy_zero_with_no_channel_count():
         policies.parse("zero-sm:2")
     # never one of auto's candidates: a fixed policy until it has run on a GPU
     assert "zero-sm" in policies.FIXED_ONLY and "zero-sm" not in policies.FSDP_KINDS
+
+
+def test_paced_is_the_plain_job_with_the_host_waiting_at_each_steps_end():
+    p = policies.parse("paced")
+    assert p.plain and p.pace and p.priority == "high" and p.channels(2) is None and p.compute is None
+    assert p.describe(2) == "plain DDP's own all-reduce, no hook, the host waits for each step's end"
+    assert Policy("q", pace=True, compute=policies.Carveout(32)).describe(2) == \
+        "high priority, cuBLAS leaves 32 SMs, NCCL 16 channels/rank, the host waits for each step's end"
+    with pytest.raises(UsageError, match="Policy.pace must be"):
+        Policy("q", pace=1)
+    with pytest.raises(UsageError, match="pace is a wait at the end of ov.step"):
+        Policy("q", baseline="sequential", pace=True)
+    with pytest.raises(UsageError, match="policy 'paced' takes no number"):
+        policies.parse("paced:1")
+    # never one of auto's candidates: its wait speeds the next candidate's step in auto's rounds
+    assert "paced" in policies.FIXED_ONLY and not policies.parse("ddp").pace
 
 
 def test_this_torch_can_or_cannot_put_fsdp2s_all_gathers_in_symmetric_memory_and_says_which():

@@ -169,6 +169,26 @@ def test_zero_sm_is_refused_without_fsdp2s_custom_route_and_added_with_it(capsys
     assert "zero-sm" not in mesh.policies and "ctas" in mesh.policies
 
 
+def test_paced_is_in_the_default_of_one_process_per_rank_and_refused_asked_for_in_one(capsys, monkeypatch):
+    import argparse
+
+    pytest.importorskip("torch")
+    from shimrt.bench.__main__ import main
+    from shimrt.bench.torch_step import check, policies
+    for name in ("SHIMRT_WORLD_SIZE", "WORLD_SIZE"):  # one process: no launcher's ranks
+        monkeypatch.delenv(name, raising=False)
+    assert main(["torch", "--policies", "priority,paced"]) == 2
+    err = capsys.readouterr().err
+    assert "paced waits at the end of each rank's ov.step(), which needs one process per rank" in err, err
+    base = dict(plots=None, trial_steps=None, configs=["balanced"], width=None, layers=None, batch=None, seq=None,
+                fsdp=False, fsdp_route="mesh")
+    default = argparse.Namespace(**base, policies=None)
+    check(default)
+    assert "paced" in default.policies and not default.paced_asked
+    # one process's own list leaves it out: one host drives every rank
+    assert "paced" not in [p.name for p in policies([32], 2, default.policies)]
+
+
 def test_a_width_the_heads_do_not_divide_is_refused_before_the_gpu_is_looked_for(capsys):
     from shimrt.bench.__main__ import main
     assert main(["torch", "--width", "257"]) == 2

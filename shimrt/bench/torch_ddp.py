@@ -229,8 +229,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
     ways: list[tuple[str, Any]] = [("plain DDP", None)]
-    fixed = [p for p in vocabulary.candidates(args.sms, kinds) if p.baseline is None
-             and not (args.fsdp and p.window)]  # FSDP2 marks no window (shimrt.torch.fsdp)
+    fixed = [p for p in vocabulary.candidates(args.sms, kinds) if (p.baseline is None or p.pace)
+             and not (args.fsdp and p.window)]  # FSDP2 marks no window (shimrt.torch.fsdp); paced: plain, waiting
     # by name: overlap() sizes each policy's channels by the ranks per GPU; ddp: auto's kept plain job
     ways += [(p.name, p.name) for p in fixed] + ([("ddp", "ddp")] + [(a, a) for a in AUTOS] if "auto" in kinds else [])
     ways.append(("plain DDP again", None))  # the run's noise: plain DDP's first and last runs apart

@@ -111,8 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
                    help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all but ctas and "
                         "prefetch, which --fsdp adds: FSDP2's auto tries them, DDP's does not, and zero-sm, which "
-                        "--fsdp --fsdp-route custom adds; the first is the reference the others' losses and "
-                        "gradients are compared with)")
+                        "--fsdp --fsdp-route custom adds; paced runs with one process per rank only; the first is "
+                        "the reference the others' losses and gradients are compared with)")
     cli.add_timeout(p, 1800)
     p.add_argument("--comm-timeout", metavar="S", default=300.0,
                    type=validate.argument(validate.number, "--comm-timeout", positive=True, most=86400),
@@ -163,9 +163,10 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]' (or leave --plots out)")
     if args.fsdp_route != "mesh" and not args.fsdp:
         raise UsageError("--fsdp-route applies with --fsdp (FSDP2's collectives): add --fsdp or leave it out")
+    args.paced_asked = args.policies is not None and "paced" in args.policies  # refused with one process (run)
     if args.policies is None:  # ctas:N and prefetch:N are FSDP2's candidates (shimrt.torch.training)
         args.policies = [k for k in KINDS if (k not in policies_mod.FSDP_KINDS or args.fsdp)
-                         and (k not in policies_mod.FIXED_ONLY or (args.fsdp and args.fsdp_route == "custom"))]
+                         and (k != "zero-sm" or (args.fsdp and args.fsdp_route == "custom"))]
     if "prefetch" in args.policies and not args.fsdp:
         raise UsageError("prefetch:N is FSDP2's (it all-gathers parameters ahead): add --fsdp, or leave prefetch out "
                          "of --policies")
@@ -194,9 +195,9 @@ def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
     """The fixed policies of ``kinds``, baselines first (:func:`shimrt.torch.policies.candidates`),
     their NCCL channels fixed for ``ranks_per_gpu`` ranks per GPU (``ctas``): this run's
     communicators are made per channel setting. No ``prefetch`` or ``zero-sm`` here: one process
-    holds no FSDP2."""
+    holds no FSDP2; no ``paced``: one host drives every rank, and waits for them all anyway."""
     return [p.sized(ranks_per_gpu) for p in policies_mod.candidates(sms, [k for k in kinds if k not in
-                                                                          ("ddp", "prefetch", "zero-sm")])]
+                                                                          ("ddp", "prefetch", "zero-sm", "paced")])]
 
 
 class Bench:
@@ -441,6 +442,9 @@ def run(args: argparse.Namespace) -> int:
         from . import torch_ddp
         names = args.configs or (LINKED if link_of_process() else NATIVE)
         return torch_ddp.run(args, {name: model_size(name, args) for name in names})
+    if getattr(args, "paced_asked", False):
+        raise UsageError("paced waits at the end of each rank's ov.step(), which needs one process per rank (DDP): run "
+                         "under torchrun or python -m shimrt.launch --nproc N, or leave paced out of --policies")
     for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False),
                           ("settle", 0), ("steady", 0), ("fsdp_route", "mesh"), ("profile", None)):
         if getattr(args, flag) != default:

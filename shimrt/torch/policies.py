@@ -23,6 +23,11 @@ A policy is a :class:`Policy`. Its name says what it does:
 - ``carveout:K``: cuBLAS leaves K SMs free for the whole step; ``windowed-carveout:K`` only from
   the first bucket's gradients on (to the end of backward in bench torch's one-process mode, to
   the end of ``ov.step()`` under DDP: the optimizer's step runs no cuBLAS matmul, so the two agree);
+- ``paced``: the plain job, with the host waiting at the end of each ``ov.step()`` for the step's
+  work on the GPU (no step queued ahead of the one running), as a loop that reads its loss every
+  step does. Two ranks sharing a GPU ran plain DDP at one of two speeds, the faster where the
+  host waited each step (docs/ddp.md, "The two speeds"); with one rank per GPU the host's running
+  ahead hides its launch time, which a wait gives up. A fixed policy: no auto tries it;
 - ``sequential``: every all-reduce after backward (no overlap; a bench baseline).
 
 Who all-reduces: in bench torch's one-process mode and :class:`~shimrt.torch.step.NcclBuckets`,
@@ -56,6 +61,7 @@ class Kind(str, Enum):
     CTAS = "ctas"
     PREFETCH = "prefetch"
     ZERO_SM = "zero-sm"
+    PACED = "paced"
     SHAPING = "shaping"
     PARTITION = "partition"
     CARVEOUT = "carveout"
@@ -115,7 +121,9 @@ class Policy:
     partition or carveout keeps, for the ranks sharing the GPU, where the group is made), and
     ``baseline``, where the policy is one (:data:`BASELINES`): ``"plain"`` or ``"sequential"``;
     ``prefetch``, FSDP2's modules all-gathered ahead (None: FSDP2's own prefetch); ``zero_sm``,
-    NCCL's CTA policy ZERO and symmetric all-gather outputs (FSDP2's copy-engine all-gather)."""
+    NCCL's CTA policy ZERO and symmetric all-gather outputs (FSDP2's copy-engine all-gather);
+    ``pace``, the host waits for each step's work at the end of ``ov.step()`` (the plain job's or
+    any policy's)."""
 
     name: str
     priority: str = "high"
@@ -124,10 +132,12 @@ class Policy:
     baseline: str | None = None
     prefetch: int | None = None
     zero_sm: bool = False
+    pace: bool = False
 
     def __post_init__(self) -> None:
         validate.text(self.name, "Policy.name")
         object.__setattr__(self, "zero_sm", validate.boolean(self.zero_sm, "Policy.zero_sm"))
+        object.__setattr__(self, "pace", validate.boolean(self.pace, "Policy.pace"))
         if self.baseline is not None:
             validate.one_of(self.baseline, "Policy.baseline", BASELINES)
         validate.one_of(self.priority, "Policy.priority", PRIORITIES)
@@ -146,6 +156,9 @@ class Policy:
         if self.zero_sm and self.ctas is not None:
             raise UsageError(f"Policy {self.name!r}: zero_sm asks NCCL for no SMs (CTA policy ZERO); it takes no "
                              "ctas")
+        if self.pace and self.sequential:
+            raise UsageError(f"Policy {self.name!r}: pace is a wait at the end of ov.step(), which bench torch's "
+                             "one-process baseline (baseline='sequential') has not")
         if self.window and self.sequential:
             raise UsageError(f"Policy {self.name!r}: a windowed carveout needs the all-reduces beside backward "
                              "(it limits the carveout to the time they run there), not baseline='sequential'")
@@ -210,6 +223,8 @@ class Policy:
             parts.append(f"FSDP2 all-gathers {self.prefetch} modules ahead")
         if self.zero_sm:
             parts.append("NCCL's CTA policy ZERO, all-gathers into symmetric memory (on the copy engines)")
+        if self.pace:
+            parts.append("the host waits for each step's end")
         return ", ".join(parts)
 
 
@@ -225,15 +240,18 @@ NUMBERED = (Kind.CTAS.value, Kind.PREFETCH.value, Kind.SHAPING.value, Kind.PARTI
 #: under every policy, not as one of its own; prefetch is FSDP2's).
 ENGINE_POLICY: dict[str, str | None] = {
     "sequential": "sequential", "ddp": None, "low-priority": "concurrent", "priority": "priority", "ctas": None,
-    "prefetch": None, "zero-sm": None,
+    "prefetch": None, "zero-sm": None, "paced": None,
     "shaping": "shaping+priority", "partition": "partition", "carveout": None, "windowed-carveout": None,
     "auto": "auto"}
 #: Kinds that FSDP2's auto tries and DDP's does not (an FSDP2 step is set by its collectives; a
 #: DDP has no parameters to prefetch), and bench torch runs by default under --fsdp only.
 FSDP_KINDS = (Kind.CTAS.value, Kind.PREFETCH.value)
-#: Kinds no auto tries: ``zero-sm`` needs FSDP2's custom collectives and a torch and NCCL that
-#: offer the CTA policy ZERO, and has not yet run on a GPU; a fixed policy only.
-FIXED_ONLY = (Kind.ZERO_SM.value,)
+#: Kinds no auto tries: ``zero-sm`` needs FSDP2's custom collectives, a torch and NCCL that offer
+#: the CTA policy ZERO, and one rank per GPU, and has not yet run on a GPU where it can; ``paced``
+#: waits at each step's end, and a step after a wait ran faster whatever its policy (docs/ddp.md):
+#: auto's rounds, a step of each candidate in turn, would credit a paced step's speed to the next
+#: candidate. Fixed policies only.
+FIXED_ONLY = (Kind.ZERO_SM.value, Kind.PACED.value)
 #: The channel counts of the ``ctas`` candidates (auto's and bench torch's): a quarter and half of
 #: the 16 that a carveout or partition of 32 SMs gives each of two ranks on a GPU.
 CTAS = (4, 8)
@@ -336,6 +354,8 @@ def make(kind: str, number: int | None = None) -> Policy:
             return Policy("ddp", baseline="plain")
         if kind == Kind.ZERO_SM:
             return Policy("zero-sm", zero_sm=True)
+        if kind == Kind.PACED:
+            return Policy("paced", baseline="plain", pace=True)
         return Policy(kind, priority="high" if kind == Kind.PRIORITY else "low")
     if number is None:
         example = {Kind.SHAPING: 2, Kind.CTAS: 8, Kind.PREFETCH: 2}.get(Kind(kind), 48)
@@ -384,6 +404,8 @@ def candidates(sms: Iterable[int], kinds: Iterable[str] = KINDS, ctas: Iterable[
         out += [make("prefetch", n) for n in prefetch]
     if "zero-sm" in kinds:
         out.append(make("zero-sm"))
+    if "paced" in kinds:
+        out.append(make("paced"))
     if "shaping" in kinds:
         out += [make("shaping", n) for n in (2, 1)]
     for k in sms:

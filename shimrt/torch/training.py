@@ -26,7 +26,8 @@ collectives, on a ProcessGroupNCCL over the same ranks made with the policy's op
 collective. Its compute side: ``ov.step()`` around the user's forward, backward and optimizer
 step (every kernel shaped through the Interposer, torch's compute on an SM partition, or cuBLAS
 leaving SMs free, for the step or, with ``windowed-carveout``, from the first accumulated
-gradient on). ``ddp`` is the plain job: its own groups, and ``ov.step()`` only counts.
+gradient on). ``ddp`` is the plain job: its own groups, and ``ov.step()`` only counts; ``paced``
+the same, with the host waiting for the step's GPU work at the end of ``ov.step()``.
 
 ``policy="auto"`` times the plain job beside every candidate in rounds over the first steps,
 then the fastest few again beside it, and chooses the fastest by the slowest rank's mean step
@@ -238,10 +239,12 @@ class Overlap:
         timed = self.trials.picked is None
         if not timed:  # a trial's step sets the model up in _use() below
             self.model.before_step()
-        if policy.plain and not timed:  # plain DDP kept: nothing to do
+        if policy.plain and not timed:  # plain DDP kept: nothing to do (paced: but wait at the end)
             counts[0] += now() - start
             counts[1] += 1
             yield policy
+            if policy.pace:  # the host's wait, as a loop's reading its loss is: not ov.step()'s own cost
+                self._torch.cuda.current_stream(self.torch_device).synchronize()
             return
         torch = self._torch
         current = torch.cuda.current_stream(self.torch_device)
@@ -270,6 +273,8 @@ class Overlap:
             self.timer.end(current, begun, self.trials.done(synced))
         counts[0] += now() - start
         counts[1] += 1
+        if policy.pace:  # after the timer's end mark and the count: a wait, not ov.step()'s own cost
+            current.synchronize()
         if timed and self.trials.exhausted:  # auto's decision: once, not a step's own cost
             self._decide()
 
