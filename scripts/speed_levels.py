@@ -43,6 +43,12 @@ def levels(times: list[float]) -> tuple[float, float] | None:
     return sum(low) / len(low), sum(high) / len(high)
 
 
+def _spread(times: list[float]) -> tuple[float, float, float]:
+    """(median, fastest, slowest) of ``times`` (NaN, a step that failed, left out)."""
+    kept = sorted(t for t in times if t == t)
+    return kept[len(kept) // 2], kept[0], kept[-1]
+
+
 def switches(times: list[float], threshold: float, hold: int) -> list[int]:
     """The indices where ``times`` cross ``threshold`` and stay on the new side ``hold`` steps."""
     side = [t > threshold for t in times]
@@ -54,11 +60,14 @@ def analyse(result: dict, ways: tuple[str, ...] = PLAIN, hold: int = 3) -> dict:
     """Per configuration of a bench torch JSON: its levels, and each way's switches with whether
     each follows a loss read; in all, switches and steps after a read and elsewhere."""
     out: dict = {"configs": {}, "after_read": [0, 0], "elsewhere": [0, 0],  # [switches, steps]
-                 "spread": {}}  # per configuration: (its levels or None, fastest, median, slowest step, every)
+                 "spread": {},  # per configuration: (its levels or None, fastest, median, slowest step, every)
+                 "by_way": {}}  # per configuration, every way's (median, fastest, slowest step): paced's too
     for name, config in result.get("configs", {}).items():
         every = config.get("loss_every") or 0
         present = {w: e for w, e in config.get("ways", {}).items() if w in ways and e.get("steps_ms")
                    and (not w.startswith("auto") or e.get("kept") == "ddp")}  # an auto runs what it kept
+        out["by_way"][name] = {w: _spread(e["steps_ms"]) for w, e in config.get("ways", {}).items()
+                               if any(t == t for t in e.get("steps_ms") or [])}
         times = sorted(t for e in present.values() for t in e["steps_ms"] if t == t)
         found = levels(times)
         if times:
@@ -98,8 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     out = analyse(result, tuple(w.strip() for w in args.ways.split(",") if w.strip()), args.hold)
     for name, (found, fastest, median, slowest, every) in out["spread"].items():
         level = "one level" if found is None else f"two levels ({found[0]:.2f} and {found[1]:.2f} ms)"
-        read = f"the loss read every {every} steps" if every else "the loss never read"
+        read = ("the loss read every step" if every == 1 else f"the loss read every {every} steps" if every
+                else "the loss never read")
         print(f"{name}: {level}, steps {fastest:.2f}-{slowest:.2f} ms (median {median:.2f}), {read}")
+        for way, (m, lo, hi) in out["by_way"].get(name, {}).items():
+            print(f"  {way:22s} median {m:.2f} ms, steps {lo:.2f}-{hi:.2f}")
     for name, c in out["configs"].items():
         low, high = c["levels_ms"]
         print(f"{name}: switches between {low:.2f} and {high:.2f} ms")

@@ -7,12 +7,14 @@ both: ``ProcessGroupNCCL.Options().config.cta_policy`` and ``torch.distributed._
 with the NCCL backend (whose memory pool registers the windows), which FSDP2's custom all-gather
 could allocate from.
 
-Run one process per rank, e.g. two ranks on one GPU::
+Run one process per rank, on GPUs of their own where there are two::
 
-    python -m shimrt.launch --nproc 2 --devices 0,0 --mps --timeout 150 scripts/zero_sm_probe.py
+    python -m shimrt.launch --nproc 2 --devices 0,1 --timeout 150 scripts/zero_sm_probe.py
 
-With two ranks on one GPU, NCCL 2.30+ and NCCL_MULTI_RANK_GPU_ENABLE=1 are needed (torch's own
-NCCL unless the multi-rank one is preloaded: LD_PRELOAD). Each rank all-gathers ``--mib`` MiB
+Two ranks on one GPU (``--devices 0,0 --mps``; NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1,
+preloaded for torch: LD_PRELOAD) tell what NCCL does there: on an H100 (NCCL 2.32.3, torch
+2.11, 71ad7d8) FSDP2's symmetric all-gather failed there with NCCL's invalid usage, and
+``overlap()`` refuses zero-sm where ranks share a GPU. Each rank all-gathers ``--mib`` MiB
 per rank, in place (as FSDP2 does: the send buffer is the rank's block of the receive buffer),
 ``--calls`` times under torch.profiler, into a plain buffer and into a symmetric one,
 on a group of CTA policy ZERO; rank 0 prints per buffer the NCCL kernels and memory copies the

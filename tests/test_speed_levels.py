@@ -33,4 +33,7 @@ def test_switches_after_a_loss_read_are_counted_apart(tmp_path, capsys, script):
     assert ("c: two levels (10.00 and 12.00 ms), steps 10.00-12.00 ms (median 10.00), the loss read every 5 "
             "steps") in said
     assert out["spread"]["c"] == ((10.0, 12.0), 10.0, 10.0, 12.0, 5)
+    # every way's own spread, the ways left out of the levels too (an auto that kept another policy, paced)
+    assert out["by_way"]["c"]["auto"] == (slow, slow, slow) and out["by_way"]["c"]["plain DDP"] == (fast, fast, slow)
+    assert "  carveout:32            median 10.00 ms, steps 10.00-10.00" in said
     assert m.main([str(tmp_path / "none.json")]) == 2

@@ -384,6 +384,15 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
     assert "within 2% of the best fixed way (priority, 23.87 ms): met" in means
 
 
+def test_a_way_no_auto_tries_is_said_beside_the_goals_not_as_the_best_fixed_way():
+    from shimrt.bench.torch_ddp_report import report
+    r = _ddp_result()
+    r["ways"]["paced"] = dict(step_ms=20.0, steps_ms=[20.0] * 3, hidden=0.5, loss_max_diff=0.0)
+    medians = report("comm-heavy-1024", r).splitlines()[-2]
+    assert "within 2% of the best fixed way (priority, 22.00 ms): met" in medians, medians
+    assert medians.endswith("; paced, which no auto tries, 20.00 ms (auto 1.050x)"), medians
+
+
 def test_the_ddp_goals_say_a_miss_and_leave_out_goals_a_configuration_has_not():
     from shimrt.bench.torch_ddp_report import report
     r = _ddp_result()

@@ -10,6 +10,8 @@ import math
 import statistics
 from typing import Any
 
+from ..torch.policies import FIXED_ONLY
+
 __all__ = ["AUTOS", "REFERENCES", "report", "bars_png", "noise"]
 
 #: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
@@ -110,9 +112,10 @@ def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
 def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "auto") -> str:
     """How configuration ``name``'s goals stand by ``ms`` (way -> its step time; NaN for a way that
     failed) for ``way`` (one of :data:`AUTOS`), never above plain DDP by more than ``slack`` (the
-    run's noise)."""
+    run's noise). The best fixed way is of those auto tries; a fixed-only way (``paced``,
+    ``zero-sm``: no auto tries them) is said beside it, as what auto leaves untried."""
     auto, base = ms[way], ms["plain DDP"]
-    best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES) and not math.isnan(t)),
+    best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES, *FIXED_ONLY) and not math.isnan(t)),
                key=ms.__getitem__, default=None)
     below = 1 - auto / base
     said = [f"goals by the {by}: {way} {auto / base:.3f}x plain DDP ({below:+.1%} below); at most 1.00x "
@@ -122,6 +125,8 @@ def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "a
     if best is not None:
         said.append(f"within {GOAL_BEST:.0%} of the best fixed way ({best}, {ms[best]:.2f} ms): "
                     f"{'met' if auto <= ms[best] * (1 + GOAL_BEST) else 'NOT met'}")
+    said += [f"{w}, which no auto tries, {ms[w]:.2f} ms ({way} {auto / ms[w]:.3f}x)" for w in FIXED_ONLY
+             if w in ms and not math.isnan(ms[w])]
     return "; ".join(said)
 
 

@@ -58,6 +58,7 @@ def main() -> None:
     chosen = shimrt.torch.Auto(trial_steps=1, margin=margin) if policy == "auto" else policy
     ov = shimrt.torch.overlap(model, policy=chosen, timeout=60)
     groups_seen = set()
+    idle = []  # after each ov.step(): whether the GPU had done the step (paced waits for it)
     for step in range(MOST_STEPS):
         if step >= steps and decided(ov):
             break
@@ -67,6 +68,7 @@ def main() -> None:
             model(x).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
+        idle.append(torch.cuda.current_stream(device).query())
         plain(x).pow(2).mean().backward()
         plain_opt.step()
         plain_opt.zero_grad()
@@ -105,7 +107,7 @@ def main() -> None:
                       "own_group_after_close": model.process_group is own, "hooks": len(model._comm_hooks),
                       "reference": report["reference"], "host_us": report["host_us"], "diff": diff,
                       "left": left, "nccl_memory": report["nccl_memory"], "trials": report["trials"],
-                      "seconds": seconds}), flush=True)
+                      "seconds": seconds, "idle_after_steps": all(idle)}), flush=True)
     dist.destroy_process_group()
 
 

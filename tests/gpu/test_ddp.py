@@ -224,10 +224,21 @@ def test_plain_ddp_kept_by_auto_or_asked_for_leaves_the_ddp_on_its_own_group(dev
     assert left["nccl_groups"] == 0 and left["interposers_caps"] == [] and not left["window_hook"], got
     assert left["carveout"] is None and left["blas_restored"], got
     assert got["nccl_memory"]["alive_mib"] == 0 and len(got["nccl_memory"]["made_mib"]) >= 2, got
-    assert got["trials"]["check"] is None, got  # plain DDP kept: nothing to check
+    check = got["trials"]["check"]  # Auto(check_always=True): the fastest other finalist checked, and gave way
+    assert check is not None and check["held"] is False and check["policy"] != "ddp", got
     fixed = _one_rank(device, "ddp", 0.01, 12)
     assert fixed["policy"] == "ddp" and fixed["own_group"] and fixed["groups_seen"] == 1, fixed
     assert fixed["hooks"] == 0 and fixed["diff"] == 0.0, fixed
+
+
+@pytest.mark.timeout(300)
+def test_paced_is_plain_ddp_with_the_gpu_done_at_each_steps_end(device):
+    """paced: plain DDP on its own group, no hook, bit for bit, and the host back from each
+    ov.step() only once the GPU has run the step (its stream idle)."""
+    got = _one_rank(device, "paced", 0.01, 12)
+    assert got["policy"] == "paced" and got["own_group"] and got["groups_seen"] == 1 and got["hooks"] == 0, got
+    assert got["diff"] == 0.0 and got["idle_after_steps"], got
+    assert got["host_us"]["paced"]["steps"] == 12, got
 
 
 @pytest.mark.timeout(300)
