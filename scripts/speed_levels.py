@@ -10,14 +10,16 @@ split of their steps at the widest gap leaving a fifth of them on either side; a
 widest such gap is under 5% has no two levels and is left out. A switch is a step at the
 other level than the one before, held ``--hold`` steps; it is counted apart where it follows a step
 whose loss the host read (``loss_every`` from the JSON, the way's untimed steps before). Printed:
-per configuration its levels and switches, and the share of steps after a read that switch against
-the share of the others.
+per configuration its levels and every way's spread (with two levels, how many of its steps ran
+at the fast one and each level's median: ways set against each other at the same level), its
+switches, and the share of steps after a read that switch against the share of the others.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 
 #: The ways that run plain DDP's collectives (the autos when they kept ddp).
@@ -43,10 +45,21 @@ def levels(times: list[float]) -> tuple[float, float] | None:
     return sum(low) / len(low), sum(high) / len(high)
 
 
-def _spread(times: list[float]) -> tuple[float, float, float]:
-    """(median, fastest, slowest) of ``times`` (NaN, a step that failed, left out)."""
+def _median(times: list[float]) -> float:
+    return statistics.median(times) if times else float("nan")
+
+
+def _spread(times: list[float], found: tuple[float, float] | None) -> dict:
+    """``times``' median, fastest and slowest step (NaN, a step that failed, left out), and where
+    the configuration has two levels (``found``), how many of its steps ran at the fast one and
+    the median of each level's steps: a way set against another at the same level."""
     kept = sorted(t for t in times if t == t)
-    return kept[len(kept) // 2], kept[0], kept[-1]
+    out = {"median": _median(kept), "fastest": kept[0], "slowest": kept[-1], "steps": len(kept)}
+    if found is not None:
+        threshold = sum(found) / 2
+        fast, slow = [t for t in kept if t <= threshold], [t for t in kept if t > threshold]
+        out.update(fast=len(fast), fast_median=_median(fast), slow_median=_median(slow))
+    return out
 
 
 def switches(times: list[float], threshold: float, hold: int) -> list[int]:
@@ -61,15 +74,15 @@ def analyse(result: dict, ways: tuple[str, ...] = PLAIN, hold: int = 3) -> dict:
     each follows a loss read; in all, switches and steps after a read and elsewhere."""
     out: dict = {"configs": {}, "after_read": [0, 0], "elsewhere": [0, 0],  # [switches, steps]
                  "spread": {},  # per configuration: (its levels or None, fastest, median, slowest step, every)
-                 "by_way": {}}  # per configuration, every way's (median, fastest, slowest step): paced's too
+                 "by_way": {}}  # per configuration, every way's spread (:func:`_spread`): paced's too
     for name, config in result.get("configs", {}).items():
         every = config.get("loss_every") or 0
         present = {w: e for w, e in config.get("ways", {}).items() if w in ways and e.get("steps_ms")
                    and (not w.startswith("auto") or e.get("kept") == "ddp")}  # an auto runs what it kept
-        out["by_way"][name] = {w: _spread(e["steps_ms"]) for w, e in config.get("ways", {}).items()
-                               if any(t == t for t in e.get("steps_ms") or [])}
         times = sorted(t for e in present.values() for t in e["steps_ms"] if t == t)
         found = levels(times)
+        out["by_way"][name] = {w: _spread(e["steps_ms"], found) for w, e in config.get("ways", {}).items()
+                               if any(t == t for t in e.get("steps_ms") or [])}
         if times:
             out["spread"][name] = (found, times[0], times[len(times) // 2], times[-1], every)
         if found is None or not every:
@@ -110,8 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         read = ("the loss read every step" if every == 1 else f"the loss read every {every} steps" if every
                 else "the loss never read")
         print(f"{name}: {level}, steps {fastest:.2f}-{slowest:.2f} ms (median {median:.2f}), {read}")
-        for way, (m, lo, hi) in out["by_way"].get(name, {}).items():
-            print(f"  {way:22s} median {m:.2f} ms, steps {lo:.2f}-{hi:.2f}")
+        for way, s in out["by_way"].get(name, {}).items():
+            said = f"  {way:22s} median {s['median']:.2f} ms, steps {s['fastest']:.2f}-{s['slowest']:.2f}"
+            if "fast" in s:
+                said += (f"; {s['fast']} of {s['steps']} at the fast level (median {s['fast_median']:.2f}), "
+                         f"the slow's median {s['slow_median']:.2f}")
+            print(said)
     for name, c in out["configs"].items():
         low, high = c["levels_ms"]
         print(f"{name}: switches between {low:.2f} and {high:.2f} ms")

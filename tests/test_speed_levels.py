@@ -34,6 +34,12 @@ def test_switches_after_a_loss_read_are_counted_apart(tmp_path, capsys, script):
             "steps") in said
     assert out["spread"]["c"] == ((10.0, 12.0), 10.0, 10.0, 12.0, 5)
     # every way's own spread, the ways left out of the levels too (an auto that kept another policy, paced)
-    assert out["by_way"]["c"]["auto"] == (slow, slow, slow) and out["by_way"]["c"]["plain DDP"] == (fast, fast, slow)
-    assert "  carveout:32            median 10.00 ms, steps 10.00-10.00" in said
+    auto, plain = out["by_way"]["c"]["auto"], out["by_way"]["c"]["plain DDP"]
+    assert (auto["median"], auto["fast"], auto["steps"]) == (slow, 0, 20) and auto["slow_median"] == slow
+    assert (plain["median"], plain["fastest"], plain["slowest"], plain["fast"]) == (fast, fast, slow, 11)
+    assert (plain["fast_median"], plain["slow_median"]) == (fast, slow)
+    assert ("  carveout:32            median 10.00 ms, steps 10.00-10.00; 20 of 20 at the fast level (median "
+            "10.00), the slow's median nan") in said
+    # one level: no level counts
+    assert "fast" not in m._spread([10.0, 10.1], None) and m._spread([10.0, 10.1], None)["median"] == 10.05
     assert m.main([str(tmp_path / "none.json")]) == 2
