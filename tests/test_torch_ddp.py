@@ -407,7 +407,7 @@ def test_the_ddp_report_sets_auto_steps_beside_auto_each_with_its_kept_line_and_
     from shimrt.bench.torch_ddp_report import AUTOS, report
     assert AUTOS["auto-steps"] == {"check_block": 1, "check_always": False}
     r = _ddp_result()
-    r["ways"]["auto"]["trials"]["check"]["block"] = 6  # the default's check, in blocks
+    r["ways"]["auto"]["trials"]["check"].update(block=6, rounds_run=8)  # the default's check, in blocks, run on
     r["ways"]["auto-steps"] = dict(step_ms=22.2, steps_ms=[22.2] * 3, hidden=0.5, kept="priority", trial_steps=60,
                                    trials={"check": {"policy": "priority", "held": True,
                                                      "means_ms": {"ddp": 25.0, "priority": 22.1}}})
@@ -415,7 +415,8 @@ def test_the_ddp_report_sets_auto_steps_beside_auto_each_with_its_kept_line_and_
     kept = [x for x in lines if " kept priority: " in x]
     assert kept[0].startswith("auto kept priority: 21.00 ms") and kept[1].startswith("auto-steps kept priority: "
                                                                                        "22.20 ms")
-    assert "its check in blocks of 6 beside plain DDP: ddp 25.10, priority 21.20 ms, priority held" in kept[0]
+    assert "its check in blocks of 6 over 8 rounds beside plain DDP: ddp 25.10, priority 21.20 ms, priority held" \
+        in kept[0]
     assert "its check beside plain DDP: ddp 25.00, priority 22.10 ms, priority held" in kept[1]
     goals = [x for x in lines if x.startswith("goals by the")]
     assert len(goals) == 4 and "auto-steps 0.888x plain DDP" in goals[2]
@@ -599,11 +600,11 @@ def test_a_policy_of_ones_own_is_exported_and_taken_by_overlap(gloo):
         shimrt.torch.overlap(ddp, policy=mine)
 
 
-def _to_check(check_block=3, check_always=False, trial=None, check=2):
+def _to_check(check_block=3, check_always=False, trial=None, check=2, check_most=None):
     """Trials of ddp, a and b through the search and confirmation (``trial``: their times),
     returned at the start of the check, if one was scheduled."""
     t = Trials([P("ddp"), P("a"), P("b")], steps=2, warmup=1, finalists=1, reference="ddp", check=check,
-               check_block=check_block, check_always=check_always)
+               check_block=check_block, check_always=check_always, check_most=check_most)
     trial = trial or {"ddp": 10.0, "a": 8.0, "b": 9.0}
     run(t, trial)
     assert t.decide() is None
@@ -640,6 +641,42 @@ def test_a_block_check_weighs_the_noise_between_visits_not_between_steps_of_one_
     check = t.report()["check"]
     assert check["means_ms"]["a"] == pytest.approx(9.2) and not check["held"]
     assert check["visit_standard_errors_ms"]["a"] == pytest.approx(3.2)
+
+
+def test_a_block_check_whose_pick_leads_within_the_noise_runs_more_rounds_then_decides_on_them_all():
+    """Plain DDP's visits at its two levels (10 and 13 ms) spread its visits' means: after 2
+    rounds the pick (9 ms) leads by 2.5 ms within 2 standard errors (3 ms), so 2 rounds more run,
+    in the same order, and over all 4 (noise 1.73 ms) the pick holds."""
+    t, _ = _to_check(check_most=4)
+    two = {"ddp": [10.0] * 3 + [13.0] * 3, "a": [9.0] * 6}
+    assert run(t, two) == ["ddp"] * 4 + ["a"] * 8 + ["ddp"] * 4
+    assert t.decide() is None and t.checking.name == "a" and t.picked is None  # leads within the noise
+    assert run(t, {"ddp": [10.0] * 3 + [13.0] * 3, "a": [9.0] * 6}) == ["ddp"] * 4 + ["a"] * 8 + ["ddp"] * 4
+    assert t.decide().name == "a"
+    check = t.report()["check"]
+    assert check["held"] and check["rounds_run"] == 4 and check["visit_means_ms"]["ddp"] == [10.0, 13.0, 10.0, 13.0]
+
+
+def test_a_block_check_stops_at_check_most_and_never_runs_more_for_a_pick_that_does_not_lead():
+    # leading within the noise to the end: 2 rounds more, once, then plain DDP stays
+    t, _ = _to_check(check_most=4)
+    for _ in range(2):
+        run(t, {"ddp": [10.0] * 3 + [16.0] * 3, "a": [12.0] * 6})
+        kept = t.decide()
+    assert kept.name == "ddp" and t.report()["check"]["rounds_run"] == 4 and not t.report()["check"]["held"]
+    # behind plain DDP: decided at once, no more rounds
+    t2, _ = _to_check(check_most=4)
+    run(t2, {"ddp": [10.0] * 6, "a": [11.0] * 6})
+    assert t2.decide().name == "ddp" and t2.report()["check"]["rounds_run"] == 2
+    # check_most left out: the rounds asked for, no more (Trials' own default)
+    t3, _ = _to_check()
+    run(t3, {"ddp": [10.0] * 3 + [13.0] * 3, "a": [9.0] * 6})
+    assert t3.decide().name == "ddp" and t3.report()["check"]["rounds_run"] == 2
+    with pytest.raises(UsageError, match="check_most must be an int in 2..1000, not 1"):
+        _to_check(check_most=1)
+    assert Auto().check_most == 8 and Auto(check_steps=3).check_most == 6
+    with pytest.raises(UsageError, match=r"Auto.check_most must be an int in 4..1000, not 3"):
+        Auto(check_most=3)
 
 
 def test_check_always_checks_the_fastest_other_finalist_when_the_trials_kept_plain_ddp():

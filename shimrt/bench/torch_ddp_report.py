@@ -104,6 +104,8 @@ def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
     if check:
         times = ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items())
         blocks = f" in blocks of {check['block']}" if check.get("block") else ""
+        if check.get("rounds_run"):
+            blocks += f" over {check['rounds_run']} rounds"
         said += (f"; its check{blocks} beside plain DDP: {times} ms, {check['policy']} "
                  f"{'held' if check['held'] else 'gave way'}")
     return said

@@ -280,7 +280,9 @@ class Auto:
     steps per visit of the check (above 1: the check runs in blocks, as the job will, and decides
     on its own steps: :mod:`shimrt.torch.trials`; at least 2 ``check_steps`` then; 1: one step per
     visit, alternating); ``check_always``, check the fastest other finalist even when the trials
-    kept plain DDP (with ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is). Blocks
+    kept plain DDP (with ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is);
+    ``check_most``, the rounds a check in blocks may run to, ``check_steps`` more at a time while
+    its pick leads plain DDP within the noise (None: twice ``check_steps``; not yet run on a GPU). Blocks
     of 6 checked always are the default since an H100 run (docs/ddp.md, b0f05c9) where, on the one
     configuration whose plain DDP ran at one speed, they kept carveout:32 (0.959x plain DDP, the
     best fixed way 0.957x) while the alternating check kept plain DDP; ``ctas``, the NCCL channel
@@ -293,6 +295,7 @@ class Auto:
     check_steps: int = 4
     check_block: int = 6
     check_always: bool = True
+    check_most: int | None = None
     ctas: tuple[int, ...] = CTAS
     prefetch: tuple[int, ...] = PREFETCH
 
@@ -308,6 +311,10 @@ class Auto:
         object.__setattr__(self, "check_block", validate.integer(self.check_block, "Auto.check_block", least=1,
                                                                  most=1000))
         object.__setattr__(self, "check_always", validate.boolean(self.check_always, "Auto.check_always"))
+        if self.check_most is None:
+            object.__setattr__(self, "check_most", 2 * self.check_steps)
+        object.__setattr__(self, "check_most", validate.integer(self.check_most, "Auto.check_most",
+                                                                least=self.check_steps, most=1000))
         if self.check_block > 1 and self.check_steps == 1:
             raise UsageError(f"Auto.check_block above 1 (here {self.check_block}; the default is 6) needs at least 2 "
                              "check_steps (the check's noise is taken between its visits), not check_steps=1: pass "

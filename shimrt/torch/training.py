@@ -167,7 +167,8 @@ class Overlap:
                 self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
                                                       reference="ddp", check=auto.check_steps, lead=LEAD_STEPS,
                                                       check_block=auto.check_block,
-                                                      check_always=auto.check_always)
+                                                      check_always=auto.check_always,
+                                                      check_most=auto.check_most)
             elif named is not None:  # a fixed policy: parsed above
                 if self._usable([named]) == []:
                     raise UsageError(f"policy {named.name!r} cannot run here: {self.dropped[named.name]}")

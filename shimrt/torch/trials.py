@@ -25,7 +25,12 @@ then). Steps that alternate policies every step ran at speeds neither policy run
 (an H100, docs/ddp.md at 284db66: a windowed carveout 57.8 ms in the check's alternation, 65.7
 kept); blocks run as the job will. A block check decides on its own steps alone: the pick stays
 if its mean beats the reference's by the margin and by SIGNIFICANCE standard errors of the
-difference, each taken over the visits' means (steps of one visit are not independent).
+difference, each taken over the visits' means (steps of one visit are not independent). Where the
+pick leads by the margin but not yet beyond that noise, the block check runs ``check`` rounds
+more, up to ``check_most`` rounds in all, and decides on all its visits: a reference that runs
+at two speeds (plain DDP of ranks sharing a GPU, docs/ddp.md) spreads its visits' means, and more
+visits narrow the noise where a few cannot tell. A second look at the same rule makes a gain within
+the noise pass a little more often than one look would (two chances at two standard errors).
 
 Why rounds and means, not each candidate's steps back to back and their median: a GPU shared by
 several ranks can run stretches of steps at two speeds, and a stretch outlasts a few steps in a
@@ -67,7 +72,7 @@ class Trials:
 
     def __init__(self, candidates: Sequence[Any], *, steps: int = 3, warmup: int = 1, finalists: int = 2,
                  margin: float = 0.01, reference: str | None = None, check: int = 0, lead: int = 0,
-                 check_block: int = 1, check_always: bool = False):
+                 check_block: int = 1, check_always: bool = False, check_most: int | None = None):
         if not candidates or not all(isinstance(getattr(c, "name", None), str) for c in candidates):
             raise UsageError(f"candidates must be a non-empty list of policies, not {candidates!r:.100}")
         names = [c.name for c in candidates]
@@ -84,6 +89,10 @@ class Trials:
         if self.check_block > 1 and self.check_rounds == 1:
             raise UsageError("a check in blocks needs at least 2 rounds (its noise is taken between visits), "
                              "not check=1")
+        #: a block check's rounds at the most, extended while the pick leads within the noise
+        self.check_most = self.check_rounds if check_most is None else \
+            validate.integer(check_most, "check_most", least=self.check_rounds, most=1000)
+        self._check_done = 0  # a block check's rounds scheduled so far
         if lead and reference is None:
             raise UsageError("lead-in steps run under the reference: give a reference, or lead=0")
         if reference is not None and reference not in names:
@@ -161,7 +170,9 @@ class Trials:
         and return None (or choose at once, when there is nothing to confirm); after the
         confirmation, choose one: the reference is kept at once, another is checked (its rounds
         scheduled, :attr:`checking` set, None returned) when ``check`` rounds were asked for, else
-        kept; after the check, keep the one checked or the reference, and return it. ``agree``
+        kept; after the check, keep the one checked or the reference, and return it (a block
+        check whose pick leads within the noise schedules more rounds first, up to ``check_most``,
+        and returns None). ``agree``
         turns this rank's mean per candidate (in candidate order; inf where none was timed) into
         the ranks' common ones (their maximum), so every rank decides alike."""
         if not self.exhausted:
@@ -200,13 +211,19 @@ class Trials:
             self.schedule += self._rounds(pair, self.check_rounds)
         else:
             self.check_visits = {p.name: {} for p in pair}
-            for visit in range(2 * self.check_rounds):  # reference, pick, pick, reference, ...
-                policy = pair[(visit + 1) // 2 % 2]
-                self.schedule += [(policy, True)] * self.warmup
-                for _ in range(self.check_block):
-                    self._visit[len(self.schedule)] = visit
-                    self.schedule.append((policy, False))
+            self._blocks(pair, self.check_rounds)
         return None
+
+    def _blocks(self, pair: list[Any], rounds: int) -> None:
+        """``rounds`` more rounds of a block check of ``pair`` (reference, pick), its visits in the
+        order reference, pick, pick, reference, ... on from those scheduled."""
+        for visit in range(2 * self._check_done, 2 * (self._check_done + rounds)):
+            policy = pair[(visit + 1) // 2 % 2]
+            self.schedule += [(policy, True)] * self.warmup
+            for _ in range(self.check_block):
+                self._visit[len(self.schedule)] = visit
+                self.schedule.append((policy, False))
+        self._check_done += rounds
 
     def _end_check(self, agree: Agree | None) -> Any:
         """Keep the policy checked or the reference: the check's own means must show the policy
@@ -226,7 +243,11 @@ class Trials:
                 visits = {n: [statistics.fmean(v) for v in by.values()] for n, by in self.check_visits.items()}
                 _, spread = self._agreed(visits, pair, agree)
                 held = direction == self.checking.name and self._winner(means, spread, reference) == direction
-                extra = {"block": self.check_block, "visit_means_ms": visits, "visit_standard_errors_ms": spread}
+                if direction == self.checking.name and not held and self._check_done < self.check_most:
+                    self._blocks(pair, min(self.check_rounds, self.check_most - self._check_done))
+                    return None  # leads within the noise: more visits first
+                extra = {"block": self.check_block, "visit_means_ms": visits, "visit_standard_errors_ms": spread,
+                         "rounds_run": self._check_done}
         except ShimrtError:  # the check timed neither: what the trials chose is all there is to go on
             held = self.trials_chose == self.checking.name
         self.check = {"policy": self.checking.name, "rounds": self.check_rounds, "times_ms": self.check_times,
