@@ -282,7 +282,9 @@ class Auto:
     visit, alternating); ``check_always``, check the fastest other finalist even when the trials
     kept plain DDP (with ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is);
     ``check_most``, the rounds a check in blocks may run to, ``check_steps`` more at a time while
-    its pick leads plain DDP within the noise (None: twice ``check_steps``; not yet run on a GPU). Blocks
+    its pick leads plain DDP within the noise: a multiple of ``check_steps`` (None: twice
+    ``check_steps`` where that is at most 1000, read through :attr:`most_check_rounds`; not yet
+    run on a GPU). Blocks
     of 6 checked always are the default since an H100 run (docs/ddp.md, b0f05c9) where, on the one
     configuration whose plain DDP ran at one speed, they kept carveout:32 (0.959x plain DDP, the
     best fixed way 0.957x) while the alternating check kept plain DDP; ``ctas``, the NCCL channel
@@ -311,14 +313,25 @@ class Auto:
         object.__setattr__(self, "check_block", validate.integer(self.check_block, "Auto.check_block", least=1,
                                                                  most=1000))
         object.__setattr__(self, "check_always", validate.boolean(self.check_always, "Auto.check_always"))
-        if self.check_most is None:
-            object.__setattr__(self, "check_most", 2 * self.check_steps)
-        object.__setattr__(self, "check_most", validate.integer(self.check_most, "Auto.check_most",
-                                                                least=self.check_steps, most=1000))
+        if self.check_most is not None:
+            object.__setattr__(self, "check_most", validate.integer(self.check_most, "Auto.check_most",
+                                                                    least=self.check_steps, most=1000))
+            if self.check_steps and self.check_most % self.check_steps:
+                raise UsageError(f"Auto.check_most must be a multiple of check_steps ({self.check_steps}): the check "
+                                 f"runs check_steps rounds more at a time, not {self.check_most}")
         if self.check_block > 1 and self.check_steps == 1:
             raise UsageError(f"Auto.check_block above 1 (here {self.check_block}; the default is 6) needs at least 2 "
                              "check_steps (the check's noise is taken between its visits), not check_steps=1: pass "
                              "check_block=1 for a one-round check")
+
+
+    @property
+    def most_check_rounds(self) -> int:
+        """The rounds a check in blocks may run to: ``check_most``, or twice ``check_steps``
+        where that is at most 1000 (else ``check_steps``: no rounds more)."""
+        if self.check_most is not None:
+            return self.check_most
+        return 2 * self.check_steps if 2 * self.check_steps <= 1000 else self.check_steps
 
 
 def kept_sms(values: Any, what: str = "sms") -> list[int]:

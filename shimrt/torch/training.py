@@ -168,7 +168,7 @@ class Overlap:
                                                       reference="ddp", check=auto.check_steps, lead=LEAD_STEPS,
                                                       check_block=auto.check_block,
                                                       check_always=auto.check_always,
-                                                      check_most=auto.check_most)
+                                                      check_most=auto.most_check_rounds)
             elif named is not None:  # a fixed policy: parsed above
                 if self._usable([named]) == []:
                     raise UsageError(f"policy {named.name!r} cannot run here: {self.dropped[named.name]}")

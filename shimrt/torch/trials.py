@@ -92,6 +92,9 @@ class Trials:
         #: a block check's rounds at the most, extended while the pick leads within the noise
         self.check_most = self.check_rounds if check_most is None else \
             validate.integer(check_most, "check_most", least=self.check_rounds, most=1000)
+        if self.check_rounds and self.check_most % self.check_rounds:
+            raise UsageError(f"check_most must be a multiple of the check rounds ({self.check_rounds}): the check "
+                             f"runs that many more at a time (reference, pick, pick, reference), not {self.check_most}")
         self._check_done = 0  # a block check's rounds scheduled so far
         if lead and reference is None:
             raise UsageError("lead-in steps run under the reference: give a reference, or lead=0")
@@ -244,7 +247,7 @@ class Trials:
                 _, spread = self._agreed(visits, pair, agree)
                 held = direction == self.checking.name and self._winner(means, spread, reference) == direction
                 if direction == self.checking.name and not held and self._check_done < self.check_most:
-                    self._blocks(pair, min(self.check_rounds, self.check_most - self._check_done))
+                    self._blocks(pair, self.check_rounds)
                     return None  # leads within the noise: more visits first
                 extra = {"block": self.check_block, "visit_means_ms": visits, "visit_standard_errors_ms": spread,
                          "rounds_run": self._check_done}
