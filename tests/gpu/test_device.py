@@ -171,11 +171,25 @@ def test_synchronize_with_timeout_raises_instead_of_hanging(device):
             except shimrt.ShimrtError as exc:
                 assert "did not finish within" in str(exc), exc
             else:
+                contexts = _contexts(device, s)  # before the wait below: as they were when it returned
                 s.synchronize(timeout=30)
                 spun = int(bufs[2].numpy()[0] - bufs[1].numpy()[0]) / 1e9
-                pytest.fail(f"{wait.__qualname__}(timeout=0.05) returned; its kernel spun {spun:.3f} s of 2")
+                pytest.fail(f"{wait.__qualname__}(timeout=0.05) returned; its kernel spun {spun:.3f} s of 2; "
+                            f"{contexts}")
             s.synchronize(timeout=30)
         device.synchronize(timeout=30)
+
+
+def _contexts(device, stream) -> str:
+    """Where ``stream`` lives against the device's context and the thread's current one (CUDA):
+    a stream made in another context than the one the device synchronizes is not waited for."""
+    if device.backend != "cuda":
+        return "contexts not read on this backend"
+    from cuda.bindings import driver as cu
+    _, of_stream = cu.cuStreamGetCtx(stream.ref())
+    _, current = cu.cuCtxGetCurrent()
+    return (f"the stream's context {int(of_stream):#x}, the device's {int(device._ctx):#x}, the thread's current "
+            f"{int(current):#x}")
 
 
 def test_torch_tensor_arguments_and_dlpack(device, vec, rng):
