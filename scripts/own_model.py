@@ -1,5 +1,6 @@
 """A user's job that shimrt was not tuned for, under torchrun: plain DDP, then the same job with
-``shimrt.torch.overlap(policy="auto")``, then plain DDP again, in one run (a check, not a test).
+``shimrt.torch.overlap(policy="auto")`` (or ``--policy``'s), then plain DDP again, in one run (a
+check, not a test).
 
 Two models, neither the bench's ``nn.TransformerEncoderLayer`` stack:
 - ``gpt`` (default): a decoder written out by hand as researchers write one (RMSNorm, causal
@@ -92,8 +93,15 @@ def main() -> None:
                                                        "of DDP")
     p.add_argument("--fsdp-route", choices=("mesh", "custom"), default="mesh",
                    help="with --fsdp: how FSDP2's collectives reach auto's groups (overlap's fsdp_route)")
+    p.add_argument("--policy", default="auto", help="what overlap() runs in the middle phase: auto (default), or a "
+                   "policy's name such as paced or carveout:32")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.policy != "auto":  # a name refused here, not after the first phase
+        try:
+            shimrt.torch.policies.parse(args.policy)
+        except shimrt.UsageError as exc:
+            p.error(str(exc))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if args.link != "native":  # before the first communicator: NCCL reads its variables once
         from shimrt.nccl.link import use_link
@@ -161,17 +169,18 @@ def main() -> None:
         out = {"way": name, "ms": ms.item(), "trial_steps": done}
         if ov is not None:
             report = ov.report()
-            out.update(kept=report["policy"], check=report["trials"]["check"], means=report["trials"]["means_ms"],
+            trials = report["trials"] or {}  # a fixed policy has none
+            out.update(kept=report["policy"], check=trials.get("check"), means=trials.get("means_ms"),
                        nccl_memory=report["nccl_memory"])
             ov.close()
         if rank == 0:
             print(json.dumps(out), flush=True)
         return out
 
-    runs = [phase(plain, None), phase("auto", "auto"), phase(f"{plain} again", None)]
+    runs = [phase(plain, None), phase(args.policy, args.policy), phase(f"{plain} again", None)]
     if rank == 0:
         base = (runs[0]["ms"] + runs[2]["ms"]) / 2
-        print(f"{plain} {runs[0]['ms']:.2f} / {runs[2]['ms']:.2f} ms, auto {runs[1]['ms']:.2f} ms "
+        print(f"{plain} {runs[0]['ms']:.2f} / {runs[2]['ms']:.2f} ms, {args.policy} {runs[1]['ms']:.2f} ms "
               f"({runs[1]['ms'] / base:.3f}x their mean), kept {runs[1]['kept']}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
