@@ -7,7 +7,8 @@
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
 #   example out); levels: plain DDP's two speeds against the host's loss reads (docs/ddp.md): bench torch's
-#   compute-heavy and balanced, plain DDP, priority and paced, the loss read never, every step and every 10th
+#   compute-heavy, balanced and balanced-1024: plain DDP, priority, paced and carveout:32 (which held plain DDP's fast
+#   level at b0f05c9), the loss read never, every step and every 10th
 #   (LEVELS_ARGS more flags; python scripts/speed_levels.py OUT/levels_N.json reads each);
 #   fsdp: scripts/zero_sm_probe.py (does NCCL all-gather on the copy engines here?), then bench
 #   torch --fsdp (plain FSDP2, its candidates and auto, each way timed once two windows of 6 steps agree;
@@ -124,7 +125,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
       ddp) steps=("${ddp_steps[@]}") ;;
       levels) steps=()
               for every in 0 1 10; do
-                steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 -m shimrt.bench torch --configs compute-heavy,balanced --policies priority,paced --steps 40 --settle 20 --sms 32 --optimizer adamw --loss-every $every --timeout 140 ${LEVELS_ARGS:-} --json $OUT/levels_$every.json")
+                steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 200 -m shimrt.bench torch --configs compute-heavy,balanced,balanced-1024 --policies priority,paced,carveout --steps 40 --settle 20 --sms 32 --optimizer adamw --loss-every $every --timeout 190 ${LEVELS_ARGS:-} --json $OUT/levels_$every.json")
               done ;;
       fsdp) mkdir -p "$OUT/profile"
             steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 scripts/zero_sm_probe.py" \
