@@ -181,15 +181,18 @@ def test_synchronize_with_timeout_raises_instead_of_hanging(device):
 
 
 def _contexts(device, stream) -> str:
-    """Where ``stream`` lives against the device's context and the thread's current one (CUDA):
-    a stream made in another context than the one the device synchronizes is not waited for."""
+    """Where ``stream`` lives against the device's primary context (the one Device synchronizes)
+    and the thread's current one (CUDA): a stream made in another context is not waited for."""
     if device.backend != "cuda":
         return "contexts not read on this backend"
     from cuda.bindings import driver as cu
     _, of_stream = cu.cuStreamGetCtx(stream.ref())
     _, current = cu.cuCtxGetCurrent()
-    return (f"the stream's context {int(of_stream):#x}, the device's {int(device._ctx):#x}, the thread's current "
-            f"{int(current):#x}")
+    _, dev = cu.cuDeviceGet(device.index)
+    _, primary = cu.cuDevicePrimaryCtxRetain(dev)
+    cu.cuDevicePrimaryCtxRelease(dev)
+    return (f"the stream's context {int(of_stream):#x}, the device's primary {int(primary):#x}, the thread's "
+            f"current {int(current):#x}")
 
 
 def test_torch_tensor_arguments_and_dlpack(device, vec, rng):
