@@ -49,14 +49,14 @@ def _median(times: list[float]) -> float:
     return statistics.median(times) if times else float("nan")
 
 
-def _spread(times: list[float], found: tuple[float, float] | None) -> dict:
+def _spread(times: list[float], threshold: float | None) -> dict:
     """``times``' median, fastest and slowest step (NaN, a step that failed, left out), and where
-    the configuration has two levels (``found``), how many of its steps ran at the fast one and
-    the median of each level's steps: a way set against another at the same level."""
+    the configuration has two levels (``threshold``: the midpoint between them), how many of its
+    steps ran at the fast one and the median of each level's steps: a way set against another at
+    the same level."""
     kept = sorted(t for t in times if t == t)
     out = {"median": _median(kept), "fastest": kept[0], "slowest": kept[-1], "steps": len(kept)}
-    if found is not None:
-        threshold = sum(found) / 2
+    if threshold is not None:
         fast, slow = [t for t in kept if t <= threshold], [t for t in kept if t > threshold]
         out.update(fast=len(fast), fast_median=_median(fast), slow_median=_median(slow))
     return out
@@ -81,13 +81,13 @@ def analyse(result: dict, ways: tuple[str, ...] = PLAIN, hold: int = 3) -> dict:
                    and (not w.startswith("auto") or e.get("kept") == "ddp")}  # an auto runs what it kept
         times = sorted(t for e in present.values() for t in e["steps_ms"] if t == t)
         found = levels(times)
-        out["by_way"][name] = {w: _spread(e["steps_ms"], found) for w, e in config.get("ways", {}).items()
+        threshold = None if found is None else sum(found) / 2
+        out["by_way"][name] = {w: _spread(e["steps_ms"], threshold) for w, e in config.get("ways", {}).items()
                                if any(t == t for t in e.get("steps_ms") or [])}
         if times:
             out["spread"][name] = (found, times[0], times[len(times) // 2], times[-1], every)
-        if found is None or not every:
+        if threshold is None or not every:
             continue
-        threshold = sum(found) / 2
         mine: dict = {"levels_ms": found, "ways": {}}
         for way, e in present.items():
             before = e.get("untimed_steps", 0)

@@ -324,7 +324,6 @@ class Auto:
                              "check_steps (the check's noise is taken between its visits), not check_steps=1: pass "
                              "check_block=1 for a one-round check")
 
-
     @property
     def most_check_rounds(self) -> int:
         """The rounds a check in blocks may run to: ``check_most``, or twice ``check_steps``
