@@ -778,7 +778,7 @@ def test_zero_sm_is_a_policy_of_ncclss_cta_policy_zero_with_no_channel_count():
 def test_paced_is_the_plain_job_with_the_host_waiting_at_each_steps_end():
     p = policies.parse("paced")
     assert p.plain and p.pace and p.priority == "high" and p.channels(2) is None and p.compute is None
-    assert p.describe(2) == "plain DDP's own all-reduce, no hook, the host waits for each step's end"
+    assert p.describe(2) == "the wrapper's own collectives, as without shimrt, the host waits for each step's end"
     assert Policy("q", pace=True, compute=policies.Carveout(32)).describe(2) == \
         "high priority, cuBLAS leaves 32 SMs, NCCL 16 channels/rank, the host waits for each step's end"
     with pytest.raises(UsageError, match="Policy.pace must be"):

@@ -213,7 +213,7 @@ class Policy:
         """What the policy does, in words; its NCCL channels where ``ranks_per_gpu`` (or ``ctas``)
         says them."""
         parts = ["after backward" if self.sequential else
-                 "plain DDP's own all-reduce, no hook" if self.plain else f"{self.priority} priority"]
+                 "the wrapper's own collectives, as without shimrt" if self.plain else f"{self.priority} priority"]
         if self.cap is not None:
             parts.append(f"compute capped at {self.cap} blocks/SM")
         if self.partition is not None:
