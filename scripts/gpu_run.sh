@@ -49,19 +49,31 @@ if [ "$part" = all ] || [ "$part" = tests ]; then
 # PYTEST_PATHS (default tests) runs a part of the suite, e.g. tests/gpu, where one call cannot hold it all;
 # SUITE_PART names the three parts that each fit one 10-minute call (the whole suite, GPU tests over 330 s of it,
 # does not): ddp (tests/gpu/test_ddp.py, the two-rank torch tests), gpu (the other GPU tests, the soak and the
-# selftest), cpu (the rest of the suite).
+# selftest), cpu (the rest of the suite), and ddp+cpu: the two at once in one call, the CPU half (which touches no
+# GPU) in OUT/cpu with a pytest folder of its own, since device time, not the machine's 16 cores, is what is short.
 case ${SUITE_PART:-} in
   "") paths=${PYTEST_PATHS:-tests} ;;
-  ddp) paths=tests/gpu/test_ddp.py ;;
+  ddp|ddp+cpu) paths=tests/gpu/test_ddp.py ;;
   gpu) paths="tests/gpu --ignore=tests/gpu/test_ddp.py" ;;
   cpu) paths="tests --ignore=tests/gpu" ;;
-  *) echo "SUITE_PART must be ddp, gpu or cpu, not ${SUITE_PART}" >&2; exit 2 ;;
+  *) echo "SUITE_PART must be ddp, gpu, cpu or ddp+cpu, not ${SUITE_PART}" >&2; exit 2 ;;
 esac
+beside=
+if [ "${SUITE_PART:-}" = ddp+cpu ]; then
+  # as it runs alone: without the multi-rank NCCL preloaded (it runs no collective across ranks)
+  env -u LD_PRELOAD -u SHIMRT_NCCL_LIBRARY -u NCCL_MULTI_RANK_GPU_ENABLE OUT="$OUT/cpu" SUITE_PART=cpu \
+    PYTEST_ADDOPTS="--basetemp=/tmp/shimrt-cpu-half" bash "$0" tests > /dev/null 2>&1 &
+  beside=$!
+fi
 echo "== pytest $paths" | tee -a "$summary"
 python3 -m pytest -q -rs -s -p no:cacheprovider --timeout="${PYTEST_TIMEOUT:-180}" -o faulthandler_timeout=150 --durations=15 $paths 2>&1 \
   | tee "$OUT/pytest.log" | tail -3 | tee -a "$summary"
 # pytest's own status, said: a run whose summary says all passed once ended non-zero (71ad7d8, H100)
 rc=${PIPESTATUS[0]}
+if [ -n "$beside" ]; then
+  wait "$beside" || fail "the CPU half (OUT/cpu/summary.txt)"
+  { echo "== the CPU half, beside it (OUT/cpu)"; tail -n 4 "$OUT/cpu/summary.txt"; } 2>&1 | tee -a "$summary"
+fi
 [ "$rc" = 0 ] || { echo "pytest exit status $rc" | tee -a "$summary"; fail pytest; }
 # pytest's summary line ("1 failed, ...", "1 error in ..."), not any log line that says "error" (torch's warnings do)
 # (grep reads it all, -q would not: tail must not die of SIGPIPE under pipefail)

@@ -312,11 +312,14 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
-def _start_launcher(tmp_path, nproc, mode):
-    # The launcher gets its own session, so the test can always clean up after it.
+def _start_launcher(tmp_path, nproc, mode, sigint=signal.SIG_DFL):
+    # The launcher gets its own session, so the test can always clean up after it. It starts with
+    # SIGINT as ``sigint`` says, whatever pytest's is: a non-interactive shell starts a background
+    # job (``pytest &``) with SIGINT ignored, and an ignored signal stays ignored (ranks.py).
     proc = subprocess.Popen([sys.executable, "-m", "shimrt.launch", "--nproc", str(nproc), LAUNCH_PROBE, mode,
                              str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=clean_env(), start_new_session=True)
+                            env=clean_env(), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
     deadline = time.monotonic() + 45
     while len(list(tmp_path.glob("rank-*.json"))) < nproc:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -365,6 +368,23 @@ def test_a_signal_to_the_launcher_reaches_every_rank_and_its_children(tmp_path, 
         assert [p for p in pids if _alive(p)] == []
         assert "killing it" not in err  # the ranks obeyed at once: no grace period to wait out
         assert time.monotonic() - t0 < launch.GRACE_S
+    finally:
+        _kill_all(proc, tmp_path)
+
+
+@pytest.mark.timeout(90)
+def test_a_launcher_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
+    # A background job of a script (``python -m shimrt.launch ... &``) is started so: Ctrl-C at the
+    # terminal is not for it, and its ranks run on.
+    proc, pids = _start_launcher(tmp_path, 2, "sleep", sigint=signal.SIG_IGN)
+    try:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert proc.poll() is None and all(_alive(p) for p in pids)
+        proc.send_signal(signal.SIGTERM)
+        out, err = _wait_all_gone(proc, pids, timeout=30)
+        assert proc.returncode == 143, err
+        assert "got SIGINT" not in err and "got SIGTERM; passing it to 2 running rank(s)" in err, err
     finally:
         _kill_all(proc, tmp_path)
 
