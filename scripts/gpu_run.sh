@@ -32,6 +32,9 @@ case $part in all|tests|benches|nccl|latency|ddp|levels|fsdp|own|link|link-torch
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
+# Made before any test runs: the suite fails a run that leaves a new shimrt-* entry in /tmp (tests/conftest.py),
+# and on a fresh machine the first compile made this one (the CPU half's "all passed", exit status 1, at 71ad7d8).
+mkdir -p "$SHIMRT_CACHE_DIR"
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 status=0
 summary="$OUT/summary.txt"
@@ -62,7 +65,7 @@ beside=
 if [ "${SUITE_PART:-}" = ddp+cpu ]; then
   # as it runs alone: without the multi-rank NCCL preloaded (it runs no collective across ranks)
   env -u LD_PRELOAD -u SHIMRT_NCCL_LIBRARY -u NCCL_MULTI_RANK_GPU_ENABLE OUT="$OUT/cpu" SUITE_PART=cpu \
-    PYTEST_ADDOPTS="--basetemp=/tmp/shimrt-cpu-half" bash "$0" tests > /dev/null 2>&1 &
+    PYTEST_ADDOPTS="--basetemp=/tmp/pytest-cpu-half" bash "$0" tests > /dev/null 2>&1 &
   beside=$!
 fi
 echo "== pytest $paths" | tee -a "$summary"
