@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -160,22 +162,33 @@ def test_synchronize_with_timeout_raises_instead_of_hanging(device):
     k = device.load(device.compile(kernels.source("probe"), name="probe.cu"))["sm_probe"]
     bufs = (device.empty(1, np.uint32), device.empty(1, np.uint64), device.empty(1, np.uint64))
     with device.stream() as s:
-        # Each wait its own 2 s of spinning, which a 0.05-s wait ends before, even on a host that
-        # stalls for a second. Full-suite runs on an H100 twice saw the device's wait return (at
-        # 71ad7d8, where both waits shared one kernel) where it passed alone; cause not known: a
-        # wait that returns says how long its kernel spun by the GPU's clock.
+        # Each wait its own 2 s of spinning, which a 0.05-s wait ends before. Full-suite runs on an
+        # H100 twice saw the device's wait return (at 71ad7d8, where both waits shared one kernel)
+        # where it passed alone. A likely cause: the collector, run on this thread between the launch
+        # and the wait, finalizing an earlier test's buffers and modules, whose cuMemFree and
+        # cuModuleUnload wait for the device: the thread stalls until the kernel ends, and the wait
+        # then rightly finds nothing left. So the collector runs before the launch and not during
+        # the wait; a wait that still returns says how long it took by the host's clock and whether
+        # the kernel was still running then (which no stall explains).
         for wait in (s.synchronize, device.synchronize):  # the device's: the work is on a non-blocking stream
-            k.launch(1, 32, *bufs, 2_000_000_000, stream=s)
+            gc.collect()
+            gc.disable()
             try:
-                wait(timeout=0.05)
-            except shimrt.ShimrtError as exc:
-                assert "did not finish within" in str(exc), exc
-            else:
-                contexts = _contexts(device, s)  # before the wait below: as they were when it returned
-                s.synchronize(timeout=30)
-                spun = int(bufs[2].numpy()[0] - bufs[1].numpy()[0]) / 1e9
-                pytest.fail(f"{wait.__qualname__}(timeout=0.05) returned; its kernel spun {spun:.3f} s of 2; "
-                            f"{contexts}")
+                k.launch(1, 32, *bufs, 2_000_000_000, stream=s)
+                t0 = time.monotonic()
+                try:
+                    wait(timeout=0.05)
+                except shimrt.ShimrtError as exc:
+                    assert "did not finish within" in str(exc), exc
+                else:
+                    took, running = time.monotonic() - t0, not s.query()
+                    contexts = _contexts(device, s)  # before the wait below: as they were when it returned
+                    s.synchronize(timeout=30)
+                    spun = int(bufs[2].numpy()[0] - bufs[1].numpy()[0]) / 1e9
+                    pytest.fail(f"{wait.__qualname__}(timeout=0.05) returned after {took:.3f} s, the kernel "
+                                f"{'still running' if running else 'done'}; it spun {spun:.3f} s of 2; {contexts}")
+            finally:
+                gc.enable()
             s.synchronize(timeout=30)
         device.synchronize(timeout=30)
 
