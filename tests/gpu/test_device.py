@@ -166,7 +166,7 @@ def test_synchronize_with_timeout_raises_instead_of_hanging(device):
         # H100 twice saw the device's wait return (at 71ad7d8, where both waits shared one kernel)
         # where it passed alone. A likely cause: the collector, run on this thread between the launch
         # and the wait, finalizing an earlier test's buffers and modules, whose cuMemFree and
-        # cuModuleUnload wait for the device: the thread stalls until the kernel ends, and the wait
+        # cuModuleUnload may wait for the device: the thread stalls until the kernel ends, and the wait
         # then rightly finds nothing left. So the collector runs before the launch and not during
         # the wait; a wait that still returns says how long it took by the host's clock and whether
         # the kernel was still running then (which no stall explains).
