@@ -63,9 +63,12 @@ case ${SUITE_PART:-} in
 esac
 beside=
 if [ "${SUITE_PART:-}" = ddp+cpu ]; then
-  # as it runs alone: without the multi-rank NCCL preloaded (it runs no collective across ranks)
+  # As it runs alone: without the multi-rank NCCL preloaded (it runs no collective across ranks). A temporary
+  # folder of its own, so that neither run's net for shimrt-* entries left in it (tests/conftest.py) sees, or
+  # removes, the other's (the DDP half's MPS folders).
+  mkdir -p /tmp/cpu-half
   env -u LD_PRELOAD -u SHIMRT_NCCL_LIBRARY -u NCCL_MULTI_RANK_GPU_ENABLE OUT="$OUT/cpu" SUITE_PART=cpu \
-    PYTEST_ADDOPTS="--basetemp=/tmp/pytest-cpu-half" bash "$0" tests > /dev/null 2>&1 &
+    TMPDIR=/tmp/cpu-half PYTEST_ADDOPTS="--basetemp=/tmp/cpu-half/pytest" bash "$0" tests > /dev/null 2>&1 &
   beside=$!
 fi
 echo "== pytest $paths" | tee -a "$summary"
@@ -189,6 +192,6 @@ for d in plots profile; do
 done
 # Nothing of --mps may outlive the run: no daemon, no private folder. (The CPU half starts none and may
 # run beside a part that does: a call short of device time runs it beside the DDP half.)
-[ "${SUITE_PART:-}" = cpu ] || python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob('/tmp/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up"
+[ "${SUITE_PART:-}" = cpu ] || python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob(mps.temp_root() + '/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up"
 for f in ${failed[@]+"${failed[@]}"}; do echo "FAILED: $f" | tee -a "$summary"; done
 exit $status

@@ -15,7 +15,8 @@ OWN_TEMP = "shimrt-"
 
 
 def _own_temp() -> set[str]:
-    roots = {tempfile.gettempdir(), "/tmp"}  # shimrt.launch.mps keeps its sockets' paths short under /tmp
+    from shimrt.launch import mps  # its daemons' folders: TMPDIR where short enough for their sockets, else /tmp
+    roots = {tempfile.gettempdir(), mps.temp_root()}
     return {str(p) for root in roots if Path(root).is_dir() for p in Path(root).glob(OWN_TEMP + "*")}
 
 

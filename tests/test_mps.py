@@ -183,15 +183,31 @@ def test_a_daemon_already_running_is_refused_saying_which_and_how_to_stop_it(sta
     assert mps.running(standin) == []
 
 
+@pytest.mark.parametrize("length", [mps.TEMP_ROOT_MAX, mps.TEMP_ROOT_MAX + 1])
+def test_the_daemons_folders_go_to_the_temporary_folder_where_its_sockets_fit(monkeypatch, length):
+    import shutil
+    import tempfile
+    base = tempfile.mkdtemp(prefix="m", dir="/tmp")  # short, so that a folder of ``length`` bytes fits under it
+    try:
+        root = os.path.join(base, "d" * (length - len(base) - 1))
+        os.mkdir(root)
+        assert len(os.fsencode(root)) == length
+        monkeypatch.setenv("TMPDIR", root)
+        monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+        assert mps.temp_root() == (root if length <= mps.TEMP_ROOT_MAX else "/tmp")
+    finally:
+        shutil.rmtree(base)
+
+
 @pytest.mark.timeout(60)
 def test_a_daemon_that_does_not_start_is_refused_cleanly(standin):
-    before = set(Path("/tmp").glob("shimrt-mps-*"))
+    before = set(Path(mps.temp_root()).glob("shimrt-mps-*"))
     run = launch_cmd("--nproc", "2", "--mps", PROBE, "env", env=env_with(standin, MPS_STANDIN_FAIL_START="1"))
     assert run.returncode == 2, run.stdout + run.stderr
     assert (f"shimrt.launch: the MPS control daemon did not start: {standin} -d exited with code 1: standin: "
             "cannot start the MPS control daemon: no usable GPU driver" in run.stderr), run.stderr
     assert run.stdout == "" and "Traceback" not in run.stderr
-    assert set(Path("/tmp").glob("shimrt-mps-*")) == before  # its folders removed
+    assert set(Path(mps.temp_root()).glob("shimrt-mps-*")) == before  # its folders removed
 
 
 @pytest.mark.timeout(60)
@@ -201,14 +217,14 @@ def test_a_control_program_that_starts_no_daemon_is_refused(tmp_path):
     true = tmp_path / "nvidia-cuda-mps-control"
     true.write_text("#!/bin/sh\nexit 0\n")
     true.chmod(0o755)
-    before = set(Path("/tmp").glob("shimrt-mps-*"))
+    before = set(Path(mps.temp_root()).glob("shimrt-mps-*"))
     run = launch_cmd("--nproc", "1", "--mps", PROBE, "env", env=env_with(str(true)), timeout=30)
     assert run.returncode == 2, run.stdout + run.stderr
     assert (f"shimrt.launch: the MPS control daemon did not start: {true} -d returned and answered, but no daemon "
             f"runs (no {mps.PID_FILE} in its pipe folder, no process of it): is it NVIDIA's {mps.CONTROL}?"
             in run.stderr), run.stderr
     assert run.stdout == "" and "Traceback" not in run.stderr and len(refusals(run.stderr)) == 1
-    assert set(Path("/tmp").glob("shimrt-mps-*")) == before  # its folders removed
+    assert set(Path(mps.temp_root()).glob("shimrt-mps-*")) == before  # its folders removed
 
 
 @pytest.mark.timeout(60)
@@ -236,7 +252,8 @@ def test_the_ranks_are_clients_of_the_daemon_which_is_gone_after_a_normal_end(st
     for r in got.values():
         assert (r["pipe"], r["log"], r["mark"], r["launch_env_mps"]) == (pipe, log, "1", True)
         assert r["answers"] and r["daemon"] == pid  # the daemon ran, and answered, while the ranks did
-    assert pipe.startswith("/tmp/shimrt-mps-") and os.path.dirname(pipe) == os.path.dirname(log)
+    assert pipe.startswith(os.path.join(mps.temp_root(), "shimrt-mps-"))
+    assert os.path.dirname(pipe) == os.path.dirname(log)
     assert_gone(run.stderr, standin)
 
 

@@ -30,12 +30,15 @@ from .. import validate
 from ..config import settings
 from ..errors import DriverError, NoDeviceError, ShimrtError, UsageError
 
-__all__ = ["MpsError", "find_control", "running", "client_error", "Mps"]
+__all__ = ["MpsError", "find_control", "running", "client_error", "temp_root", "Mps"]
 
 #: The control program's name, looked for on PATH and then in :data:`SEARCHED`.
 CONTROL = "nvidia-cuda-mps-control"
 #: Where NVIDIA's container images and driver packages put it, often off PATH.
 SEARCHED = ("/usr/local/nvidia/bin", "/usr/bin")
+#: The longest temporary folder (in bytes) that a daemon's private folders go under (:func:`temp_root`):
+#: 48, and 60 more for the folder, its pipe folder and a socket's name, stay within AF_UNIX's 108.
+TEMP_ROOT_MAX = 48
 #: The pipe folder of a daemon (and its clients) without CUDA_MPS_PIPE_DIRECTORY.
 DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 #: The file in its pipe folder where a control daemon writes its pid.
@@ -238,10 +241,15 @@ def client_error(exc: ShimrtError) -> ShimrtError:
     return NoDeviceError(text + hint) if isinstance(exc, NoDeviceError) else exc
 
 
-def _temp_root() -> str | None:
-    # The daemon's socket path (<folder>/control) must fit AF_UNIX's 108 bytes, or the daemon starts
-    # and never answers; NVIDIA recommends a local folder such as /tmp. A long TMPDIR would not do.
-    return "/tmp" if os.path.isdir("/tmp") and os.access("/tmp", os.W_OK | os.X_OK) else None
+def temp_root() -> str:
+    """The folder a daemon's private folders are made in: the temporary folder (TMPDIR), as for any
+    temporary file, where its path has at most :data:`TEMP_ROOT_MAX` bytes, else /tmp (where it can
+    be written). The daemon's sockets (<root>/shimrt-mps-XXXXXXXX/pipe/control) must fit AF_UNIX's
+    108 bytes, or it starts and never answers; NVIDIA recommends a local folder such as /tmp."""
+    root = tempfile.gettempdir()
+    if len(os.fsencode(root)) <= TEMP_ROOT_MAX or not os.access("/tmp", os.W_OK | os.X_OK):
+        return root
+    return "/tmp"
 
 
 class Mps:
@@ -295,7 +303,7 @@ class Mps:
         daemons = running(self.control)
         if daemons:
             raise _refusal(daemons, self.control)
-        self._root = tempfile.mkdtemp(prefix=_PREFIX, dir=_temp_root())
+        self._root = tempfile.mkdtemp(prefix=_PREFIX, dir=temp_root())
         self.pipe_directory, self.log_directory = (os.path.join(self._root, d) for d in ("pipe", "log"))
         try:
             os.mkdir(self.pipe_directory, 0o700)
