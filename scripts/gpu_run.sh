@@ -52,13 +52,16 @@ if [ "$part" = all ] || [ "$part" = tests ]; then
 # PYTEST_PATHS (default tests) runs a part of the suite, e.g. tests/gpu, where one call cannot hold it all;
 # SUITE_PART names the three parts that each fit one 10-minute call (the whole suite, GPU tests over 330 s of it,
 # does not): ddp (tests/gpu/test_ddp.py, the two-rank torch tests), gpu (the other GPU tests, the soak and the
-# selftest), cpu (the rest of the suite), and ddp+cpu: the two at once in one call, the CPU half (which touches no
-# GPU) in OUT/cpu with a pytest folder of its own, since device time, not the machine's 16 cores, is what is short.
+# selftest, and tests/test_mps.py), cpu (the rest of the suite), and ddp+cpu: the two at once in one call, the CPU
+# half (which touches no GPU) in OUT/cpu, since device time, not the machine's 16 cores, is what is short; then gpu.
+# The CPU half beside the DDP half leaves out tests/test_mps.py: its stand-in daemons and the DDP half's real one
+# would each be refused as a second MPS daemon on the machine (mps.running), as they should be.
 case ${SUITE_PART:-} in
   "") paths=${PYTEST_PATHS:-tests} ;;
   ddp|ddp+cpu) paths=tests/gpu/test_ddp.py ;;
-  gpu) paths="tests/gpu --ignore=tests/gpu/test_ddp.py" ;;
+  gpu) paths="tests/gpu --ignore=tests/gpu/test_ddp.py tests/test_mps.py" ;;
   cpu) paths="tests --ignore=tests/gpu" ;;
+  cpu-beside) paths="tests --ignore=tests/gpu --ignore=tests/test_mps.py" ;;
   *) echo "SUITE_PART must be ddp, gpu, cpu or ddp+cpu, not ${SUITE_PART}" >&2; exit 2 ;;
 esac
 beside=
@@ -67,7 +70,7 @@ if [ "${SUITE_PART:-}" = ddp+cpu ]; then
   # folder of its own, so that neither run's net for shimrt-* entries left in it (tests/conftest.py) sees, or
   # removes, the other's (the DDP half's MPS folders).
   mkdir -p /tmp/cpu-half
-  env -u LD_PRELOAD -u SHIMRT_NCCL_LIBRARY -u NCCL_MULTI_RANK_GPU_ENABLE OUT="$OUT/cpu" SUITE_PART=cpu \
+  env -u LD_PRELOAD -u SHIMRT_NCCL_LIBRARY -u NCCL_MULTI_RANK_GPU_ENABLE OUT="$OUT/cpu" SUITE_PART=cpu-beside \
     TMPDIR=/tmp/cpu-half PYTEST_ADDOPTS="--basetemp=/tmp/cpu-half/pytest" bash "$0" tests > /dev/null 2>&1 &
   beside=$!
 fi
@@ -192,6 +195,6 @@ for d in plots profile; do
 done
 # Nothing of --mps may outlive the run: no daemon, no private folder. (The CPU half starts none and may
 # run beside a part that does: a call short of device time runs it beside the DDP half.)
-[ "${SUITE_PART:-}" = cpu ] || python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob(mps.temp_root() + '/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up"
+case ${SUITE_PART:-} in cpu|cpu-beside) true ;; *) false ;; esac || python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob(mps.temp_root() + '/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up"
 for f in ${failed[@]+"${failed[@]}"}; do echo "FAILED: $f" | tee -a "$summary"; done
 exit $status
