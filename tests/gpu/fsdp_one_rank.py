@@ -14,6 +14,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from ddp_one_rank import MOST_STEPS, decided  # a sibling script (this one's folder is on sys.path)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -44,8 +45,8 @@ def main() -> None:
     plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
     chosen = shimrt.torch.Auto(trial_steps=1, margin=margin) if policy == "auto" else policy
     ov = shimrt.torch.overlap(model, policy=chosen, timeout=60, fsdp_route=route)
-    for step in range(1000):  # auto's trials: until it decides (ddp_one_rank.py's MOST_STEPS)
-        if step >= steps and ov.report()["policy"] is not None:
+    for step in range(MOST_STEPS):
+        if step >= steps and decided(ov):
             break
         x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
         with ov.step():
