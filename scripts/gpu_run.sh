@@ -104,11 +104,21 @@ if [ "$part" = all ] || [ "$part" = benches ]; then
             "shimrt.bench host-cost --timeout 240 --json $OUT/host_cost.json")
 fi
 # Processes sharing the GPU run side by side under MPS; where it cannot be had, they time-slice (said so).
+# A daemon already running (an earlier call's, killed mid-run) is named. The timed parts stop there: their
+# ranks time-sliced would be set against figures measured under MPS.
 mps_flag() {
   if python3 -c "import sys; from shimrt.launch import mps
-try: sys.exit(bool(mps.running(mps.find_control())))
-except mps.MpsError as e: sys.exit(str(e))" 2>>"$summary"; then mpsflag=--mps
-  else mpsflag=; echo "MPS not usable here (see above): two processes time-slice the GPU" | tee -a "$summary"; fi
+try: left = mps.running(mps.find_control())
+except mps.MpsError as e: sys.exit(str(e))
+sys.exit(f'an MPS daemon is running already: {left}' if left else 0)" 2>&1 | tee -a "$summary"; then mpsflag=--mps
+  else
+    mpsflag=
+    case $part in
+      ddp|levels|fsdp|own|link-torch) echo "MPS not usable here (above): the timed part $part stops" | tee -a "$summary"
+                                      echo "FAILED: MPS for $part" | tee -a "$summary"; exit 1 ;;
+      *) echo "MPS not usable here (above): two processes time-slice the GPU" | tee -a "$summary" ;;
+    esac
+  fi
 }
 if [ "$part" = link ]; then
   # Each rank a host of its own in NCCL's eyes: the shared-GPU check does not apply (docs/regimes.md).
@@ -161,6 +171,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
     export MASTER_ADDR=localhost MASTER_PORT=29512  # torch.distributed's rendezvous for one process per rank
   else
     echo "nccl part skipped: the NCCL loaded cannot put two ranks on this GPU (see above)" | tee -a "$summary"
+    fail "the $part part: no NCCL that puts two ranks on one GPU"  # a run of nothing is no success
   fi
 fi
 # The GPU's clocks, power and throttle reasons, 4 a second, beside the DDP runs (plain DDP runs at two speeds;
