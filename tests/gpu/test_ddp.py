@@ -131,13 +131,16 @@ def test_every_compute_policy_trains_as_plain_ddp_within_a_different_kernels_rou
     assert f"policy: {policy}" in out
 
 
+# auto's log lists means as 'name[*] ms, ...' (* a finalist; inf a way that never ran)
+MEANS = r"([^\s,*]+)(\*?) ([0-9.]+|inf)(?:,|$)"
+
+
 @pytest.mark.timeout(300)
 def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_trials(device):
     out = _launch(device, "--policy", "auto", "--steps", "240", "--width", "1024", "--layers", "2", "--tokens", "512")
     m = re.search(r"auto kept (\S+) .* mean step ms \(\* finalists; ddp: plain DDP\): (.+)$", out, re.M)
     assert m, out[-3000:]
-    found = re.findall(r"([^\s,*]+)(\*?) ([0-9.]+|inf)(?:,|$)", m.group(2))
-    means = {n: (float(t), star == "*") for n, star, t in found}
+    means = {n: (float(t), star == "*") for n, star, t in re.findall(MEANS, m.group(2))}
     kept, ddp = means[m.group(1)], means["ddp"]
     assert kept[1] and ddp[1], out[-2000:]  # both finalists
     # The kept no slower: in its block check beside plain DDP where that check held (auto checks its pick
@@ -145,7 +148,7 @@ def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_t
     c = re.search(r"auto's check of (\S+) alone beside plain DDP, mean step ms: (.+) \((held|plain DDP kept)\)$",
                   out, re.M)
     if c and c.group(3) == "held":
-        checked = dict((n, float(t)) for n, t in re.findall(r"(\S+) ([0-9.]+)(?:,|$)", c.group(2)))
+        checked = {n: float(t) for n, _, t in re.findall(MEANS, c.group(2))}
         assert c.group(1) == m.group(1) and checked[m.group(1)] <= checked["ddp"], out[-2000:]
     else:
         assert kept[0] <= ddp[0], out[-2000:]
