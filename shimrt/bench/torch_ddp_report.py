@@ -11,6 +11,7 @@ import statistics
 from typing import Any
 
 from ..torch.policies import FIXED_ONLY
+from ..torch.trials import how_held
 
 __all__ = ["AUTOS", "REFERENCES", "report", "bars_png", "noise"]
 
@@ -107,7 +108,7 @@ def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
         if check.get("rounds_run"):
             blocks += f" over {check['rounds_run']} rounds"
         said += (f"; its check{blocks} beside plain DDP: {times} ms, {check['policy']} "
-                 f"{'held' if check['held'] else 'gave way'}")
+                 f"{how_held(check)}")
     return said
 
 
@@ -147,3 +148,4 @@ def bars_png(name: str, r: dict, path: Any) -> Any:
     ax.set_title(f"bench torch, DDP: {name}")
     ax.legend(fontsize=8)
     return save_png(figure, path)
+

@@ -69,7 +69,7 @@ from .interop import stream as torch_stream
 from .placement import Placement, Wrapped
 from .policies import FIXED_ONLY, FSDP_KINDS, KINDS, Auto, Policy, candidates, parse
 from .resources import Resources, Window
-from .trials import Trials
+from .trials import Trials, how_held
 
 __all__ = ["overlap", "Overlap"]
 
@@ -306,7 +306,7 @@ class Overlap:
             if check:
                 log.info("auto's check of %s alone beside plain %s, mean step ms: %s (%s)", check["policy"],
                          self.model.kind, ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items()),
-                         "held" if check["held"] else "plain " + self.model.kind + " kept")
+                         how_held(check) if check["held"] else "plain " + self.model.kind + " kept")
 
     def _release(self, staying: list[Policy]) -> None:
         """Only ``staying`` (and plain DDP, whose group is the model's own) run from the next

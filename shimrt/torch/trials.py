@@ -31,6 +31,15 @@ more, up to ``check_most`` rounds in all, and decides on all its visits: a refer
 at two speeds (plain DDP of ranks sharing a GPU, docs/ddp.md) spreads its visits' means, and more
 visits narrow the noise where a few cannot tell. A second look at the same rule makes a gain within
 the noise pass a little more often than one look would (two chances at two standard errors).
+Against such a reference the noise rule can refuse a pick that cannot lose: on an H100 (bench
+torch compute-heavy, docs/ddp.md at 596006f) plain DDP's visits read 78.3, 66.3, 72.3, 66.3, 66.3,
+66.5, 68.6 and 66.3 ms, a windowed carveout's all 66.2-67.2 (mean 66.7): 3% faster on average,
+within the noise of the slow visits, and plain DDP, kept, then ran 73.7 ms. So a pick that leads
+by the margin also holds when its loss is bounded: its mean within the margin of the reference's
+fastest visit (at worst it costs the margin where the reference runs at its best) and none of its
+visits slower than the reference's mean (it is steady, not a lucky stretch). A pick slower than
+the reference's fastest visit by more than the margin, or with a visit slower than the reference's
+mean, still needs the noise rule.
 
 Why rounds and means, not each candidate's steps back to back and their median: a GPU shared by
 several ranks can run stretches of steps at two speeds, and a stretch outlasts a few steps in a
@@ -55,7 +64,7 @@ from typing import Any, Callable, Sequence
 from .. import choose, validate
 from ..errors import ShimrtError, UsageError
 
-__all__ = ["Trials"]
+__all__ = ["Trials", "how_held"]
 
 #: ``agree``: this rank's mean (or standard error) per candidate, in candidate order, to the ranks'
 #: common ones (their maximum).
@@ -245,12 +254,16 @@ class Trials:
             else:  # blocks: their own steps alone, the noise over the visits' means
                 visits = {n: [statistics.fmean(v) for v in by.values()] for n, by in self.check_visits.items()}
                 _, spread = self._agreed(visits, pair, agree)
-                held = direction == self.checking.name and self._winner(means, spread, reference) == direction
-                if direction == self.checking.name and not held and self._check_done < self.check_most:
+                leads = direction == self.checking.name
+                by_noise = leads and self._winner(means, spread, reference) == direction
+                by_bound = leads and not by_noise and self._bounded(visits, reference, agree)
+                held = by_noise or by_bound
+                if leads and not held and self._check_done < self.check_most:
                     self._blocks(pair, self.check_rounds)
                     return None  # leads within the noise: more visits first
                 extra = {"block": self.check_block, "visit_means_ms": visits, "visit_standard_errors_ms": spread,
-                         "rounds_run": self._check_done}
+                         "rounds_run": self._check_done,
+                         "held_by": "noise" if by_noise else "bound" if by_bound else None}
         except ShimrtError:  # the check timed neither: what the trials chose is all there is to go on
             held = self.trials_chose == self.checking.name
         self.check = {"policy": self.checking.name, "rounds": self.check_rounds, "times_ms": self.check_times,
@@ -259,6 +272,17 @@ class Trials:
                       "after_reference_won": self.trials_chose == reference, **extra}
         self.picked = self.checking if held else self._named(reference)
         return self.picked
+
+    def _bounded(self, visits: dict[str, list[float]], reference: str, agree: Agree | None) -> bool:
+        """A block check's pick whose loss is bounded where its gain is not: its mean within the
+        margin of the reference's fastest visit, and none of its visits slower than the
+        reference's mean (see the module's docstring). From the ranks' common visit means (each
+        visit's slowest rank), so every rank decides alike."""
+        pick = self.checking.name
+        common = {n: list(agree(v)) if agree is not None else v for n, v in visits.items()}
+        ref, mine = common[reference], common[pick]
+        return (statistics.fmean(mine) <= min(ref) * (1 + self.margin)
+                and max(mine) <= statistics.fmean(ref))
 
     def _agreed(self, times: dict[str, list[float]], candidates: list[Any],
                 agree: Agree | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -308,3 +332,11 @@ class Trials:
 def _standard_error(times: list[float]) -> float:
     """The standard error of the mean of ``times`` (0 with fewer than two)."""
     return statistics.stdev(times) / math.sqrt(len(times)) if len(times) > 1 else 0.0
+
+
+def how_held(check: dict) -> str:
+    """A check's end in words (``Trials.check``): "held", "held by its bound" (a block check whose
+    pick's loss is bounded, though its gain is within the noise) or "gave way"."""
+    if not check["held"]:
+        return "gave way"
+    return "held by its bound" if check.get("held_by") == "bound" else "held"
