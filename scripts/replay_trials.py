@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from shimrt.torch.trials import Trials
+from shimrt.torch.policies import Auto
+from shimrt.torch.trials import Trials, how_held
 
 
 class Named:
@@ -26,10 +27,15 @@ class Named:
 
 def replay(trials: dict, rounds: int, check_steps: int) -> str:
     names = trials["candidates"]
-    t = Trials([Named(n) for n in names], steps=rounds, warmup=0,
-               margin=trials["margin"], reference=trials["reference"], check=check_steps)
-    queues = {n: list(v) for n, v in trials["times_ms"].items()}
     check = trials.get("check") or {}
+    # a check in blocks (Auto()'s default since b0f05c9) is replayed as one: its block, checked
+    # always, run to as many rounds as Auto() allows
+    block = check.get("block", 1)
+    blocks = dict(check_block=block, check_always=True, check_most=Auto(check_steps=check_steps).most_check_rounds) \
+        if block > 1 else {}
+    t = Trials([Named(n) for n in names], steps=rounds, warmup=0,
+               margin=trials["margin"], reference=trials["reference"], check=check_steps, **blocks)
+    queues = {n: list(v) for n, v in trials["times_ms"].items()}
     check_queues = {n: list(v) for n, v in (check.get("times_ms") or {}).items()}
     while t.picked is None:
         while not t.exhausted:
@@ -42,7 +48,7 @@ def replay(trials: dict, rounds: int, check_steps: int) -> str:
         t.decide()
     said = f"keeps {t.picked.name}"
     if t.check:
-        said += f" (check of {t.check['policy']}: {'held' if t.check['held'] else 'gave way'})"
+        said += f" (check of {t.check['policy']}: {how_held(t.check)})"
     return said
 
 
