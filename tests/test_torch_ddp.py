@@ -857,3 +857,21 @@ def test_this_torch_can_or_cannot_put_fsdp2s_all_gathers_in_symmetric_memory_and
     except ImportError:
         has = False
     assert (why is None) == has, why
+
+
+def test_ddps_order_bounds_the_step_by_the_forward_then_the_all_reduces_and_the_report_says_what_can_hide():
+    from shimrt.bench.torch_ddp_report import report
+    from shimrt.bench.torch_measure import order_bound
+    # the socket link at b0f05c9 (compute 171.80 ms, of it forward and backward 169.12; all-reduces
+    # 324.20), a forward of 57 ms: the all-reduces cannot start before 57 ms, the optimizer's 2.68
+    # ms wait for them, so the step takes 383.88 ms at least and 34.6% of the all-reduces can hide
+    b = order_bound(171.80, 324.20, 169.12, 57.0)
+    assert b["ms"] == pytest.approx(57.0 + 324.20 + 2.68) and b["forward_ms"] == 57.0
+    assert b["hideable"] == pytest.approx((171.80 + 324.20 - 383.88) / 324.20)
+    # all-reduces shorter than the backward: all of them can hide, the step is compute's
+    assert order_bound(18.0, 6.6, 12.5, 4.0) == {"ms": 18.0, "forward_ms": 4.0, "hideable": 1.0}
+    r = _ddp_result()
+    r["compute_span_ms"] = 12.5
+    r["order_bound"] = order_bound(18.0, 6.6, 12.5, 4.0)
+    assert ("; DDP's order allows 18.00 ms at best (the all-reduces alone after the forward's 4.00 ms): at most "
+            "100.0% of them can hide") in report("balanced", r).splitlines()[0]

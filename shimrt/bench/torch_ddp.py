@@ -9,6 +9,9 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   sharing a GPU that drift apart compute partly alone: compute-heavy measured 25 ms so on the
   H200, against 48 ms with both ranks computing at once);
 - all-reduces alone: buckets of the gradients' size through torch.distributed, back to back;
+- the shortest step DDP's order allows (:func:`~shimrt.bench.torch_measure.order_bound`): the
+  all-reduces alone after compute alone's forward, then the rest of its step; so how much of the
+  all-reduces any way keeping that order can hide at most;
 - per DDP way, its forward and backward's own GPU time (:class:`~shimrt.bench.torch_measure.ComputeSpans`)
   against compute alone's: how much slower the compute runs beside the all-reduces ("slower");
 - plain DDP (ProcessGroupNCCL on its own streams): the reference a user already has; it runs
@@ -61,7 +64,7 @@ from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
 from .torch_ddp_report import AUTOS, bars_png, report
-from .torch_measure import ComputeSpans, comm_hidden, step_times_ms
+from .torch_measure import ComputeSpans, comm_hidden, order_bound, step_times_ms
 
 __all__ = ["run"]
 
@@ -157,6 +160,8 @@ def _stepper(model: Any, data: tuple, optimizer: Any, context: Callable[[], Any]
             if spans is not None:
                 spans.start()
             loss = model(*data)
+            if spans is not None:
+                spans.forward_end()
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
@@ -204,6 +209,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     # The forward and backward's own GPU time per step, alone and in each DDP way (FSDP2's forward
     # waits on its all-gathers: there a span is not compute alone).
     spans: dict[str, list[float]] = {}
+    forward: list[float] = []  # compute alone's forwards (ms), the same way
 
     def spanned(m: Any) -> ComputeSpans | None:
         return None if args.fsdp else ComputeSpans(torch, [m.embed.weight, m.position.weight])
@@ -212,7 +218,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         compute = _stepper(model, data, opt, after=lambda: r.dist.all_reduce(tick), loss_every=every, spans=marks)
         steps["compute"], _ = step_times_ms(torch, compute, args.warmup, args.steps)
         if marks is not None:
-            spans["compute"] = marks.ms(args.steps)
+            spans["compute"], forward = marks.ms(args.steps), marks.forward_ms(args.steps)
     finally:
         if marks is not None:
             marks.close()
@@ -313,10 +319,11 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         # NCCL's MAX drops a NaN: a way missing on any rank is said so apart (in the same
         # all-reduce), and is NaN here
         both = r.slowest([statistics.fmean(spans[n]) if spans.get(n) else 0.0 for n in names]
-                         + [0.0 if spans.get(n) else 1.0 for n in names])
+                         + [0.0 if spans.get(n) else 1.0 for n in names] + [statistics.fmean(forward)])
         means = [float("nan") if gone or m <= 0 else m
-                 for m, gone in zip(both[:len(names)], both[len(names):], strict=True)]
+                 for m, gone in zip(both[:len(names)], both[len(names):-1], strict=True)]
         out["compute_span_ms"] = means[0]
+        out["order_bound"] = order_bound(out["compute_ms"], out["comm_ms"], means[0], both[-1])
         for n, m in zip(names[1:], means[1:], strict=True):
             out["ways"][n]["span_ms"] = m
             out["ways"][n]["contention"] = m / means[0] - 1  # NaN where either is

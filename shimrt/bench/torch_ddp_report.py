@@ -60,7 +60,10 @@ def report(name: str, r: dict) -> str:
              f"gradients ({loop}); compute alone {r['compute_ms']:.2f} ms, all-reduces alone {r['comm_ms']:.2f} ms "
              f"(no overlap can beat {max(r['compute_ms'], r['comm_ms']):.2f} ms)"
              + (f"; forward and backward alone {r['compute_span_ms']:.2f} ms (slower: a way's beside its "
-                f"all-reduces against that)" if "compute_span_ms" in r else ""),
+                f"all-reduces against that)" if "compute_span_ms" in r else "")
+             + (f"; DDP's order allows {r['order_bound']['ms']:.2f} ms at best (the all-reduces alone after "
+                f"the forward's {r['order_bound']['forward_ms']:.2f} ms): at most "
+                f"{r['order_bound']['hideable']:.1%} of them can hide" if "order_bound" in r else ""),
              f"{'way':24s} {'step ms':>8s} {'mean':>8s} {'slowest':>8s} {'vs DDP':>7s} {'hidden':>7s} {'slower':>7s}"
              "  notes"]
     for way, e in ways.items():

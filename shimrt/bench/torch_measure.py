@@ -39,7 +39,7 @@ from ..errors import ShimrtError
 from ..occupancy import Footprint, coresident
 
 __all__ = ["ComputeSpans", "step_times_ms", "timed_steps", "phases", "bound", "sharing", "comm_alone", "comm_hidden",
-           "contention", "timeline", "interposer_cost", "is_nccl", "finish"]
+           "order_bound", "contention", "timeline", "interposer_cost", "is_nccl", "finish"]
 
 if TYPE_CHECKING:
     from ..torch.step import GradientBuckets, NcclBuckets
@@ -233,7 +233,7 @@ class ComputeSpans:
         """Mark a step's start (before its forward), on the current stream, where the step's end
         is marked too (the hooks run on autograd's thread, whose current stream may be another)."""
         self._stream = self._torch.cuda.current_stream()
-        self._pairs.append([self._event(), None])
+        self._pairs.append([self._event(), None, None])
 
     def _event(self) -> Any:
         event = self._torch.cuda.Event(enable_timing=True)
@@ -244,16 +244,36 @@ class ComputeSpans:
         if self._pairs:
             self._pairs[-1][1] = self._event()
 
+    def forward_end(self) -> None:
+        """Mark the end of a step's forward (after :meth:`start`, on the step's stream)."""
+        if self._pairs:
+            self._pairs[-1][2] = self._event()
+
     def ms(self, last: int) -> list[float]:
         """The ``last`` steps' spans (ms; their events finished): NaN for a step whose gradients
         never came."""
-        return [a.elapsed_time(b) if b is not None else float("nan") for a, b in self._pairs[-last:]]
+        return [a.elapsed_time(b) if b is not None else float("nan") for a, b, _ in self._pairs[-last:]]
+
+    def forward_ms(self, last: int) -> list[float]:
+        """The ``last`` steps' forwards (ms; their events finished): NaN where none was marked."""
+        return [a.elapsed_time(f) if f is not None else float("nan") for a, _, f in self._pairs[-last:]]
 
     def close(self) -> None:
         """Remove the hooks (the model outlives the measurement)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def order_bound(compute_ms: float, comm_ms: float, span_ms: float, forward_ms: float) -> dict:
+    """The shortest step DDP's order allows, from compute alone (``compute_ms`` a step, of which
+    ``span_ms`` its forward and backward and ``forward_ms`` its forward) and the all-reduces alone
+    (``comm_ms``): the all-reduces start at the earliest once the forward has ended, and the rest
+    of the step after backward (the optimizer) waits for them. Its "ms" and "hideable", the share of
+    the all-reduces' time that can hide at most (:func:`comm_hidden` of that step)."""
+    rest = max(0.0, compute_ms - span_ms)
+    ms = max(compute_ms, forward_ms + comm_ms + rest)
+    return {"ms": ms, "forward_ms": forward_ms, "hideable": comm_hidden(compute_ms, comm_ms, ms)}
 
 
 def comm_hidden(compute_ms: float, comm_ms: float, step_ms: float) -> float:
