@@ -701,6 +701,14 @@ def test_a_pick_no_better_than_plain_ddps_fast_level_or_not_steady_gains_nothing
     assert t2.decide().name == "ddp" and t2.report()["check"]["held_by"] is None
 
 
+def test_a_pick_that_does_not_lead_by_the_margin_never_holds_by_the_bound():
+    """0.5% under a steady plain DDP: within 1% of its fastest visit and steady, but no lead."""
+    t, _ = _to_check(check=2, check_most=4)
+    run(t, _visits({"ddp": [10.0, 10.0], "a": [9.95, 9.95]}))
+    assert t.decide().name == "ddp"
+    assert t.report()["check"]["held_by"] is None and t.report()["check"]["rounds_run"] == 2
+
+
 def test_the_bound_is_taken_over_the_slowest_ranks_visits():
     """Rank 0 alone would hold by the bound; the other rank's pick visits run 2% slower than plain
     DDP's fastest, and every rank keeps plain DDP alike."""
@@ -870,6 +878,9 @@ def test_ddps_order_bounds_the_step_by_the_forward_then_the_all_reduces_and_the_
     assert b["hideable"] == pytest.approx((171.80 + 324.20 - 383.88) / 324.20)
     # all-reduces shorter than the backward: all of them can hide, the step is compute's
     assert order_bound(18.0, 6.6, 12.5, 4.0) == {"ms": 18.0, "forward_ms": 4.0, "hideable": 1.0}
+    # a part not measured (a rank's spans missing: NaN) bounds nothing
+    assert all(math.isnan(order_bound(18.0, 6.6, math.nan, 4.0)[k]) for k in ("ms", "hideable"))
+    assert math.isnan(order_bound(18.0, 6.6, 12.5, math.nan)["hideable"])
     r = _ddp_result()
     r["compute_span_ms"] = 12.5
     r["order_bound"] = order_bound(18.0, 6.6, 12.5, 4.0)

@@ -225,7 +225,7 @@ class ComputeSpans:
 
     def __init__(self, torch: Any, last: list) -> None:
         self._torch = torch
-        self._pairs: list[list[Any]] = []  # [start event, end event or None] per step
+        self._marks: list[list[Any]] = []  # [start event, end of backward, end of forward (None: not yet)] per step
         self._stream: Any = None  # the stream of the step being marked
         self._handles = [p.register_post_accumulate_grad_hook(self._end) for p in last]
 
@@ -233,7 +233,7 @@ class ComputeSpans:
         """Mark a step's start (before its forward), on the current stream, where the step's end
         is marked too (the hooks run on autograd's thread, whose current stream may be another)."""
         self._stream = self._torch.cuda.current_stream()
-        self._pairs.append([self._event(), None, None])
+        self._marks.append([self._event(), None, None])
 
     def _event(self) -> Any:
         event = self._torch.cuda.Event(enable_timing=True)
@@ -241,22 +241,22 @@ class ComputeSpans:
         return event
 
     def _end(self, _: Any) -> None:
-        if self._pairs:
-            self._pairs[-1][1] = self._event()
+        if self._marks:
+            self._marks[-1][1] = self._event()
 
     def forward_end(self) -> None:
         """Mark the end of a step's forward (after :meth:`start`, on the step's stream)."""
-        if self._pairs:
-            self._pairs[-1][2] = self._event()
+        if self._marks:
+            self._marks[-1][2] = self._event()
 
     def ms(self, last: int) -> list[float]:
         """The ``last`` steps' spans (ms; their events finished): NaN for a step whose gradients
         never came."""
-        return [a.elapsed_time(b) if b is not None else float("nan") for a, b, _ in self._pairs[-last:]]
+        return [a.elapsed_time(b) if b is not None else float("nan") for a, b, _ in self._marks[-last:]]
 
     def forward_ms(self, last: int) -> list[float]:
         """The ``last`` steps' forwards (ms; their events finished): NaN where none was marked."""
-        return [a.elapsed_time(f) if f is not None else float("nan") for a, _, f in self._pairs[-last:]]
+        return [a.elapsed_time(f) if f is not None else float("nan") for a, _, f in self._marks[-last:]]
 
     def close(self) -> None:
         """Remove the hooks (the model outlives the measurement)."""
@@ -271,6 +271,8 @@ def order_bound(compute_ms: float, comm_ms: float, span_ms: float, forward_ms: f
     (``comm_ms``): the all-reduces start at the earliest once the forward has ended, and the rest
     of the step after backward (the optimizer) waits for them. Its "ms" and "hideable", the share of
     the all-reduces' time that can hide at most (:func:`comm_hidden` of that step)."""
+    if not all(math.isfinite(x) for x in (compute_ms, comm_ms, span_ms, forward_ms)):
+        return {"ms": math.nan, "forward_ms": forward_ms, "hideable": math.nan}  # a part not measured
     rest = max(0.0, compute_ms - span_ms)
     ms = max(compute_ms, forward_ms + comm_ms + rest)
     return {"ms": ms, "forward_ms": forward_ms, "hideable": comm_hidden(compute_ms, comm_ms, ms)}
