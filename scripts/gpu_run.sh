@@ -206,6 +206,9 @@ for d in plots profile; do
 done
 # Nothing of --mps may outlive the run: no daemon, no private folder. (The CPU half starts none and may
 # run beside a part that does: a call short of device time runs it beside the DDP half.)
-case ${SUITE_PART:-} in cpu|cpu-beside) true ;; *) false ;; esac || python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob(mps.temp_root() + '/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up"
+case ${SUITE_PART:-} in
+  cpu|cpu-beside) ;;
+  *) python3 -c "import glob, sys; from shimrt.launch import mps; left = mps.running(); f = glob.glob(mps.temp_root() + '/shimrt-mps-*'); print('MPS left behind:', left or 'no daemon', f or 'no folder'); sys.exit(1 if left or f else 0)" 2>&1 | tee -a "$summary" || fail "MPS clean-up" ;;
+esac
 for f in ${failed[@]+"${failed[@]}"}; do echo "FAILED: $f" | tee -a "$summary"; done
 exit $status

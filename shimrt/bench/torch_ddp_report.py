@@ -151,4 +151,3 @@ def bars_png(name: str, r: dict, path: Any) -> Any:
     ax.set_title(f"bench torch, DDP: {name}")
     ax.legend(fontsize=8)
     return save_png(figure, path)
-
