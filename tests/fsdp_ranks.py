@@ -4,7 +4,8 @@ prints what the test checks.
 
 Usage: python fsdp_ranks.py RANK PORT [OPTION]   OPTION: hsdp, offload (what moveable refuses), custom
 (the groups moved through FSDP2's public custom collectives, shimrt.torch.fsdp.install), prefetch (FSDP2's
-explicit prefetch changed as the groups move, shimrt.torch.fsdp.prefetch)
+explicit prefetch changed as the groups move, shimrt.torch.fsdp.prefetch), reshard (the blocks kept
+all-gathered from forward to backward for some steps, shimrt.torch.fsdp.keep_gathered)
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from shimrt import UsageError
 from shimrt.torch.fsdp import (
     GroupAllGather,
     GroupReduceScatter,
+    gathered_bytes,
     held_prefetch,
     install,
     is_fsdp,
+    keep_gathered,
     moveable,
     param_groups,
     prefetch,
+    reshard_again,
     restore_prefetch,
     uninstall,
     use,
@@ -64,7 +68,7 @@ def main() -> None:
     rank, port = int(sys.argv[1]), sys.argv[2]
     option = sys.argv[3] if len(sys.argv) > 3 else None
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    if option not in (None, "custom", "prefetch"):
+    if option not in (None, "custom", "prefetch", "reshard"):
         options = {"hsdp": {}, "offload": {"offload_policy": CPUOffloadPolicy(pin_memory=False)}}
         shape = (1, 2) if option == "hsdp" else (2,)  # HSDP: replicas of 1 (a 2-D mesh all the same)
         names = ("replicate", "shard") if option == "hsdp" else ("shard",)
@@ -109,7 +113,17 @@ def main() -> None:
     if depths:
         user[0].set_modules_to_forward_prefetch([user[2]])  # the user's own list, before any policy
         own = held_prefetch(user)
+    gathered = {0: True, 3: False, 5: True} if option == "reshard" else {}  # from these steps on
+    resharding = None
+    if gathered:  # what FSDP2 holds, as the groups' post-forward meshes say (None: kept all-gathered)
+        lists.append(f"bytes {gathered_bytes(user)}")
     for step in range(8):
+        if step in gathered:
+            if gathered[step]:
+                resharding = keep_gathered(user)
+            else:
+                reshard_again(resharding)
+            lists.append("".join("k" if g.post_forward_mesh_info is None else "r" for g in groups))
         if step in depths:
             if depths[step] is None:
                 restore_prefetch(own)
@@ -133,12 +147,15 @@ def main() -> None:
         uninstall(replaced)
         kinds = {type(c).__name__ for g in groups for c in (g._all_gather_comm, g._reduce_scatter_comm)}
         lists.append("restored " + ",".join(sorted(kinds)))
+    if resharding is not None:  # the end: FSDP2's own resharding back
+        reshard_again(resharding)
+        lists.append("".join("k" if g.post_forward_mesh_info is None else "r" for g in groups))
     if depths:  # the end: the user's lists back
         restore_prefetch(own)
         held_lists()
     counts = [f"{kind} {sum(g is first for g in made)}+{sum(g is second for g in made)}"
               for kind, made in calls.items()]
-    held = f"{'prefetch ' if depths else ''}{' '.join(lists)}; " if lists else ""
+    held = f"{'prefetch ' if depths else 'reshard ' if gathered else ''}{' '.join(lists)}; " if lists else ""
     print(f"rank {rank}: {held}calls {' '.join(counts)}; fsdp {is_fsdp(user)} groups {len(groups)} "
           f"moveable {moveable(groups)} diff {diff}", flush=True)
     dist.destroy_process_group()

@@ -88,8 +88,8 @@ def test_the_plain_job_takes_no_channels_and_no_compute_side():
 def test_autos_candidates_start_with_plain_ddp_and_size_nccl_by_the_ranks_on_a_gpu():
     kinds = [k for k in policies.KINDS if k not in ("sequential", "auto")]
     got = policies.candidates([32, 64], kinds=kinds)
-    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "ctas:4", "ctas:8", "prefetch:2", "zero-sm",
-                                     "paced", "shaping:2",
+    assert [p.name for p in got] == ["ddp", "low-priority", "priority", "ctas:4", "ctas:8", "prefetch:2", "no-reshard",
+                                     "zero-sm", "paced", "shaping:2",
                                      "shaping:1", "partition:32", "carveout:32", "windowed-carveout:32",
                                      "partition:64", "carveout:64", "windowed-carveout:64"]
     assert [p.name for p in policies.candidates([32], kinds=["prefetch"], prefetch=[1, 3])] == ["prefetch:1",
@@ -115,6 +115,36 @@ def test_prefetch_tells_fsdp2_how_many_modules_to_all_gather_ahead():
         Auto(prefetch=(2, 2))
     with pytest.raises(UsageError, match="Auto.prefetch must be"):
         Auto(prefetch=(9,))
+
+
+def test_no_reshard_keeps_fsdp2s_parameters_gathered_and_auto_tries_it_only_with_memory_to_spare():
+    from types import SimpleNamespace
+
+    from shimrt.torch.ddp import Ddp
+    from shimrt.torch.training import Overlap
+    p = policies.parse("no-reshard")
+    assert (p.name, p.priority, p.compute, p.ctas, p.no_reshard) == ("no-reshard", "high", None, None, True)
+    assert p.describe(2) == "high priority, FSDP2 keeps parameters all-gathered from forward to backward"
+    assert "no-reshard" in policies.FSDP_KINDS and "no-reshard" not in policies.FIXED_ONLY
+    with pytest.raises(UsageError, match="policy 'no-reshard' takes no number"):
+        policies.parse("no-reshard:2")
+    with pytest.raises(UsageError, match="no prefetch, no zero_sm, no no_reshard"):
+        Policy("x", baseline="plain", no_reshard=True)
+    with pytest.raises(UsageError, match="Policy.no_reshard must be"):
+        Policy("x", no_reshard=1)
+    assert Auto().no_reshard is True and Auto(no_reshard=False).no_reshard is False
+    with pytest.raises(UsageError, match="Auto.no_reshard must be"):
+        Auto(no_reshard="no")
+    assert Ddp.refusal(SimpleNamespace(), p, 1) == "no-reshard is FSDP2's: a DDP's parameters are never sharded"
+    # auto's room: the parameters held gathered at most a quarter of the GPU's free memory
+    for need, free, room in ((1 << 30, 4 << 30, True), ((1 << 30) + 1, 4 << 30, False)):
+        ov = SimpleNamespace(model=SimpleNamespace(gathered_bytes=lambda n=need: n), torch_device=None,
+                             _torch=SimpleNamespace(cuda=SimpleNamespace(mem_get_info=lambda d, f=free: (f, 8 << 30))))
+        why = Overlap._no_room(ov, p)
+        assert (why is None) == room, why
+    assert why == ("it would hold 1024 MiB of parameters all-gathered, more than a quarter of the 4096 MiB free on the "
+                   "GPU: policy='no-reshard' runs it, Auto(no_reshard=False) leaves it out unsaid")
+    assert Overlap._no_room(ov, policies.parse("priority")) is None
 
 
 def test_ctas_holds_nccls_channels_on_streams_of_the_greatest_priority():

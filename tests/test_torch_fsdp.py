@@ -78,6 +78,18 @@ def test_fsdp2_prefetching_ahead_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
         assert line == f"rank {rank}: {held}; {CALLS}; fsdp True groups 4 moveable None diff 0.0", line
 
 
+def test_fsdp2_kept_all_gathered_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
+    """The same moves with the blocks kept all-gathered from forward to backward for steps 0-2 and
+    5-7 (shimrt.torch.fsdp.keep_gathered, then reshard_again, then again): those steps all-gather
+    each block once, not twice (first+second: 16+24 all-gathers, not 24+40), the reduce-scatters
+    are as without, the parameters end as plain FSDP2's bit for bit, and each block's resharding
+    is FSDP2's own again at the end. gathered_bytes: the 4 blocks' parameters, whole, in float32."""
+    bytes_ = 4 * (32 * 32 + 32) * 4
+    for rank, line in enumerate(_two_ranks(gloo_ranks, "reshard")):
+        assert line == (f"rank {rank}: reshard bytes {bytes_} kkkk rrrr kkkk rrrr; calls all_gather 16+24 "
+                        "reduce_scatter 12+20; fsdp True groups 4 moveable None diff 0.0"), line
+
+
 def test_zero_sm_is_refused_with_the_reason_where_ranks_share_a_gpu():
     """zero-sm's symmetric memory failed in NCCL (invalid usage) with two ranks on one GPU: the
     FSDP2 adapter refuses it there, before any collective, saying why; with one rank per GPU it

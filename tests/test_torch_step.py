@@ -610,12 +610,16 @@ def test_ctas_ways_run_under_fsdp2_or_when_named():
         assert ("ctas" in args.policies) == has_ctas, argv
     args = p.parse_args(["--configs", "balanced"])
     torch_step.check(args)
-    assert list(args.policies) == [k for k in torch_step.KINDS if k not in ("ctas", "prefetch", "zero-sm")]
+    assert list(args.policies) == [k for k in torch_step.KINDS if k not in ("ctas", "prefetch", "no-reshard",
+                                                                            "zero-sm")]
     args = p.parse_args(["--configs", "balanced", "--fsdp"])
     torch_step.check(args)
-    assert "prefetch" in args.policies and "ctas" in args.policies
+    assert "prefetch" in args.policies and "ctas" in args.policies and "no-reshard" in args.policies
     args = p.parse_args(["--configs", "balanced", "--policies", "priority,prefetch"])
     with pytest.raises(UsageError, match="prefetch:N is FSDP2's"):
+        torch_step.check(args)
+    args = p.parse_args(["--configs", "balanced", "--policies", "priority,no-reshard"])
+    with pytest.raises(UsageError, match="no-reshard is FSDP2's"):
         torch_step.check(args)
 
 

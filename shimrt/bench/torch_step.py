@@ -109,10 +109,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
     p.add_argument("--policies", default=None,
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
-                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all but ctas and "
-                        "prefetch, which --fsdp adds: FSDP2's auto tries them, DDP's does not, and zero-sm, which "
-                        "--fsdp --fsdp-route custom adds; paced runs with one process per rank only; the first is "
-                        "the reference the others' losses and gradients are compared with)")
+                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all but ctas, prefetch "
+                        "and no-reshard, which --fsdp adds: FSDP2's auto tries them, DDP's does not, and zero-sm, "
+                        "which --fsdp --fsdp-route custom adds; paced runs with one process per rank only; the first "
+                        "is the reference the others' losses and gradients are compared with)")
     cli.add_timeout(p, 1800)
     p.add_argument("--comm-timeout", metavar="S", default=300.0,
                    type=validate.argument(validate.number, "--comm-timeout", positive=True, most=86400),
@@ -164,12 +164,15 @@ def check(args: argparse.Namespace) -> None:
     if args.fsdp_route != "mesh" and not args.fsdp:
         raise UsageError("--fsdp-route applies with --fsdp (FSDP2's collectives): add --fsdp or leave it out")
     args.paced_asked = args.policies is not None and "paced" in args.policies  # refused with one process (run)
-    if args.policies is None:  # ctas:N and prefetch:N are FSDP2's candidates (shimrt.torch.training)
+    if args.policies is None:  # ctas:N, prefetch:N and no-reshard are FSDP2's candidates (shimrt.torch.training)
         args.policies = [k for k in KINDS if (k not in policies_mod.FSDP_KINDS or args.fsdp)
                          and (k != "zero-sm" or (args.fsdp and args.fsdp_route == "custom"))]
     if "prefetch" in args.policies and not args.fsdp:
         raise UsageError("prefetch:N is FSDP2's (it all-gathers parameters ahead): add --fsdp, or leave prefetch out "
                          "of --policies")
+    if "no-reshard" in args.policies and not args.fsdp:
+        raise UsageError("no-reshard is FSDP2's (it keeps sharded parameters all-gathered): add --fsdp, or leave "
+                         "no-reshard out of --policies")
     if "zero-sm" in args.policies and not (args.fsdp and args.fsdp_route == "custom"):
         raise UsageError("zero-sm is FSDP2's over its custom collectives (its all-gather outputs come from symmetric "
                          "memory): add --fsdp --fsdp-route custom, or leave zero-sm out of --policies")
@@ -194,10 +197,11 @@ channels = policies_mod.channels_for
 def policies(sms: list[int], ranks_per_gpu: int, kinds: Any = KINDS) -> list:
     """The fixed policies of ``kinds``, baselines first (:func:`shimrt.torch.policies.candidates`),
     their NCCL channels fixed for ``ranks_per_gpu`` ranks per GPU (``ctas``): this run's
-    communicators are made per channel setting. No ``prefetch`` or ``zero-sm`` here: one process
+    communicators are made per channel setting. No ``prefetch``, ``no-reshard`` or ``zero-sm`` here: one process
     holds no FSDP2; no ``paced``: one host drives every rank, and waits for them all anyway."""
     return [p.sized(ranks_per_gpu) for p in policies_mod.candidates(sms, [k for k in kinds if k not in
-                                                                          ("ddp", "prefetch", "zero-sm", "paced")])]
+                                                                          ("ddp", "prefetch", "no-reshard", "zero-sm",
+                                                                                   "paced")])]
 
 
 class Bench:

@@ -56,6 +56,8 @@ class Ddp:
     def refusal(self, policy: Any, ranks_per_gpu: int) -> str | None:
         if policy.prefetch is not None:
             return "prefetch is FSDP2's: a DDP has no parameters to all-gather ahead"
+        if policy.no_reshard:
+            return "no-reshard is FSDP2's: a DDP's parameters are never sharded"
         if policy.zero_sm:
             return ("zero-sm is FSDP2's: a DDP only all-reduces, which NCCL's copy engines cannot do (they copy, "
                     "they do not add)")
@@ -70,6 +72,14 @@ class Ddp:
         if depth is not None:
             raise UsageError(f"prefetch is FSDP2's (it all-gathers parameters ahead); a DDP has none to prefetch, "
                              f"not prefetch={depth}")
+
+    def keep_gathered(self, on: bool) -> None:
+        if on:
+            raise UsageError("no-reshard is FSDP2's (it keeps sharded parameters all-gathered); a DDP's parameters are "
+                             "never sharded")
+
+    def gathered_bytes(self) -> int:
+        return 0
 
     def before_step(self) -> None:
         pass

@@ -31,6 +31,10 @@ post-forward mesh is another group's), and a torch whose FSDP2 keeps its groups 
 ``windowed-carveout`` is not offered: FSDP2 sets its sharded gradients itself, after the
 reduce-scatter, so no gradient hook marks the window's start.
 
+About 450 lines: the FSDP2 parts a policy changes (process groups, custom collectives, prefetch,
+resharding, streams, symmetric memory) are each a few functions the one adapter drives; apart,
+each would be a module of a function or two importing :func:`param_groups` back.
+
 torch internals touched: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_group`` (torch
 2.11) or ``_fsdp_param_groups``; each group's ``mesh_info.shard_process_group`` (the move),
 ``_reduce_scatter_process_group``, ``post_forward_mesh_info``, ``fsdp_params[i].offload_to_cpu``,
@@ -38,9 +42,10 @@ torch internals touched: ``FSDPModule._get_fsdp_state()`` and its ``_fsdp_param_
 API used: ``set_custom_all_gather``/``set_custom_reduce_scatter`` (the custom route) and
 ``set_modules_to_forward_prefetch``/``set_modules_to_backward_prefetch`` (a policy's prefetch; the
 model's own lists are read and put back through each state's ``_states_to_forward_prefetch`` and
-``_states_to_backward_prefetch``); for ``zero-sm``, ``torch.distributed._symmetric_memory``
-(``set_backend``, ``get_mem_pool``, ``rendezvous``: private in torch 2.11) and
-``torch.cuda.use_mem_pool``.
+``_states_to_backward_prefetch``); for ``no-reshard``, each group's ``post_forward_mesh_info``
+(what ``set_reshard_after_forward`` writes, read and put back per group); for ``zero-sm``,
+``torch.distributed._symmetric_memory`` (``set_backend``, ``get_mem_pool``, ``rendezvous``: private
+in torch 2.11) and ``torch.cuda.use_mem_pool``.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
 __all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "uninstall", "prefetch",
-           "top_blocks", "held_prefetch", "restore_prefetch", "symmetric_refusal", "nccl_symmetric_memory"]
+           "top_blocks", "held_prefetch", "restore_prefetch", "keep_gathered", "reshard_again", "gathered_bytes",
+           "symmetric_refusal", "nccl_symmetric_memory"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -178,6 +184,48 @@ def restore_prefetch(held: list[tuple[Any, list, list]]) -> None:
     """The prefetch lists :func:`held_prefetch` read, put back."""
     for state, forward, backward in held:
         state._states_to_forward_prefetch, state._states_to_backward_prefetch = list(forward), list(backward)
+
+
+#: What :func:`keep_gathered` changed: each FSDPParamGroup with the post-forward mesh it held.
+Resharding = list[tuple[Any, Any]]
+
+
+def below_root(model: Any) -> list[Any]:
+    """The FSDPParamGroups of every FSDP2 module under ``model`` but ``model`` itself (the root,
+    which FSDP2 already keeps all-gathered after forward unless its user said otherwise)."""
+    from torch.distributed.fsdp import FSDPModule
+    return [g for m in model.modules() if isinstance(m, FSDPModule) and m is not model
+            for g in param_groups(m, below=False)]
+
+
+def keep_gathered(model: Any) -> Resharding:
+    """Every FSDP2 module below the root ``model`` keeps its parameters all-gathered from its
+    forward to its backward (what ``set_reshard_after_forward(False)`` sets: no post-forward mesh),
+    from the next step; returns what it changed, for :func:`reshard_again`. Set per group, not
+    through ``set_reshard_after_forward``, so that putting it back restores each group's own
+    (the root's, which FSDP2 sets at its first forward, is never touched)."""
+    held = [(g, g.post_forward_mesh_info) for g in below_root(model) if g.post_forward_mesh_info is not None]
+    for g, _ in held:
+        g.post_forward_mesh_info = None
+    return held
+
+
+def reshard_again(held: Resharding) -> None:
+    """The post-forward meshes :func:`keep_gathered` took, put back (between steps)."""
+    for g, info in held:
+        g.post_forward_mesh_info = info
+
+
+def gathered_bytes(model: Any) -> int:
+    """The bytes :func:`keep_gathered` holds at most beyond plain FSDP2: the parameters of the FSDP2
+    modules below the root ``model``, whole (each counted once, in its own dtype: a mixed-precision
+    all-gather in a narrower dtype holds less)."""
+    from torch.distributed.fsdp import FSDPModule
+    seen: dict[int, Any] = {}
+    for m in model.modules():
+        if isinstance(m, FSDPModule) and m is not model:
+            seen.update((id(p), p) for p in m.parameters())
+    return sum(p.numel() * p.element_size() for p in seen.values())  # a DTensor's numel is the whole's
 
 
 def use(groups: list[Any], group: Any) -> None:
@@ -307,6 +355,7 @@ class Fsdp:
         self._high = False
         self._prefetch: int | None = None  # the explicit prefetch depth set (None: the model's own lists)
         self._own_prefetch: list | None = None  # those lists, once a policy changed them
+        self._resharding: Resharding | None = None  # what keep_gathered changed, while a policy keeps it
         self._symmetric_backend = False  # torch's symmetric memory set to NCCL's backend (zero-sm)
 
     def moveable(self) -> str | None:
@@ -355,6 +404,16 @@ class Fsdp:
         else:
             prefetch(self.model, depth)
         self._prefetch = depth
+
+    def keep_gathered(self, on: bool) -> None:
+        if validate.boolean(on, "on") and self._resharding is None:
+            self._resharding = keep_gathered(self.model)
+        elif not on and self._resharding is not None:
+            reshard_again(self._resharding)
+            self._resharding = None
+
+    def gathered_bytes(self) -> int:
+        return gathered_bytes(self.model)
 
     def before_step(self) -> None:
         self.streams()

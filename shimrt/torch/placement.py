@@ -46,6 +46,14 @@ class Wrapped(Protocol):
         next step (None: FSDP2's own prefetch); UsageError for a depth where there is nothing to
         prefetch (DDP)."""
 
+    def keep_gathered(self, on: bool) -> None:
+        """FSDP2: the modules below the root keep their parameters all-gathered from forward to
+        backward from the next step (``on``), or reshard after forward as the model says; UsageError
+        for ``on`` where nothing is sharded (DDP)."""
+
+    def gathered_bytes(self) -> int:
+        """The bytes that keeping the parameters all-gathered holds beyond the model's own (0: DDP)."""
+
     def before_step(self) -> None:
         """What the policy in force needs done at each step's start (FSDP2: its streams, which
         it makes at its first forward)."""
@@ -84,6 +92,7 @@ class Placement:
                              f"group, and they cannot move now: {why}")
         self.model.use(group, not policy.plain and policy.priority == "high", policy.zero_sm)
         self.model.prefetch(policy.prefetch)
+        self.model.keep_gathered(policy.no_reshard)
         self.current = group
 
     def hook_window(self, window: Window) -> None:
@@ -105,6 +114,7 @@ class Placement:
         try:
             self.model.use(self.model.group, False)
             self.model.prefetch(None)
+            self.model.keep_gathered(False)
             self.current = self.model.group
         finally:
             try:

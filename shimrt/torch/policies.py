@@ -11,6 +11,11 @@ A policy is a :class:`Policy`. Its name says what it does:
   per rank (one block each): what the collectives themselves take of the SMs, and no more;
 - ``prefetch:N`` (FSDP2 only): the collectives on streams of the greatest priority, and FSDP2 told to
   all-gather the next N modules ahead, in forward and in backward (its own prefetch is one);
+- ``no-reshard`` (FSDP2 only): the collectives on streams of the greatest priority, and every FSDP2
+  module below the root keeps its parameters all-gathered from its forward to its backward
+  (FSDP2's ``reshard_after_forward=False``): no all-gather in backward, each of those modules'
+  parameters held unsharded that long (FSDP2's root already keeps its own). auto tries it only
+  where that memory is at most a quarter of the GPU's free memory when :func:`overlap` is called;
 - ``zero-sm`` (FSDP2 over its custom collectives only): the collectives on streams of the greatest
   priority, on a communicator of NCCL's CTA policy ZERO, and FSDP2's all-gather outputs in
   symmetric memory registered with it: NCCL 2.28+ then all-gathers on the copy engines, holding no
@@ -64,6 +69,7 @@ class Kind(str, Enum):
     PRIORITY = "priority"
     CTAS = "ctas"
     PREFETCH = "prefetch"
+    NO_RESHARD = "no-reshard"
     ZERO_SM = "zero-sm"
     PACED = "paced"
     SHAPING = "shaping"
@@ -124,7 +130,8 @@ class Policy:
     where they are to be held to a number (None: :meth:`channels` derives them from the SMs a
     partition or carveout keeps, for the ranks sharing the GPU, where the group is made), and
     ``baseline``, where the policy is one (:data:`BASELINES`): ``"plain"`` or ``"sequential"``;
-    ``prefetch``, FSDP2's modules all-gathered ahead (None: FSDP2's own prefetch); ``zero_sm``,
+    ``prefetch``, FSDP2's modules all-gathered ahead (None: FSDP2's own prefetch); ``no_reshard``,
+    FSDP2's modules below the root keep their parameters all-gathered from forward to backward; ``zero_sm``,
     NCCL's CTA policy ZERO and symmetric all-gather outputs (FSDP2's copy-engine all-gather);
     ``pace``, the host waits for each step's work at the end of ``ov.step()`` (the plain job's or
     any policy's)."""
@@ -135,12 +142,14 @@ class Policy:
     ctas: int | None = None
     baseline: str | None = None
     prefetch: int | None = None
+    no_reshard: bool = False
     zero_sm: bool = False
     pace: bool = False
 
     def __post_init__(self) -> None:
         validate.text(self.name, "Policy.name")
         object.__setattr__(self, "zero_sm", validate.boolean(self.zero_sm, "Policy.zero_sm"))
+        object.__setattr__(self, "no_reshard", validate.boolean(self.no_reshard, "Policy.no_reshard"))
         object.__setattr__(self, "pace", validate.boolean(self.pace, "Policy.pace"))
         if self.baseline is not None:
             validate.one_of(self.baseline, "Policy.baseline", BASELINES)
@@ -154,9 +163,9 @@ class Policy:
             object.__setattr__(self, "prefetch", validate.integer(self.prefetch, "Policy.prefetch", least=1,
                                                                   most=MAX_PREFETCH))
         if self.plain and (self.ctas is not None or self.compute is not None or self.prefetch is not None
-                           or self.zero_sm):
+                           or self.zero_sm or self.no_reshard):
             raise UsageError(f"Policy {self.name!r}: the plain job (baseline='plain') runs its own collectives "
-                             "as they are: no ctas, no compute side, no prefetch, no zero_sm")
+                             "as they are: no ctas, no compute side, no prefetch, no zero_sm, no no_reshard")
         if self.zero_sm and self.ctas is not None:
             raise UsageError(f"Policy {self.name!r}: zero_sm asks NCCL for no SMs (CTA policy ZERO); it takes no "
                              "ctas")
@@ -225,6 +234,8 @@ class Policy:
             parts.append(f"NCCL {ctas} channels/rank")
         if self.prefetch is not None:
             parts.append(f"FSDP2 all-gathers {self.prefetch} modules ahead")
+        if self.no_reshard:
+            parts.append("FSDP2 keeps parameters all-gathered from forward to backward")
         if self.zero_sm:
             parts.append("NCCL's CTA policy ZERO, all-gathers into symmetric memory (on the copy engines)")
         if self.pace:
@@ -241,15 +252,15 @@ NUMBERED = (Kind.CTAS.value, Kind.PREFETCH.value, Kind.SHAPING.value, Kind.PARTI
 #: vocabulary) that each kind here corresponds to: the same two controls, named for what the
 #: engine varies. None: the engine has no such policy (``ddp`` is torch's own all-reduce; a
 #: carveout is cuBLAS's, which the engine's kernels do not take; the engine sizes NCCL's channels
-#: under every policy, not as one of its own; prefetch is FSDP2's).
+#: under every policy, not as one of its own; prefetch and no-reshard are FSDP2's).
 ENGINE_POLICY: dict[str, str | None] = {
     "sequential": "sequential", "ddp": None, "low-priority": "concurrent", "priority": "priority", "ctas": None,
-    "prefetch": None, "zero-sm": None, "paced": None,
+    "prefetch": None, "no-reshard": None, "zero-sm": None, "paced": None,
     "shaping": "shaping+priority", "partition": "partition", "carveout": None, "windowed-carveout": None,
     "auto": "auto"}
 #: Kinds that FSDP2's auto tries and DDP's does not (an FSDP2 step is set by its collectives; a
 #: DDP has no parameters to prefetch), and bench torch runs by default under --fsdp only.
-FSDP_KINDS = (Kind.CTAS.value, Kind.PREFETCH.value)
+FSDP_KINDS = (Kind.CTAS.value, Kind.PREFETCH.value, Kind.NO_RESHARD.value)
 #: Kinds no auto tries: ``zero-sm`` needs FSDP2's custom collectives, a torch and NCCL that offer
 #: the CTA policy ZERO, and one rank per GPU, and has not yet run on a GPU where it can; ``paced``
 #: waits at each step's end, and a step after a wait ran faster whatever its policy (docs/ddp.md):
@@ -289,7 +300,8 @@ class Auto:
     configuration whose plain DDP ran at one speed, they kept carveout:32 (0.959x plain DDP, the
     best fixed way 0.957x) while the alternating check kept plain DDP; ``ctas``, the NCCL channel
     counts of its ``ctas:N`` candidates and ``prefetch``, the depths of its ``prefetch:N`` ones
-    (both FSDP2's only)."""
+    (both FSDP2's only); ``no_reshard``, whether FSDP2's auto tries ``no-reshard`` (where the
+    parameters it keeps unsharded take at most a quarter of the GPU's free memory)."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3
@@ -300,8 +312,10 @@ class Auto:
     check_most: int | None = None
     ctas: tuple[int, ...] = CTAS
     prefetch: tuple[int, ...] = PREFETCH
+    no_reshard: bool = True
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "no_reshard", validate.boolean(self.no_reshard, "Auto.no_reshard"))
         object.__setattr__(self, "sms", tuple(kept_sms(self.sms, "Auto.sms")))
         object.__setattr__(self, "ctas", tuple(distinct_counts(self.ctas, "Auto.ctas")))
         object.__setattr__(self, "prefetch", tuple(distinct_counts(self.prefetch, "Auto.prefetch", MAX_PREFETCH)))
@@ -379,6 +393,8 @@ def make(kind: str, number: int | None = None) -> Policy:
             return Policy("zero-sm", zero_sm=True)
         if kind == Kind.PACED:
             return Policy("paced", baseline="plain", pace=True)
+        if kind == Kind.NO_RESHARD:
+            return Policy("no-reshard", no_reshard=True)
         return Policy(kind, priority="high" if kind == Kind.PRIORITY else "low")
     if number is None:
         example = {Kind.SHAPING: 2, Kind.CTAS: 8, Kind.PREFETCH: 2}.get(Kind(kind), 48)
@@ -425,6 +441,8 @@ def candidates(sms: Iterable[int], kinds: Iterable[str] = KINDS, ctas: Iterable[
         out += [make("ctas", n) for n in ctas]
     if "prefetch" in kinds:
         out += [make("prefetch", n) for n in prefetch]
+    if "no-reshard" in kinds:
+        out.append(make("no-reshard"))
     if "zero-sm" in kinds:
         out.append(make("zero-sm"))
     if "paced" in kinds:

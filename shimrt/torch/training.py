@@ -161,9 +161,9 @@ class Overlap:
                 # low-priority under DDP would be plain DDP's own streams and channels again; NCCL's
                 # channels alone (ctas) are FSDP2's, whose steps its collectives set (issue 42).
                 skip = ("sequential", "auto", "low-priority", *FIXED_ONLY) + \
-                    (() if self.model.kind == "FSDP2" else FSDP_KINDS)
+                    (() if self.model.kind == "FSDP2" else FSDP_KINDS) + (() if auto.no_reshard else ("no-reshard",))
                 usable = self._usable(candidates(auto.sms, [k for k in KINDS if k not in skip], auto.ctas,
-                                                 auto.prefetch))
+                                                 auto.prefetch), auto=True)
                 self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
                                                       reference="ddp", check=auto.check_steps, lead=LEAD_STEPS,
                                                       check_block=auto.check_block,
@@ -195,15 +195,16 @@ class Overlap:
             self._dist.all_gather_object(everyone, me, group=self.group)
         return sum(x == me for x in everyone)
 
-    def _usable(self, candidates: list[Policy]) -> list[Policy]:
-        """The candidates every rank can run (a partition needs green contexts), agreed over the
-        ranks; why the others were dropped goes to :attr:`dropped`."""
+    def _usable(self, candidates: list[Policy], auto: bool = False) -> list[Policy]:
+        """The candidates every rank can run (a partition needs green contexts; under ``auto``,
+        no-reshard needs memory to spare), agreed over the ranks; why the others were dropped
+        goes to :attr:`dropped`."""
         mine, fatal = [], None
         for p in candidates:
             try:
                 if fatal is not None:
                     continue
-                if why := self.model.refusal(p, self.ranks_per_gpu):
+                if why := self.model.refusal(p, self.ranks_per_gpu) or (auto and self._no_room(p)):
                     raise UsageError(why)
                 self.resources.prepare(p)
                 mine.append(p.name)
@@ -223,6 +224,20 @@ class Overlap:
                 if p.name not in names and p.name not in self.dropped:
                     self.dropped[p.name] = "another rank cannot run it"
         return [p for p in candidates if p.name not in self.dropped]
+
+    def _no_room(self, policy: Policy) -> str | None:
+        """Why auto leaves ``policy`` out for memory (None: it does not): no-reshard's parameters,
+        held all-gathered, may take at most a quarter of the GPU's free memory now (a job sized
+        to the GPU's memory must not run out in a trial of auto's)."""
+        if not policy.no_reshard:
+            return None
+        need = self.model.gathered_bytes()
+        free = self._torch.cuda.mem_get_info(self.torch_device)[0]
+        if 4 * need <= free:
+            return None
+        return (f"it would hold {need / 2**20:.0f} MiB of parameters all-gathered, more than a quarter of the "
+                f"{free / 2**20:.0f} MiB free on the GPU: policy='no-reshard' runs it, Auto(no_reshard=False) "
+                "leaves it out unsaid")
 
     # --- the step ---
     @contextlib.contextmanager

@@ -71,11 +71,17 @@ def main() -> None:
             return g.mesh_info.shard_process_group is own
         return gather.group is own
     on_own_before = on_own()
+    groups = param_groups(model)  # the root's (no parameters of its own) is not among them
+
+    def kept() -> str:  # each block's: k, kept all-gathered after forward (no post-forward mesh); r, resharded
+        return "".join("k" if x.post_forward_mesh_info is None else "r" for x in groups)
+    kept_before = kept()
     ov.close()
     print(json.dumps({"policy": report["policy"], "process_group": report["process_group"], "own_group": on_own_before,
                       "stream_priority": stream.priority, "least": max(torch.cuda.Stream.priority_range()),
                       "own_group_after_close": on_own(),
                       "mesh_untouched": g.mesh_info.shard_process_group is own,
+                      "gathered": kept_before, "gathered_after_close": kept(),
                       "reference": report["reference"], "host_us": report["host_us"],
                       "dropped": report["dropped"], "diff": diff}), flush=True)
     dist.destroy_process_group()

@@ -290,11 +290,12 @@ def test_priority_puts_the_ddp_on_a_high_priority_group_until_closed_and_reports
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("policy, route", [("priority", "mesh"), ("carveout:32", "mesh"), ("priority", "custom"),
-                                           ("prefetch:2", "mesh"), ("ctas:8", "custom"), ("zero-sm", "custom")])
+                                           ("prefetch:2", "mesh"), ("ctas:8", "custom"), ("no-reshard", "mesh"),
+                                           ("zero-sm", "custom")])
 def test_fsdp2_under_a_policy_trains_as_plain_fsdp2_with_two_ranks(device, policy, route):
     """The example with --fsdp: every layer fully_shard-ed, the policy's group and streams under
     FSDP2 (through its groups' mesh, or its public custom collectives); against plain FSDP2, shard
-    by shard: bit for bit where only the group, streams, prefetch, NCCL's channels or its CTA
+    by shard: bit for bit where only the group, streams, prefetch, resharding, NCCL's channels or its CTA
     policy and the all-gathers' memory change (two ranks: a + b either way; an all-gather copies),
     within 1e-5 where cuBLAS's carveout changes kernels. zero-sm is skipped, with the reason, where
     this torch cannot ask for it, and refused with the reason where the two ranks share a GPU (NCCL

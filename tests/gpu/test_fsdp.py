@@ -60,6 +60,16 @@ def test_a_compute_policy_under_fsdp2_trains_as_plain_fsdp2_within_rounding(devi
 
 
 @pytest.mark.timeout(300)
+def test_no_reshard_keeps_fsdp2s_blocks_gathered_and_trains_as_plain_fsdp2_bit_for_bit(device):
+    """no-reshard: every block (not the root) keeps its parameters all-gathered from forward to
+    backward while the policy runs, the same parameters as plain FSDP2's bit for bit; once closed,
+    each block reshards after forward again, as fully_shard set it."""
+    got = _one_rank(device, "no-reshard")
+    assert got["policy"] == "no-reshard" and got["diff"] == 0.0, got
+    assert got["gathered"] == "kkk" and got["gathered_after_close"] == "rrr", got
+
+
+@pytest.mark.timeout(300)
 def test_auto_under_fsdp2_keeps_plain_fsdp2_unless_beaten_and_offers_no_window(device):
     """margin 0.5: nothing on one rank is half plain FSDP2's time, so auto keeps the plain job,
     on FSDP2's own groups; windowed-carveout is dropped, saying why."""
