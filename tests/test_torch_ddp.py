@@ -769,8 +769,9 @@ def test_a_block_check_stops_at_check_most_and_never_runs_more_for_a_pick_that_d
         _to_check(check_most=1)
     with pytest.raises(UsageError, match="check_most must be a multiple of the check rounds \\(2\\)"):
         _to_check(check_most=5)
-    assert Auto().check_most is None and Auto().most_check_rounds == 8 and Auto(check_steps=3).most_check_rounds == 6
+    assert Auto().check_most is None and Auto().most_check_rounds == 24 and Auto(check_steps=3).most_check_rounds == 18
     assert Auto(check_steps=600).most_check_rounds == 600 and Auto(check_steps=0).most_check_rounds == 0
+    assert Auto(check_steps=200).most_check_rounds == 1000 and Auto(check_steps=300).most_check_rounds == 900
     assert Auto(check_most=12).most_check_rounds == 12
     with pytest.raises(UsageError, match=r"Auto.check_most must be an int in 4..1000, not 3"):
         Auto(check_most=3)

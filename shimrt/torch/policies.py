@@ -274,6 +274,8 @@ CTAS = (4, 8)
 #: each module ahead holds its parameters unsharded that much earlier.
 PREFETCH = (2,)
 MAX_PREFETCH = 8
+#: How many times ``Auto.check_steps`` a check in blocks may run to by default (``Auto.check_most``).
+CHECK_TIMES = 6
 #: The bounds of an SM count kept for NCCL, wherever one enters (a policy's name, overlap()'s
 #: ``sms``, bench torch's ``--sms``).
 SMS_BOUNDS = {"least": 1, "most": MAX_SMS}
@@ -293,9 +295,10 @@ class Auto:
     visit, alternating); ``check_always``, check the fastest other finalist even when the trials
     kept plain DDP (with ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is);
     ``check_most``, the rounds a check in blocks may run to, ``check_steps`` more at a time while
-    its pick leads plain DDP within the noise: a multiple of ``check_steps`` (None: twice
-    ``check_steps`` where that is at most 1000, read through :attr:`most_check_rounds`; run to
-    8 rounds on an H100 at 596006f and an H200 at c81df25). Blocks
+    its pick leads plain DDP within the noise: a multiple of ``check_steps`` (None: six times
+    ``check_steps``, at most 1000, read through :attr:`most_check_rounds`: on an H200 at c81df25
+    a 3% lead over a plain DDP at two speeds was 1.3 standard errors after 8 rounds, which 24
+    rounds of the same visits would make 2.3). Blocks
     of 6 checked always are the default since an H100 run (docs/ddp.md, b0f05c9) where, on the one
     configuration whose plain DDP ran at one speed, they kept carveout:32 (0.959x plain DDP, the
     best fixed way 0.957x) while the alternating check kept plain DDP; ``ctas``, the NCCL channel
@@ -340,11 +343,12 @@ class Auto:
 
     @property
     def most_check_rounds(self) -> int:
-        """The rounds a check in blocks may run to: ``check_most``, or twice ``check_steps``
-        where that is at most 1000 (else ``check_steps``: no rounds more)."""
+        """The rounds a check in blocks may run to: ``check_most``, or the greatest multiple of
+        ``check_steps`` up to six times it and 1000 (``check_steps`` itself above 500: no rounds
+        more)."""
         if self.check_most is not None:
             return self.check_most
-        return 2 * self.check_steps if 2 * self.check_steps <= 1000 else self.check_steps
+        return self.check_steps * max(1, min(CHECK_TIMES, 1000 // max(1, self.check_steps)))
 
 
 def kept_sms(values: Any, what: str = "sms") -> list[int]:
