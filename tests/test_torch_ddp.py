@@ -121,7 +121,7 @@ def test_no_reshard_keeps_fsdp2s_parameters_gathered_and_auto_tries_it_only_with
     from types import SimpleNamespace
 
     from shimrt.torch.ddp import Ddp
-    from shimrt.torch.training import Overlap
+    from shimrt.torch.training import no_room
     p = policies.parse("no-reshard")
     assert (p.name, p.priority, p.compute, p.ctas, p.no_reshard) == ("no-reshard", "high", None, None, True)
     assert p.describe(2) == "high priority, FSDP2 keeps parameters all-gathered from forward to backward"
@@ -137,14 +137,10 @@ def test_no_reshard_keeps_fsdp2s_parameters_gathered_and_auto_tries_it_only_with
         Auto(no_reshard="no")
     assert Ddp.refusal(SimpleNamespace(), p, 1) == "no-reshard is FSDP2's: a DDP's parameters are never sharded"
     # auto's room: the parameters held gathered at most a quarter of the GPU's free memory
-    for need, free, room in ((1 << 30, 4 << 30, True), ((1 << 30) + 1, 4 << 30, False)):
-        ov = SimpleNamespace(model=SimpleNamespace(gathered_bytes=lambda n=need: n), torch_device=None,
-                             _torch=SimpleNamespace(cuda=SimpleNamespace(mem_get_info=lambda d, f=free: (f, 8 << 30))))
-        why = Overlap._no_room(ov, p)
-        assert (why is None) == room, why
-    assert why == ("it would hold 1024 MiB of parameters all-gathered, more than a quarter of the 4096 MiB free on the "
-                   "GPU: policy='no-reshard' runs it, Auto(no_reshard=False) leaves it out unsaid")
-    assert Overlap._no_room(ov, policies.parse("priority")) is None
+    assert no_room(1 << 30, 4 << 30) is None
+    assert no_room((1 << 30) + 1, 4 << 30) == (
+        "it would hold 1024 MiB of parameters all-gathered, more than a quarter of the 4096 MiB free on the GPU: "
+        "policy='no-reshard' runs it, Auto(no_reshard=False) leaves it out unsaid")
 
 
 def test_ctas_holds_nccls_channels_on_streams_of_the_greatest_priority():

@@ -71,7 +71,7 @@ from .policies import FIXED_ONLY, FSDP_KINDS, KINDS, Auto, Policy, candidates, p
 from .resources import Resources, Window
 from .trials import Trials, how_held
 
-__all__ = ["overlap", "Overlap"]
+__all__ = ["overlap", "Overlap", "no_room"]
 
 #: Where auto says what it kept (INFO, rank 0).
 log = logging.getLogger("shimrt.torch")
@@ -92,6 +92,17 @@ def overlap(model: Any, policy: Any = "auto", *, timeout: float = 300.0, fsdp_ro
     Collective over the model's ranks: every rank calls it, with the same arguments."""
     require_torch()
     return Overlap(model, policy, timeout=timeout, fsdp_route=fsdp_route)
+
+
+def no_room(need: int, free: int) -> str | None:
+    """Why auto leaves no-reshard out (None: it does not) where its parameters, held all-gathered,
+    take ``need`` bytes and the GPU has ``free``: at most a quarter of the free memory, so that a
+    job sized to the GPU's memory does not run out in one of auto's trials."""
+    if 4 * need <= free:
+        return None
+    return (f"it would hold {need / 2**20:.0f} MiB of parameters all-gathered, more than a quarter of the "
+            f"{free / 2**20:.0f} MiB free on the GPU: policy='no-reshard' runs it, Auto(no_reshard=False) leaves it "
+            "out unsaid")
 
 
 def wrap(model: Any, fsdp_route: str = "mesh") -> Wrapped:
@@ -226,18 +237,10 @@ class Overlap:
         return [p for p in candidates if p.name not in self.dropped]
 
     def _no_room(self, policy: Policy) -> str | None:
-        """Why auto leaves ``policy`` out for memory (None: it does not): no-reshard's parameters,
-        held all-gathered, may take at most a quarter of the GPU's free memory now (a job sized
-        to the GPU's memory must not run out in a trial of auto's)."""
+        """Why auto leaves ``policy`` out for memory now (:func:`no_room`; None: it does not)."""
         if not policy.no_reshard:
             return None
-        need = self.model.gathered_bytes()
-        free = self._torch.cuda.mem_get_info(self.torch_device)[0]
-        if 4 * need <= free:
-            return None
-        return (f"it would hold {need / 2**20:.0f} MiB of parameters all-gathered, more than a quarter of the "
-                f"{free / 2**20:.0f} MiB free on the GPU: policy='no-reshard' runs it, Auto(no_reshard=False) "
-                "leaves it out unsaid")
+        return no_room(self.model.gathered_bytes(), self._torch.cuda.mem_get_info(self.torch_device)[0])
 
     # --- the step ---
     @contextlib.contextmanager
