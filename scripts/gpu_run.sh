@@ -13,7 +13,7 @@
 #   fsdp: scripts/zero_sm_probe.py (does NCCL all-gather on the copy engines here?), then bench
 #   torch --fsdp (plain FSDP2, its candidates and auto, each way timed once two windows of 6 steps agree;
 #   FSDP_ROUTE=custom for FSDP2's custom collectives, which adds zero-sm (refused, said so, with the two ranks
-#   on GPU 0 here: NCCL's symmetric memory failed there); FSDP_ARGS in place of the default
+#   on GPU 0 here: NCCL's symmetric memory failed there; FSDP_PROBE=0 leaves the probe out); FSDP_ARGS in place of the default
 #   --configs comm-heavy,balanced-1024,comm-heavy-1024) with --profile: where each way's step went, each rank's
 #   torch.profiler trace in profile.tar; own: a model of a user's own
 #   (scripts/own_model.py, OWN_ARGS its flags) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
@@ -159,8 +159,9 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
                 steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 200 -m shimrt.bench torch --configs compute-heavy,balanced,balanced-1024 --policies priority,paced,carveout --steps 40 --settle 20 --sms 32 --optimizer adamw --loss-every $every --timeout 190 ${LEVELS_ARGS:-} --json $OUT/levels_$every.json")
               done ;;
       fsdp) mkdir -p "$OUT/profile"
-            steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 scripts/zero_sm_probe.py" \
-                   "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 430 -m shimrt.bench torch --fsdp --fsdp-route ${FSDP_ROUTE:-mesh} --steps 16 --settle 10 --steady 6 --sms 32 --optimizer adamw --loss-every 10 --timeout 410 --profile $OUT/profile ${FSDP_ARGS:---configs comm-heavy,balanced-1024,comm-heavy-1024} --json $OUT/torch_fsdp.json") ;;
+            steps=()
+            [ "${FSDP_PROBE:-1}" = 0 ] || steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 scripts/zero_sm_probe.py")
+            steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 430 -m shimrt.bench torch --fsdp --fsdp-route ${FSDP_ROUTE:-mesh} --steps 16 --settle 10 --steady 6 --sms 32 --optimizer adamw --loss-every 10 --timeout 410 --profile $OUT/profile ${FSDP_ARGS:---configs comm-heavy,balanced-1024,comm-heavy-1024} --json $OUT/torch_fsdp.json") ;;
       own) steps=() ;;
       *) steps+=("${latency_steps[@]}" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
