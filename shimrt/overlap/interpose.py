@@ -135,8 +135,9 @@ class Interposer:
     def __enter__(self) -> "Interposer":
         if self._inner is not None:
             raise ShimrtError("this Interposer is already active")
-        self._inner = self.device.interpose_launches(self._rewrite)
-        self._inner.__enter__()
+        inner = self.device.interpose_launches(self._rewrite)
+        inner.__enter__()  # may fail (CUPTI held by another tool): nothing is active then
+        self._inner = inner
         return self
 
     def __exit__(self, *exc: Any) -> None:

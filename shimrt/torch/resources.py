@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, ContextManager, Ite
 
 from .. import validate
 from ..device import Device, Partition
-from ..errors import UsageError
+from ..errors import DriverError, UsageError
 from ..lifetime import close_each
 from ..stream import Stream
 from ..targets import MAX_SMS
@@ -74,7 +74,7 @@ class Resources:
         if policy.partition is not None:
             self.partition(policy.partition)
         if policy.cap is not None:
-            self.interposer(policy.cap)
+            self.subscribable(self.interposer(policy.cap))
         if policy.carveout is not None:
             with sm_carveout(None):  # UsageError where this torch has no carveout
                 pass
@@ -105,6 +105,21 @@ class Resources:
             from ..overlap.interpose import Interposer
             self._interposers[cap] = Interposer(self.device, cap)
         return self._interposers[cap]
+
+    @staticmethod
+    def subscribable(interposer: "Interposer") -> None:
+        """UsageError, saying why, where ``interposer`` cannot take CUPTI's one subscriber of the
+        process now: another tool holds it (torch.profiler keeps it once it has profiled, and
+        Nsight Systems and Compute take it), so a shaping policy would fail at its first step."""
+        try:
+            with interposer:  # subscribes, and unsubscribes at once: no launch in between
+                pass
+        except DriverError as exc:
+            if exc.name != "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED":
+                raise
+            raise UsageError("shaping interposes launches through CUPTI, whose one subscriber per process another "
+                             "tool holds here (torch.profiler keeps it once it has profiled; Nsight Systems and "
+                             "Nsight Compute take it)") from None
 
     def stream_of(self, policy: Policy) -> Stream | None:
         """The stream ``policy``'s compute runs on: its partition's, or None (torch's own)."""

@@ -50,3 +50,23 @@ def test_interposers_are_made_once_and_auto_keeps_its_picks(device):
     run.close_interposers(keep=[3])
     assert run.interposer(3) is three and run.interposer(2) is not two
     run.close()
+
+
+def test_shaping_is_refused_with_the_reason_where_another_tool_holds_cupti(device):
+    """CUPTI takes one subscriber per process: with one held (here a LaunchInterposer of shimrt's
+    own, as torch.profiler or Nsight would hold it), a shaping policy is refused when its resources
+    are made (auto drops it, saying why), not at its first step; its Interposer is left inactive,
+    and once CUPTI is free the same policy is made."""
+    from shimrt import UsageError
+    from shimrt.torch.policies import Policy, Shaping
+    from shimrt.torch.resources import Resources
+    if device.backend != "cuda":
+        pytest.skip("launch interposition is CUDA's (CUPTI)")
+    run = Resources(device, keep_partitions=False)
+    shaping = Policy("s", compute=Shaping(2))
+    with device.interpose_launches(lambda launch: None):
+        with pytest.raises(UsageError, match="CUPTI, whose one subscriber per process another tool holds"):
+            run.prepare(shaping)
+    run.prepare(shaping)  # CUPTI free again: the same Interposer subscribes
+    assert run.interposer(2).report()["launches"] == 0
+    run.close()
