@@ -37,13 +37,14 @@ from shimrt.torch.fsdp import (
 )
 
 
-def model() -> torch.nn.Module:
+def model(head: bool = False) -> torch.nn.Module:
+    """Four layers, and with ``head`` a fifth that the root shards as its own."""
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+    return torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(5 if head else 4)])
 
 
 def sharded(m: torch.nn.Module, mesh: DeviceMesh, **options) -> torch.nn.Module:
-    for layer in m:
+    for layer in list(m)[:4]:  # a fifth layer stays the root's own
         fully_shard(layer, mesh=mesh, **options)
     return fully_shard(m, mesh=mesh, **options)
 
@@ -78,8 +79,9 @@ def main() -> None:
         os._exit(0)
     calls = count_calls()
     first, second = dist.new_group([0, 1]), dist.new_group([0, 1])
-    user = sharded(model(), DeviceMesh.from_group(first, "cpu"))
-    plain = sharded(model(), init_device_mesh("cpu", (2,)))
+    head = option == "reshard"  # the root with parameters of its own: keep_gathered must leave them to FSDP2
+    user = sharded(model(head), DeviceMesh.from_group(first, "cpu"))
+    plain = sharded(model(head), init_device_mesh("cpu", (2,)))
     groups = param_groups(user)
     lists: list[str] = []  # what the test checks beside the counts: prefetch lists held, collectives restored
     comms = None

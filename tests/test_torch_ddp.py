@@ -419,6 +419,16 @@ def test_a_way_no_auto_tries_is_said_beside_the_goals_not_as_the_best_fixed_way(
     assert medians.endswith("; paced, which no auto tries, 20.00 ms (auto 1.050x)"), medians
 
 
+def test_the_custom_routes_priority_is_set_beside_the_meshs_and_is_no_fixed_way_of_autos():
+    from shimrt.bench.torch_ddp_report import CUSTOM_WAY, report
+    r = _ddp_result()
+    r["ways"][CUSTOM_WAY] = dict(step_ms=20.0, steps_ms=[20.0, 21.0, 22.0], hidden=0.5, loss_max_diff=0.0)
+    lines = report("comm-heavy-1024", r).splitlines()
+    assert ("the two routes, by the means: priority 23.87 ms over FSDP2's groups' mesh, 21.00 over its custom "
+            "collectives (0.880x)") in lines, lines
+    assert "within 2% of the best fixed way (priority, 22.00 ms): met" in lines[-2], lines[-2]
+
+
 def test_the_ddp_goals_say_a_miss_and_leave_out_goals_a_configuration_has_not():
     from shimrt.bench.torch_ddp_report import report
     r = _ddp_result()

@@ -79,15 +79,18 @@ def test_fsdp2_prefetching_ahead_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
 
 
 def test_fsdp2_kept_all_gathered_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
-    """The same moves with the blocks kept all-gathered from forward to backward for steps 0-2 and
-    5-7 (shimrt.torch.fsdp.keep_gathered, then reshard_again, then again): those steps all-gather
-    each block once, not twice (first+second: 16+24 all-gathers, not 24+40), the reduce-scatters
-    are as without, the parameters end as plain FSDP2's bit for bit, and each block's resharding
-    is FSDP2's own again at the end. gathered_bytes: the 4 blocks' parameters, whole, in float32."""
+    """The same moves, on a model whose root holds a fifth layer of its own, with the blocks kept
+    all-gathered from forward to backward for steps 0-2 and 5-7 (shimrt.torch.fsdp.keep_gathered,
+    then reshard_again, then again). Each group's post-forward state (the root's first): k, kept
+    gathered; r, resharded. The root reads r before its first forward and k after, as FSDP2 sets it,
+    and keep_gathered never changes it (a restore would make it r). Kept steps all-gather each
+    block once, not twice: first+second 4x(1+1+2) + 3 and 4x(1+2+1+1+1) + 5 with the root's one a
+    step; the reduce-scatters are as without (5 groups); the parameters end as plain FSDP2's, bit
+    for bit. gathered_bytes: the 4 blocks' parameters, whole, in float32 (not the root's)."""
     bytes_ = 4 * (32 * 32 + 32) * 4
     for rank, line in enumerate(_two_ranks(gloo_ranks, "reshard")):
-        assert line == (f"rank {rank}: reshard bytes {bytes_} kkkk rrrr kkkk rrrr; calls all_gather 16+24 "
-                        "reduce_scatter 12+20; fsdp True groups 4 moveable None diff 0.0"), line
+        assert line == (f"rank {rank}: reshard bytes {bytes_} rkkkk krrrr kkkkk krrrr; calls all_gather 19+29 "
+                        "reduce_scatter 15+25; fsdp True groups 5 moveable None diff 0.0"), line
 
 
 def test_zero_sm_is_refused_with_the_reason_where_ranks_share_a_gpu():

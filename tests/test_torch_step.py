@@ -623,6 +623,30 @@ def test_ctas_ways_run_under_fsdp2_or_when_named():
         torch_step.check(args)
 
 
+def test_fsdp_route_both_runs_priority_over_the_custom_route_beside_the_mesh():
+    import argparse
+
+    from shimrt.bench.torch_ddp import ways_of
+    p = argparse.ArgumentParser()
+    torch_step.add_arguments(p)
+    argv = ["--configs", "balanced", "--fsdp", "--sms", "32", "--policies", "priority,no-reshard,auto"]
+    args = p.parse_args([*argv, "--fsdp-route", "both"])
+    torch_step.check(args)
+    assert ways_of(args, list(args.policies)) == [
+        ("plain DDP", None, "mesh"), ("priority", "priority", "mesh"), ("no-reshard", "no-reshard", "mesh"),
+        ("priority (custom route)", "priority", "custom"), ("ddp", "ddp", "mesh"), ("auto", "auto", "mesh"),
+        ("auto-steps", "auto-steps", "mesh"), ("plain DDP again", None, "mesh")]
+    args = p.parse_args([*argv, "--fsdp-route", "custom"])
+    torch_step.check(args)
+    assert {route for _, _, route in ways_of(args, list(args.policies))} == {"custom"}
+    assert "priority (custom route)" not in [w for w, _, _ in ways_of(args, list(args.policies))]
+    for bad, message in ((["--configs", "balanced", "--fsdp-route", "both"], "--fsdp-route applies with --fsdp"),
+                         ([*argv[:-1], "zero-sm", "--fsdp-route", "both"], "add --fsdp --fsdp-route custom")):
+        args = p.parse_args(bad)
+        with pytest.raises(UsageError, match=message):
+            torch_step.check(args)
+
+
 def test_fsdp_route_applies_with_fsdp_only(capsys):
     import argparse
     p = argparse.ArgumentParser()

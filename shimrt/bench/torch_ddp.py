@@ -63,7 +63,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
-from .torch_ddp_report import AUTOS, bars_png, report
+from .torch_ddp_report import AUTOS, CUSTOM_WAY, bars_png, report
 from .torch_measure import ComputeSpans, comm_hidden, order_bound, step_times_ms
 
 __all__ = ["run"]
@@ -188,13 +188,32 @@ def _profiled(r: _Rank, step: Callable[[int], Any], config: str, way: str) -> di
         return {"failed": f"{type(exc).__name__}: {exc}"}
 
 
+def ways_of(args: Any, kinds: list[str]) -> list[tuple[str, str | None, str]]:
+    """The ways of a configuration, in order: (its name, the policy overlap() is given, None for
+    the plain job; the FSDP2 route). Plain DDP first and last (the run's noise), each fixed policy
+    of ``kinds`` (FSDP2 marks no window; ``paced`` is plain, waiting), ``priority`` again over FSDP2's
+    custom collectives under ``--fsdp-route both`` (:data:`CUSTOM_WAY`), and with auto, plain DDP
+    through overlap() (``ddp``: what auto keeps when nothing wins) and each of :data:`AUTOS`."""
+    from ..torch import policies as vocabulary
+    route = "mesh" if args.fsdp_route == "both" else args.fsdp_route
+    fixed = [p for p in vocabulary.candidates(args.sms, kinds) if (p.baseline is None or p.pace)
+             and not (args.fsdp and p.window)]
+    # by name: overlap() sizes each policy's channels by the ranks per GPU
+    ways: list[tuple[str, str | None, str]] = [("plain DDP", None, route)]
+    ways += [(p.name, p.name, route) for p in fixed]
+    if args.fsdp_route == "both":
+        ways.append((CUSTOM_WAY, "priority", "custom"))
+    if "auto" in kinds:
+        ways += [("ddp", "ddp", route)] + [(a, a, route) for a in AUTOS]
+    return ways + [("plain DDP again", None, route)]
+
+
 def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     """Every way of configuration ``name`` (``kinds``: --policies; ``sequential`` has no place
     under DDP and is left out) on this rank; times are the slowest rank's."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ..torch import Auto, overlap
-    from ..torch import policies as vocabulary
     torch, args = r.torch, r.args
     out: dict = {"model": size.record(), "ways": {}, "gradient_as_bucket_view": args.bucket_view, "fsdp": args.fsdp,
                  "fsdp_route": args.fsdp_route,
@@ -234,14 +253,9 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     steps["comm"], _ = step_times_ms(torch, comm, args.warmup, args.steps)
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
-    ways: list[tuple[str, Any]] = [("plain DDP", None)]
-    fixed = [p for p in vocabulary.candidates(args.sms, kinds) if (p.baseline is None or p.pace)
-             and not (args.fsdp and p.window)]  # FSDP2 marks no window (shimrt.torch.fsdp); paced: plain, waiting
-    # by name: overlap() sizes each policy's channels by the ranks per GPU; ddp: auto's kept plain job
-    ways += [(p.name, p.name) for p in fixed] + ([("ddp", "ddp")] + [(a, a) for a in AUTOS] if "auto" in kinds else [])
-    ways.append(("plain DDP again", None))  # the run's noise: plain DDP's first and last runs apart
     reference = None
-    for count, (way, policy) in enumerate(ways, 1):
+    ways = ways_of(args, kinds)
+    for count, (way, policy, route) in enumerate(ways, 1):
         if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
         model, data, opt = r.fresh(size, shard=args.fsdp)
@@ -254,8 +268,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             if policy is not None:
                 chosen = (Auto(sms=args.sms, trial_steps=args.trial_steps, **AUTOS[policy]) if policy in AUTOS
                           else policy)
-                ov = overlap(ddp, chosen, timeout=args.comm_timeout, fsdp_route=args.fsdp_route)
-                entry["ranks_per_gpu"] = ov.ranks_per_gpu
+                ov = overlap(ddp, chosen, timeout=args.comm_timeout, fsdp_route=route)
+                entry.update(ranks_per_gpu=ov.ranks_per_gpu, fsdp_route=route if args.fsdp else None)
             step = _stepper(ddp, data, opt, ov.step if ov is not None else contextlib.nullcontext,
                             loss_every=every, spans=marks)
             trials = 0

@@ -13,7 +13,7 @@ from typing import Any
 from ..torch.policies import FIXED_ONLY
 from ..torch.trials import how_held
 
-__all__ = ["AUTOS", "REFERENCES", "report", "bars_png", "noise"]
+__all__ = ["AUTOS", "REFERENCES", "CUSTOM_WAY", "report", "bars_png", "noise"]
 
 #: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
 #: never above it by more than the run's noise (plain DDP's first and last runs apart), within
@@ -27,6 +27,10 @@ GOAL_BEST = 0.02
 AUTOS: dict[str, dict[str, Any]] = {"auto": {}, "auto-steps": {"check_block": 1, "check_always": False}}
 #: The ways that are plain DDP (the last under overlap(policy="ddp")): references, set apart in the goals.
 REFERENCES = ("plain DDP", "plain DDP again", "ddp")
+#: Under ``--fsdp-route both``: ``priority`` again, its collectives through FSDP2's public custom
+#: collectives rather than its groups' mesh (what each route costs per step, side by side); no auto
+#: runs on it, so it is no fixed way of auto's either.
+CUSTOM_WAY = "priority (custom route)"
 
 
 def noise(r: dict) -> float:
@@ -80,6 +84,10 @@ def report(name: str, r: dict) -> str:
         from .torch_timeline import describe
         lines += ["where rank 0's steps went (torch.profiler, 3 steps after the timed ones):"]
         lines += ["  " + describe(way, e["timeline"]) for way, e in ways.items() if "timeline" in e]
+    if CUSTOM_WAY in ways and "priority" in ways:
+        lines.append(f"the two routes, by the means: priority {means['priority']:.2f} ms over FSDP2's groups' mesh, "
+                     f"{means[CUSTOM_WAY]:.2f} over its custom collectives "
+                     f"({means[CUSTOM_WAY] / means['priority']:.3f}x)")
     autos = [a for a in AUTOS if a in ways and not math.isnan(ways[a]["step_ms"])]
     lines += [kept_line(r, means, a) for a in autos]
     if autos:
@@ -121,7 +129,8 @@ def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "a
     run's noise). The best fixed way is of those auto tries; a fixed-only way (``paced``,
     ``zero-sm``: no auto tries them) is said beside it, as what auto leaves untried."""
     auto, base = ms[way], ms["plain DDP"]
-    best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES, *FIXED_ONLY) and not math.isnan(t)),
+    best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES, *FIXED_ONLY, CUSTOM_WAY)
+                and not math.isnan(t)),
                key=ms.__getitem__, default=None)
     below = 1 - auto / base
     said = [f"goals by the {by}: {way} {auto / base:.3f}x plain DDP ({below:+.1%} below); at most 1.00x "

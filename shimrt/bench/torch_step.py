@@ -131,9 +131,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one process per rank: untimed steps every way runs before its warm-up, so that each is "
                         "timed as far into the job as auto's kept policy (auto's trials count towards them; "
                         "default 0)")
-    p.add_argument("--fsdp-route", default="mesh", choices=ROUTES,
+    p.add_argument("--fsdp-route", default="mesh", choices=(*ROUTES, "both"),
                    help="one process per rank, with --fsdp: how FSDP2's collectives reach a policy's process groups, "
-                        "its groups' mesh (default) or FSDP2's public custom collectives (shimrt.torch.fsdp)")
+                        "its groups' mesh (default) or FSDP2's public custom collectives (shimrt.torch.fsdp); both: "
+                        "every way over the mesh, and priority over the custom collectives too, side by side")
     p.add_argument("--steady", metavar="N", default=0, type=cli.count("--steady", 0),
                    help="one process per rank: after --settle, windows of N untimed steps until two in a row agree "
                         "(their means, the slowest rank's, within 2%%; at most 8 windows), so that a way is timed "

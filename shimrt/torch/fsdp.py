@@ -57,8 +57,8 @@ from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
 __all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "uninstall", "prefetch",
-           "top_blocks", "held_prefetch", "restore_prefetch", "keep_gathered", "reshard_again", "gathered_bytes",
-           "symmetric_refusal", "nccl_symmetric_memory"]
+           "top_blocks", "held_prefetch", "restore_prefetch", "resharding", "keep_gathered", "reshard_again",
+           "gathered_bytes", "symmetric_refusal", "nccl_symmetric_memory"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -198,34 +198,42 @@ def below_root(model: Any) -> list[Any]:
             for g in param_groups(m, below=False)]
 
 
+def resharding(model: Any) -> list[Any]:
+    """The FSDPParamGroups below the root ``model`` that reshard after forward (a post-forward mesh)."""
+    return [g for g in below_root(model) if g.post_forward_mesh_info is not None]
+
+
 def keep_gathered(model: Any) -> Resharding:
     """Every FSDP2 module below the root ``model`` keeps its parameters all-gathered from its
     forward to its backward (what ``set_reshard_after_forward(False)`` sets: no post-forward mesh),
     from the next step; returns what it changed, for :func:`reshard_again`. Set per group, not
     through ``set_reshard_after_forward``, so that putting it back restores each group's own
     (the root's, which FSDP2 sets at its first forward, is never touched)."""
-    held = [(g, g.post_forward_mesh_info) for g in below_root(model) if g.post_forward_mesh_info is not None]
+    held = [(g, g.post_forward_mesh_info) for g in resharding(model)]
     for g, _ in held:
         g.post_forward_mesh_info = None
     return held
 
 
 def reshard_again(held: Resharding) -> None:
-    """The post-forward meshes :func:`keep_gathered` took, put back (between steps)."""
+    """The post-forward meshes :func:`keep_gathered` took, put back (between steps; a group taken
+    twice ends with what it held the second time: its user's latest)."""
     for g, info in held:
         g.post_forward_mesh_info = info
 
 
 def gathered_bytes(model: Any) -> int:
-    """The bytes :func:`keep_gathered` holds at most beyond plain FSDP2: the parameters of the FSDP2
-    modules below the root ``model``, whole (each counted once, in its own dtype: a mixed-precision
-    all-gather in a narrower dtype holds less)."""
-    from torch.distributed.fsdp import FSDPModule
-    seen: dict[int, Any] = {}
-    for m in model.modules():
-        if isinstance(m, FSDPModule) and m is not model:
-            seen.update((id(p), p) for p in m.parameters())
-    return sum(p.numel() * p.element_size() for p in seen.values())  # a DTensor's numel is the whole's
+    """The bytes :func:`keep_gathered` holds at most beyond plain FSDP2: the parameters, whole, of
+    the groups below the root ``model`` that reshard after forward now, each in the dtype FSDP2
+    all-gathers it in (a mixed-precision policy's ``param_dtype`` once FSDP2 has read it at its
+    first forward, the parameter's own before)."""
+    total = 0
+    for g in resharding(model):
+        for fp in g.fsdp_params:
+            whole = fp.sharded_param  # a DTensor: its numel is the whole parameter's
+            dtype = getattr(fp, "param_dtype", None) or whole.dtype
+            total += whole.numel() * dtype.itemsize
+    return total
 
 
 def use(groups: list[Any], group: Any) -> None:
@@ -385,6 +393,9 @@ class Fsdp:
     def refusal(self, policy: Any, ranks_per_gpu: int) -> str | None:
         if policy.window:
             return "FSDP2 gives no gradient hook to open the window at"
+        if policy.no_reshard and not resharding(self.model):
+            return ("no FSDP2 module below the root reshards after forward here: no-reshard would change nothing "
+                    "(it would be priority)")
         if policy.zero_sm:
             if self.route != "custom":
                 return ("zero-sm needs overlap(..., fsdp_route='custom'): its all-gather outputs come from symmetric "
@@ -406,9 +417,11 @@ class Fsdp:
         self._prefetch = depth
 
     def keep_gathered(self, on: bool) -> None:
-        if validate.boolean(on, "on") and self._resharding is None:
-            self._resharding = keep_gathered(self.model)
-        elif not on and self._resharding is not None:
+        if validate.boolean(on, "on"):
+            # Again each time: a group set to reshard since (FSDP2's set_reshard_after_forward(True),
+            # after an eval that set it False) is kept gathered too, and what it held is put back last.
+            self._resharding = (self._resharding or []) + keep_gathered(self.model)
+        elif self._resharding is not None:
             reshard_again(self._resharding)
             self._resharding = None
 
@@ -417,6 +430,8 @@ class Fsdp:
 
     def before_step(self) -> None:
         self.streams()
+        if self._resharding is not None:
+            self.keep_gathered(True)
 
     def streams(self) -> None:
         """FSDP2's all-gather and reduce-scatter streams as the policy in force wants them: of

@@ -112,10 +112,14 @@ class Placement:
         """The model back on its own group, the hook removed, every policy group destroyed (each
         whatever the others do)."""
         try:
-            self.model.use(self.model.group, False)
-            self.model.prefetch(None)
-            self.model.keep_gathered(False)
-            self.current = self.model.group
+            try:
+                self.model.use(self.model.group, False)
+                self.current = self.model.group
+            finally:  # each put back whatever the others do
+                try:
+                    self.model.prefetch(None)
+                finally:
+                    self.model.keep_gathered(False)
         finally:
             try:
                 self._unhook()
