@@ -12,7 +12,7 @@
 #   (LEVELS_ARGS more flags; python scripts/speed_levels.py OUT/levels_N.json reads each);
 #   fsdp: scripts/zero_sm_probe.py (does NCCL all-gather on the copy engines here?), then bench
 #   torch --fsdp (plain FSDP2, its candidates and auto, each way timed once two windows of 6 steps agree;
-#   FSDP_ROUTE=custom for FSDP2's custom collectives, which adds zero-sm (refused, said so, with the two ranks
+#   FSDP_ROUTE=custom for FSDP2's custom collectives (both: priority over them beside the mesh route's), which adds zero-sm (refused, said so, with the two ranks
 #   on GPU 0 here: NCCL's symmetric memory failed there; FSDP_PROBE=0 leaves the probe out); FSDP_ARGS in place of the default
 #   --configs comm-heavy,balanced-1024,comm-heavy-1024) with --profile: where each way's step went, each rank's
 #   torch.profiler trace in profile.tar; own: a model of a user's own
