@@ -22,6 +22,7 @@ from shimrt import UsageError
 from shimrt.torch.fsdp import (
     GroupAllGather,
     GroupReduceScatter,
+    below_root,
     gathered_bytes,
     held_prefetch,
     install,
@@ -118,11 +119,11 @@ def main() -> None:
     gathered = {0: True, 3: False, 5: True} if option == "reshard" else {}  # from these steps on
     resharding = None
     if gathered:  # what FSDP2 holds, as the groups' post-forward meshes say (None: kept all-gathered)
-        lists.append(f"bytes {gathered_bytes(user)}")
+        lists.append(f"bytes {gathered_bytes(below_root(user))}")
     for step in range(8):
         if step in gathered:
             if gathered[step]:
-                resharding = keep_gathered(user)
+                resharding = keep_gathered(below_root(user))
             else:
                 reshard_again(resharding)
             lists.append("".join("k" if g.post_forward_mesh_info is None else "r" for g in groups))

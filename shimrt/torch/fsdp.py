@@ -31,7 +31,7 @@ post-forward mesh is another group's), and a torch whose FSDP2 keeps its groups 
 ``windowed-carveout`` is not offered: FSDP2 sets its sharded gradients itself, after the
 reduce-scatter, so no gradient hook marks the window's start.
 
-About 450 lines: the FSDP2 parts a policy changes (process groups, custom collectives, prefetch,
+About 470 lines: the FSDP2 parts a policy changes (process groups, custom collectives, prefetch,
 resharding, streams, symmetric memory) are each a few functions the one adapter drives; apart,
 each would be a module of a function or two importing :func:`param_groups` back.
 
@@ -57,8 +57,8 @@ from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
 __all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "uninstall", "prefetch",
-           "top_blocks", "held_prefetch", "restore_prefetch", "resharding", "keep_gathered", "reshard_again",
-           "gathered_bytes", "symmetric_refusal", "nccl_symmetric_memory"]
+           "top_blocks", "held_prefetch", "restore_prefetch", "below_root", "resharding", "keep_gathered",
+           "reshard_again", "gathered_bytes", "symmetric_refusal", "nccl_symmetric_memory"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -198,18 +198,18 @@ def below_root(model: Any) -> list[Any]:
             for g in param_groups(m, below=False)]
 
 
-def resharding(model: Any) -> list[Any]:
-    """The FSDPParamGroups below the root ``model`` that reshard after forward (a post-forward mesh)."""
-    return [g for g in below_root(model) if g.post_forward_mesh_info is not None]
+def resharding(groups: list[Any]) -> list[Any]:
+    """Those of FSDPParamGroups ``groups`` that reshard after forward (a post-forward mesh)."""
+    return [g for g in groups if g.post_forward_mesh_info is not None]
 
 
-def keep_gathered(model: Any) -> Resharding:
-    """Every FSDP2 module below the root ``model`` keeps its parameters all-gathered from its
-    forward to its backward (what ``set_reshard_after_forward(False)`` sets: no post-forward mesh),
-    from the next step; returns what it changed, for :func:`reshard_again`. Set per group, not
+def keep_gathered(groups: list[Any]) -> Resharding:
+    """Every one of FSDPParamGroups ``groups`` (:func:`below_root`'s) keeps its parameters
+    all-gathered from its forward to its backward (what ``set_reshard_after_forward(False)`` sets:
+    no post-forward mesh), from the next step; returns what it changed, for :func:`reshard_again`. Set per group, not
     through ``set_reshard_after_forward``, so that putting it back restores each group's own
     (the root's, which FSDP2 sets at its first forward, is never touched)."""
-    held = [(g, g.post_forward_mesh_info) for g in resharding(model)]
+    held = [(g, g.post_forward_mesh_info) for g in resharding(groups)]
     for g, _ in held:
         g.post_forward_mesh_info = None
     return held
@@ -222,13 +222,13 @@ def reshard_again(held: Resharding) -> None:
         g.post_forward_mesh_info = info
 
 
-def gathered_bytes(model: Any) -> int:
+def gathered_bytes(groups: list[Any]) -> int:
     """The bytes :func:`keep_gathered` holds at most beyond plain FSDP2: the parameters, whole, of
-    the groups below the root ``model`` that reshard after forward now, each in the dtype FSDP2
+    those of ``groups`` (:func:`below_root`'s) that reshard after forward now, each in the dtype FSDP2
     all-gathers it in (a mixed-precision policy's ``param_dtype`` once FSDP2 has read it at its
     first forward, the parameter's own before)."""
     total = 0
-    for g in resharding(model):
+    for g in resharding(groups):
         for fp in g.fsdp_params:
             whole = fp.sharded_param  # a DTensor: its numel is the whole parameter's
             dtype = getattr(fp, "param_dtype", None) or whole.dtype
@@ -364,6 +364,7 @@ class Fsdp:
         self._prefetch: int | None = None  # the explicit prefetch depth set (None: the model's own lists)
         self._own_prefetch: list | None = None  # those lists, once a policy changed them
         self._resharding: Resharding | None = None  # what keep_gathered changed, while a policy keeps it
+        self.below = below_root(model)  # the groups no-reshard keeps gathered (read once: a step walks none)
         self._symmetric_backend = False  # torch's symmetric memory set to NCCL's backend (zero-sm)
 
     def moveable(self) -> str | None:
@@ -393,7 +394,7 @@ class Fsdp:
     def refusal(self, policy: Any, ranks_per_gpu: int) -> str | None:
         if policy.window:
             return "FSDP2 gives no gradient hook to open the window at"
-        if policy.no_reshard and not resharding(self.model):
+        if policy.no_reshard and not resharding(self.below):
             return ("no FSDP2 module below the root reshards after forward here: no-reshard would change nothing "
                     "(it would be priority)")
         if policy.zero_sm:
@@ -420,13 +421,13 @@ class Fsdp:
         if validate.boolean(on, "on"):
             # Again each time: a group set to reshard since (FSDP2's set_reshard_after_forward(True),
             # after an eval that set it False) is kept gathered too, and what it held is put back last.
-            self._resharding = (self._resharding or []) + keep_gathered(self.model)
+            self._resharding = (self._resharding or []) + keep_gathered(self.below)
         elif self._resharding is not None:
             reshard_again(self._resharding)
             self._resharding = None
 
     def gathered_bytes(self) -> int:
-        return gathered_bytes(self.model)
+        return gathered_bytes(self.below)
 
     def before_step(self) -> None:
         self.streams()
