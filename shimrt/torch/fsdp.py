@@ -206,9 +206,9 @@ def resharding(groups: list[Any]) -> list[Any]:
 def keep_gathered(groups: list[Any]) -> Resharding:
     """Every one of FSDPParamGroups ``groups`` (:func:`below_root`'s) keeps its parameters
     all-gathered from its forward to its backward (what ``set_reshard_after_forward(False)`` sets:
-    no post-forward mesh), from the next step; returns what it changed, for :func:`reshard_again`. Set per group, not
-    through ``set_reshard_after_forward``, so that putting it back restores each group's own
-    (the root's, which FSDP2 sets at its first forward, is never touched)."""
+    no post-forward mesh), from the next step; returns what it changed, for :func:`reshard_again`.
+    Set per group, not through ``set_reshard_after_forward``, so that putting it back restores
+    each group's own (the root's, which FSDP2 sets at its first forward, is never touched)."""
     held = [(g, g.post_forward_mesh_info) for g in resharding(groups)]
     for g, _ in held:
         g.post_forward_mesh_info = None
@@ -224,9 +224,9 @@ def reshard_again(held: Resharding) -> None:
 
 def gathered_bytes(groups: list[Any]) -> int:
     """The bytes :func:`keep_gathered` holds at most beyond plain FSDP2: the parameters, whole, of
-    those of ``groups`` (:func:`below_root`'s) that reshard after forward now, each in the dtype FSDP2
-    all-gathers it in (a mixed-precision policy's ``param_dtype`` once FSDP2 has read it at its
-    first forward, the parameter's own before)."""
+    those of ``groups`` (:func:`below_root`'s) that reshard after forward now, each in the dtype
+    FSDP2 all-gathers it in (a mixed-precision policy's ``param_dtype`` once FSDP2 has read it at
+    its first forward, the parameter's own before)."""
     total = 0
     for g in resharding(groups):
         for fp in g.fsdp_params:
