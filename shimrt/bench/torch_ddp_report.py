@@ -120,6 +120,10 @@ def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
             blocks += f" over {check['rounds_run']} rounds"
         said += (f"; its check{blocks} beside plain DDP: {times} ms, {check['policy']} "
                  f"{how_held(check)}")
+        if check.get("guard"):
+            guard = check["guard"]
+            said += (f"; alone after it, {guard['steps']} steps {guard['mean_ms']:.2f} ms against plain DDP's "
+                     f"{guard['reference_check_ms']:.2f} in the check")
     return said
 
 

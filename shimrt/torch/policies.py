@@ -304,7 +304,11 @@ class Auto:
     best fixed way 0.957x) while the alternating check kept plain DDP; ``ctas``, the NCCL channel
     counts of its ``ctas:N`` candidates and ``prefetch``, the depths of its ``prefetch:N`` ones
     (both FSDP2's only); ``no_reshard``, whether FSDP2's auto tries ``no-reshard`` (where the
-    parameters it keeps unsharded take at most a quarter of the GPU's free memory)."""
+    parameters it keeps unsharded take at most a quarter of the GPU's free memory);
+    ``guard_steps``, once a check has held a pick, that many steps of it alone (after
+    ``check_block`` untimed ones), kept only if their mean is below plain DDP's in the check (0: no
+    guard; :mod:`shimrt.torch.trials`: a pick kept under FSDP2 ran 6-13% slower alone than its
+    check had measured it, on an H100 at 8b70d5d)."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3
@@ -316,8 +320,11 @@ class Auto:
     ctas: tuple[int, ...] = CTAS
     prefetch: tuple[int, ...] = PREFETCH
     no_reshard: bool = True
+    guard_steps: int = 12
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "guard_steps", validate.integer(self.guard_steps, "Auto.guard_steps", least=0,
+                                                                 most=1000))
         object.__setattr__(self, "no_reshard", validate.boolean(self.no_reshard, "Auto.no_reshard"))
         object.__setattr__(self, "sms", tuple(kept_sms(self.sms, "Auto.sms")))
         object.__setattr__(self, "ctas", tuple(distinct_counts(self.ctas, "Auto.ctas")))

@@ -179,7 +179,9 @@ class Overlap:
                                                       reference="ddp", check=auto.check_steps, lead=LEAD_STEPS,
                                                       check_block=auto.check_block,
                                                       check_always=auto.check_always,
-                                                      check_most=auto.most_check_rounds)
+                                                      check_most=auto.most_check_rounds,
+                                                      guard=auto.guard_steps,
+                                                      guard_lead=auto.check_block if auto.guard_steps else 0)
             elif named is not None:  # a fixed policy: parsed above
                 if self._usable([named]) == []:
                     raise UsageError(f"policy {named.name!r} cannot run here: {self.dropped[named.name]}")
@@ -309,8 +311,7 @@ class Overlap:
         if picked is None:
             # What the coming steps cannot use goes now (each trial step puts the model on its own
             # policy's group): the next stage runs as the job will.
-            checking = self.trials.checking
-            self._release([checking] if checking is not None else self.trials.final)
+            self._release(self.trials.staying)
             return
         self.placement.use(picked)
         self._release([picked])
@@ -325,6 +326,11 @@ class Overlap:
                 log.info("auto's check of %s alone beside plain %s, mean step ms: %s (%s)", check["policy"],
                          self.model.kind, ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items()),
                          how_held(check) if check["held"] else "plain " + self.model.kind + " kept")
+                if check.get("guard"):
+                    guard = check["guard"]
+                    log.info("auto's guard of %s: %d steps alone, mean %.2f ms against plain %s's %.2f in the check "
+                             "(%s)", check["policy"], guard["steps"], guard["mean_ms"], self.model.kind,
+                             guard["reference_check_ms"], "held" if guard["held"] else "gave way alone")
 
     def _release(self, staying: list[Policy]) -> None:
         """Only ``staying`` (and plain DDP, whose group is the model's own) run from the next

@@ -48,6 +48,13 @@ spread over the trials sample each candidate across such stretches, side by side
 and the mean (what a run's total time follows) counts the slow ones that a median of a few hides
 (the runs that showed this: docs/ddp.md, "auto's trials: rounds and means").
 
+A pick the check kept can still run slower alone than it ran there: on an H100 (8b70d5d, a model
+of a user's own under FSDP2, docs/ddp.md) a kept policy ran 72.2 and 78.1 ms right after its
+check, where the check had measured it at 63.6 and 66.9 and plain FSDP2 at 65.3 and 76.3. So a
+kept pick can be guarded: ``guard_lead`` untimed steps of it alone, once the others' resources are
+gone, then ``guard`` timed ones; if their mean (the slowest rank's) is not below the reference's
+mean in the check, the reference is kept after all ("gave way alone").
+
 A step counts only when it all-reduced: a ``no_sync()`` step is run again under the same
 candidate. The schedule depends only on the steps' count, never on their times, so every
 rank switches at the same step; the decisions take the times agreed over the ranks (the slowest
@@ -81,7 +88,8 @@ class Trials:
 
     def __init__(self, candidates: Sequence[Any], *, steps: int = 3, warmup: int = 1, finalists: int = 2,
                  margin: float = 0.01, reference: str | None = None, check: int = 0, lead: int = 0,
-                 check_block: int = 1, check_always: bool = False, check_most: int | None = None):
+                 check_block: int = 1, check_always: bool = False, check_most: int | None = None,
+                 guard: int = 0, guard_lead: int = 0):
         if not candidates or not all(isinstance(getattr(c, "name", None), str) for c in candidates):
             raise UsageError(f"candidates must be a non-empty list of policies, not {candidates!r:.100}")
         names = [c.name for c in candidates]
@@ -105,6 +113,12 @@ class Trials:
             raise UsageError(f"check_most must be a multiple of the check rounds ({self.check_rounds}): the check "
                              f"runs that many more at a time (reference, pick, pick, reference), not {self.check_most}")
         self._check_done = 0  # a block check's rounds scheduled so far
+        self.guard = validate.integer(guard, "guard steps", least=0, most=1000)
+        self.guard_lead = validate.integer(guard_lead, "guard lead-in steps", least=0, most=1000)
+        #: the pick the guard runs alone (None: no guard under way)
+        self.guarding: Any = None
+        self.guard_times: list[float] = []
+        self._guard_from: int | None = None  # the schedule's index of the guard's first timed step
         if lead and reference is None:
             raise UsageError("lead-in steps run under the reference: give a reference, or lead=0")
         if reference is not None and reference not in names:
@@ -170,7 +184,9 @@ class Trials:
         index = validate.integer(index, "index", least=0, most=len(self.schedule) - 1)
         ms = validate.number(ms, "ms", least=0)
         name = self.schedule[index][0].name
-        if self._check_from is not None and index >= self._check_from:
+        if self._guard_from is not None and index >= self._guard_from:
+            self.guard_times.append(ms)
+        elif self._check_from is not None and index >= self._check_from:
             self.check_times[name].append(ms)
             if index in self._visit:
                 self.check_visits[name].setdefault(self._visit[index], []).append(ms)
@@ -191,6 +207,8 @@ class Trials:
             raise UsageError(f"auto decides after its {len(self.schedule)} trial steps, not after {self.position}")
         if self.picked is not None:
             raise UsageError(f"auto already kept {self.picked.name}")
+        if self.guarding is not None:
+            return self._end_guard(agree)
         if self.checking is not None:
             return self._end_check(agree)
         self.means, self.errors = self._agreed(self.times, self.candidates, agree)
@@ -270,8 +288,35 @@ class Trials:
                       "means_ms": means, "standard_errors_ms": errors, "all_means_ms": all_means,
                       "all_standard_errors_ms": all_errors, "held": held,
                       "after_reference_won": self.trials_chose == reference, **extra}
+        if held and self.guard:  # the pick alone first, the others' resources gone
+            self.guarding = self.checking
+            self.schedule += [(self.guarding, True)] * self.guard_lead
+            self._guard_from = len(self.schedule)
+            self.schedule += [(self.guarding, False)] * self.guard
+            return None
         self.picked = self.checking if held else self._named(reference)
         return self.picked
+
+    def _end_guard(self, agree: Agree | None) -> Any:
+        """Keep the guarded pick if its steps alone ran faster than the reference did in the
+        check (the slowest rank's means), else the reference (see the module's docstring)."""
+        pick, reference = self.guarding, str(self.reference)
+        mean = self._agreed({pick.name: self.guard_times}, [pick], agree)[0][pick.name]
+        against = self.check["means_ms"][reference]
+        held = mean < against
+        self.check.update(held=held, guard={"steps": len(self.guard_times), "mean_ms": mean,
+                                            "reference_check_ms": against, "held": held})
+        self.picked = pick if held else self._named(reference)
+        return self.picked
+
+    @property
+    def staying(self) -> list[Any]:
+        """The policies the coming trial steps run besides the reference: the pick guarded or
+        checked, else the finalists."""
+        for one in (self.guarding, self.checking):
+            if one is not None:
+                return [one]
+        return list(self.final)
 
     def _bounded(self, visits: dict[str, list[float]], reference: str, agree: Agree | None) -> bool:
         """A block check's pick whose loss is bounded where its gain is not: its mean within the
@@ -336,7 +381,8 @@ def _standard_error(times: list[float]) -> float:
 
 def how_held(check: dict) -> str:
     """A check's end in words (``Trials.check``): "held", "held by its bound" (a block check whose
-    pick's loss is bounded, though its gain is within the noise) or "gave way"."""
+    pick's loss is bounded, though its gain is within the noise), "gave way", or "gave way alone"
+    (it held, and its guard's steps alone were not faster than the reference in the check)."""
     if not check["held"]:
-        return "gave way"
+        return "gave way alone" if check.get("guard") else "gave way"
     return "held by its bound" if check.get("held_by") == "bound" else "held"
