@@ -33,15 +33,20 @@ def replay(trials: dict, rounds: int, check_steps: int) -> str:
     block = check.get("block", 1)
     blocks = dict(check_block=block, check_always=True, check_most=Auto(check_steps=check_steps).most_check_rounds) \
         if block > 1 else {}
+    # a guard (since auto's guard) is replayed where the run ran one, on its own times (untimed
+    # lead-in steps cost nothing here)
+    guard = check.get("guard") or {}
     t = Trials([Named(n) for n in names], steps=rounds, warmup=0,
-               margin=trials["margin"], reference=trials["reference"], check=check_steps, **blocks)
+               margin=trials["margin"], reference=trials["reference"], check=check_steps,
+               guard=guard.get("steps", 0), **blocks)
     queues = {n: list(v) for n, v in trials["times_ms"].items()}
     check_queues = {n: list(v) for n, v in (check.get("times_ms") or {}).items()}
+    guard_queue = {check.get("policy"): list(guard.get("times_ms") or [])}
     while t.picked is None:
         while not t.exhausted:
             p, _ = t.schedule[t.position]
             index = t.done(True)
-            source = check_queues if t.checking is not None else queues
+            source = guard_queue if t.guarding is not None else check_queues if t.checking is not None else queues
             if not source.get(p.name):
                 return f"no recorded time for {p.name} at this stage: the run took another path"
             t.record(index, source[p.name].pop(0))

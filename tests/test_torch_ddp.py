@@ -684,8 +684,24 @@ def test_a_held_pick_is_guarded_alone_and_gives_way_where_it_runs_no_faster_than
     assert t.decide().name == "ddp"
     check = t.report()["check"]
     assert not check["held"] and how_held(check) == "gave way alone"
-    assert check["guard"] == {"steps": 4, "mean_ms": 10.5, "reference_check_ms": 10.0, "held": False}
+    assert check["guard"] == {"steps": 4, "times_ms": [10.5] * 4, "mean_ms": 10.5, "reference_check_ms": 10.0,
+                              "held": False, "check_held_by": "noise"}
+    assert check["held_by"] is None  # the check held by the noise; the pick alone did not hold
     assert check["visit_means_ms"]["a"] == [8.0, 8.0]  # the check's own steps, apart from the guard's
+    # level with plain DDP's check mean is not below it: plain DDP is kept
+    t, _ = _to_check(guard=2)
+    run(t, {"ddp": [10.0] * 6, "a": [8.0] * 6})
+    t.decide()
+    run(t, {"a": [10.0, 10.0]})
+    assert t.decide().name == "ddp"
+
+
+def test_autos_trials_carry_its_options_guard_and_check_alike():
+    from shimrt.torch.training import auto_trials
+    t = auto_trials(Auto(), [P("ddp"), P("a")])
+    assert (t.guard, t.guard_lead, t.check_block, t.check_most, t.check_rounds, t.reference) == (12, 6, 6, 24, 4, "ddp")
+    t = auto_trials(Auto(guard_steps=0, check_block=3), [P("ddp"), P("a")])
+    assert (t.guard, t.guard_lead, t.check_block) == (0, 0, 3)
 
 
 def test_a_guarded_pick_that_runs_alone_as_in_its_check_is_kept_and_the_agreed_mean_decides():

@@ -71,7 +71,7 @@ from .policies import FIXED_ONLY, FSDP_KINDS, KINDS, Auto, Policy, candidates, p
 from .resources import Resources, Window
 from .trials import Trials, how_held
 
-__all__ = ["overlap", "Overlap", "no_room"]
+__all__ = ["overlap", "Overlap", "no_room", "auto_trials"]
 
 #: Where auto says what it kept (INFO, rank 0).
 log = logging.getLogger("shimrt.torch")
@@ -103,6 +103,15 @@ def no_room(need: int, free: int) -> str | None:
     return (f"it would hold {need / 2**20:.0f} MiB of parameters all-gathered, more than a quarter of the "
             f"{free / 2**20:.0f} MiB free on the GPU: policy='no-reshard' runs it, Auto(no_reshard=False) leaves it "
             "out unsaid")
+
+
+def auto_trials(auto: Auto, candidates: list[Policy]) -> Trials:
+    """auto's trials of ``candidates`` (plain DDP, ``ddp``, their reference) as ``auto``'s options
+    set them: its rounds, margin, check in blocks and guard (after ``check_block`` untimed steps)."""
+    return Trials(candidates, steps=auto.trial_steps, margin=auto.margin, reference="ddp", check=auto.check_steps,
+                  lead=LEAD_STEPS, check_block=auto.check_block, check_always=auto.check_always,
+                  check_most=auto.most_check_rounds, guard=auto.guard_steps,
+                  guard_lead=auto.check_block if auto.guard_steps else 0)
 
 
 def wrap(model: Any, fsdp_route: str = "mesh") -> Wrapped:
@@ -175,13 +184,7 @@ class Overlap:
                     (() if self.model.kind == "FSDP2" else FSDP_KINDS) + (() if auto.no_reshard else ("no-reshard",))
                 usable = self._usable(candidates(auto.sms, [k for k in KINDS if k not in skip], auto.ctas,
                                                  auto.prefetch), auto=True)
-                self.auto, self.trials = True, Trials(usable, steps=auto.trial_steps, margin=auto.margin,
-                                                      reference="ddp", check=auto.check_steps, lead=LEAD_STEPS,
-                                                      check_block=auto.check_block,
-                                                      check_always=auto.check_always,
-                                                      check_most=auto.most_check_rounds,
-                                                      guard=auto.guard_steps,
-                                                      guard_lead=auto.check_block if auto.guard_steps else 0)
+                self.auto, self.trials = True, auto_trials(auto, usable)
             elif named is not None:  # a fixed policy: parsed above
                 if self._usable([named]) == []:
                     raise UsageError(f"policy {named.name!r} cannot run here: {self.dropped[named.name]}")
@@ -325,7 +328,8 @@ class Overlap:
             if check:
                 log.info("auto's check of %s alone beside plain %s, mean step ms: %s (%s)", check["policy"],
                          self.model.kind, ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items()),
-                         how_held(check) if check["held"] else "plain " + self.model.kind + " kept")
+                         how_held(check) if check["held"] or check.get("guard") else
+                         "plain " + self.model.kind + " kept")
                 if check.get("guard"):
                     guard = check["guard"]
                     log.info("auto's guard of %s: %d steps alone, mean %.2f ms against plain %s's %.2f in the check "

@@ -304,8 +304,11 @@ class Trials:
         mean = self._agreed({pick.name: self.guard_times}, [pick], agree)[0][pick.name]
         against = self.check["means_ms"][reference]
         held = mean < against
-        self.check.update(held=held, guard={"steps": len(self.guard_times), "mean_ms": mean,
-                                            "reference_check_ms": against, "held": held})
+        guard = {"steps": len(self.guard_times), "times_ms": list(self.guard_times), "mean_ms": mean,
+                 "reference_check_ms": against, "held": held, "check_held_by": self.check.get("held_by")}
+        self.check.update(held=held, guard=guard)
+        if not held:
+            self.check["held_by"] = None  # the check held; the pick alone did not
         self.picked = pick if held else self._named(reference)
         return self.picked
 
