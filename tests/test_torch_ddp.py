@@ -672,14 +672,21 @@ def test_a_block_check_runs_each_visit_as_the_job_will_in_the_order_that_cancels
                                                                                  "a": [8.0, 8.0]}
 
 
+def _to_guard(guard=4, guard_lead=0):
+    """Trials whose check held a (8 ms against plain DDP's 10), returned with its guard scheduled."""
+    t, _ = _to_check(guard=guard, guard_lead=guard_lead)
+    run(t, {"ddp": [10.0] * 6, "a": [8.0] * 6})
+    assert t.decide() is None and t.guarding.name == "a"
+    return t
+
+
 def test_a_held_pick_is_guarded_alone_and_gives_way_where_it_runs_no_faster_than_plain_ddp_did():
     """The own model under FSDP2 at 8b70d5d: the check held the pick (8 ms against plain's 10), and
     alone after it the pick ran 10.5 ms: plain DDP is kept ("gave way alone"). The guard's steps
     come after the check, the pick's alone: 2 untimed, then 4 timed."""
     from shimrt.torch.trials import how_held
-    t, _ = _to_check(guard=4, guard_lead=2)
-    run(t, {"ddp": [10.0] * 6, "a": [8.0] * 6})
-    assert t.decide() is None and t.guarding.name == "a" and [p.name for p in t.staying] == ["a"]
+    t = _to_guard(guard_lead=2)
+    assert [p.name for p in t.staying] == ["a"]
     assert run(t, {"a": [10.5] * 4}) == ["a"] * 6
     assert t.decide().name == "ddp"
     check = t.report()["check"]
@@ -689,9 +696,7 @@ def test_a_held_pick_is_guarded_alone_and_gives_way_where_it_runs_no_faster_than
     assert check["held_by"] is None  # the check held by the noise; the pick alone did not hold
     assert check["visit_means_ms"]["a"] == [8.0, 8.0]  # the check's own steps, apart from the guard's
     # level with plain DDP's check mean is not below it: plain DDP is kept
-    t, _ = _to_check(guard=2)
-    run(t, {"ddp": [10.0] * 6, "a": [8.0] * 6})
-    t.decide()
+    t = _to_guard(guard=2)
     run(t, {"a": [10.0, 10.0]})
     assert t.decide().name == "ddp"
 
@@ -706,17 +711,13 @@ def test_autos_trials_carry_its_options_guard_and_check_alike():
 
 def test_a_guarded_pick_that_runs_alone_as_in_its_check_is_kept_and_the_agreed_mean_decides():
     from shimrt.torch.trials import how_held
-    t, _ = _to_check(guard=4)
-    run(t, {"ddp": [10.0] * 6, "a": [8.0] * 6})
-    assert t.decide() is None
+    t = _to_guard()
     assert run(t, {"a": [8.5, 8.0, 8.2, 8.3]}) == ["a"] * 4
     assert t.decide(lambda means: [m + 1.4 for m in means]).name == "a"  # the slowest rank's: 9.65 < 10
     check = t.report()["check"]
     assert check["held"] and how_held(check) == "held" and check["guard"]["mean_ms"] == pytest.approx(9.65)
     # the same steps, the slowest rank 1.8 ms behind: 10.05, not below plain DDP's 10 in the check
-    t, _ = _to_check(guard=4)
-    run(t, {"ddp": [10.0] * 6, "a": [8.0] * 6})
-    t.decide()
+    t = _to_guard()
     run(t, {"a": [8.5, 8.0, 8.2, 8.3]})
     assert t.decide(lambda means: [m + 1.8 for m in means]).name == "ddp"
 

@@ -19,7 +19,7 @@ compute's own slowdown under the policy, whether losses and gradients equal the 
 bit for bit; and why it gains what it gains (:mod:`.torch_measure`: bounds, SM sharing, memory
 contention); --json, and --plots for CUPTI timelines of one step per policy (PNG).
 
-About 480 lines: :func:`run_config` is one configuration's whole measurement (the policies'
+About 490 lines: :func:`run_config` is one configuration's whole measurement (the policies'
 communicators, compute alone, every way, the timelines), whose parts share its state, and the
 options of both modes are declared and checked here, once (--fsdp, --fsdp-route, --settle,
 --steady belong to one process per rank); the measurements themselves are :mod:`.torch_measure`'s,
@@ -168,12 +168,10 @@ def check(args: argparse.Namespace) -> None:
     if args.policies is None:  # ctas:N, prefetch:N and no-reshard are FSDP2's candidates (shimrt.torch.training)
         args.policies = [k for k in KINDS if (k not in policies_mod.FSDP_KINDS or args.fsdp)
                          and (k != "zero-sm" or (args.fsdp and args.fsdp_route == "custom"))]
-    if "prefetch" in args.policies and not args.fsdp:
-        raise UsageError("prefetch:N is FSDP2's (it all-gathers parameters ahead): add --fsdp, or leave prefetch out "
-                         "of --policies")
-    if "no-reshard" in args.policies and not args.fsdp:
-        raise UsageError("no-reshard is FSDP2's (it keeps sharded parameters all-gathered): add --fsdp, or leave "
-                         "no-reshard out of --policies")
+    for kind, what in (("prefetch", "prefetch:N is FSDP2's (it all-gathers parameters ahead)"),
+                       ("no-reshard", "no-reshard is FSDP2's (it keeps sharded parameters all-gathered)")):
+        if kind in args.policies and not args.fsdp:
+            raise UsageError(f"{what}: add --fsdp, or leave {kind} out of --policies")
     if "zero-sm" in args.policies and not (args.fsdp and args.fsdp_route == "custom"):
         raise UsageError("zero-sm is FSDP2's over its custom collectives (its all-gather outputs come from symmetric "
                          "memory): add --fsdp --fsdp-route custom, or leave zero-sm out of --policies")

@@ -35,7 +35,7 @@ A policy is a :class:`Policy`. Its name says what it does:
   ahead hides its launch time, which a wait gives up. A fixed policy: no auto tries it;
 - ``sequential``: every all-reduce after backward (no overlap; a bench baseline).
 
-About 420 lines: the vocabulary is one table (the kinds, the Policy value and its compute sides,
+About 470 lines: the vocabulary is one table (the kinds, the Policy value and its compute sides,
 make, parse, candidates and Auto's options, each checked against the kinds); split, either half
 would import the other.
 
