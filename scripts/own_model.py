@@ -96,15 +96,18 @@ def main() -> None:
                                                        "of DDP")
     p.add_argument("--fsdp-route", choices=("mesh", "custom"), default="mesh",
                    help="with --fsdp: how FSDP2's collectives reach auto's groups (overlap's fsdp_route)")
-    p.add_argument("--policy", default="auto", help="what overlap() runs in the middle phase: auto (default), or a "
-                   "policy's name such as paced or carveout:32")
+    p.add_argument("--policy", default="auto", help="what overlap() runs between the two plain phases: auto "
+                   "(default), a policy's name such as paced or carveout:32, or several, comma-separated, one phase "
+                   "each (auto,no-reshard: auto beside the fixed policy it may keep, in the same process)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    if args.policy != "auto":  # a name refused here, not after the first phase
-        try:
-            shimrt.torch.policies.parse(args.policy)
-        except shimrt.UsageError as exc:
-            p.error(str(exc))
+    policies = [name.strip() for name in args.policy.split(",")]
+    for name in policies:  # a name refused here, not after the first phase
+        if name != "auto":
+            try:
+                shimrt.torch.policies.parse(name)
+            except shimrt.UsageError as exc:
+                p.error(str(exc))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if args.link != "native":  # before the first communicator: NCCL reads its variables once
         from shimrt.nccl.link import use_link
@@ -183,12 +186,13 @@ def main() -> None:
             print(json.dumps(out), flush=True)
         return out
 
-    runs = [phase(plain, None), phase(args.policy, args.policy), phase(f"{plain} again", None)]
+    runs = [phase(plain, None), *(phase(name, name) for name in policies), phase(f"{plain} again", None)]
     if rank == 0:
         for key, which in (("ms", "the first window"), ("ms_later", "the second window")):
-            base = (runs[0][key] + runs[2][key]) / 2
-            print(f"{which}: {plain} {runs[0][key]:.2f} / {runs[2][key]:.2f} ms, {args.policy} {runs[1][key]:.2f} "
-                  f"ms ({runs[1][key] / base:.3f}x their mean), kept {runs[1]['kept']}", flush=True)
+            base = (runs[0][key] + runs[-1][key]) / 2
+            ways = ", ".join(f"{run['way']} {run[key]:.2f} ms ({run[key] / base:.3f}x their mean, kept {run['kept']})"
+                             for run in runs[1:-1])
+            print(f"{which}: {plain} {runs[0][key]:.2f} / {runs[-1][key]:.2f} ms; {ways}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(runs, f)
