@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import json
 import os
 import time
@@ -99,6 +100,11 @@ def main() -> None:
     p.add_argument("--policy", default="auto", help="what overlap() runs between the two plain phases: auto "
                    "(default), a policy's name such as paced or carveout:32, or several, comma-separated, one phase "
                    "each (auto,no-reshard: auto beside the fixed policy it may keep, in the same process)")
+    p.add_argument("--diagnose", action="store_true",
+                   help="per window: the process's and the main thread's CPU seconds, its threads, Python's "
+                        "collector time, the caching allocator's retries and cudaMalloc/cudaFree counts, BLAS and FSDP2"
+                        " state; a policy's phase also times a window after ov.close() on the same model (what a kept "
+                        "policy's slowness is made of)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     policies = [name.strip() for name in args.policy.split(",")]
@@ -143,6 +149,49 @@ def main() -> None:
 
     plain = "plain FSDP2" if args.fsdp else "plain DDP"
 
+    collecting = [0.0, 0, 0.0]  # seconds in Python's collector, collections of the oldest generation, start
+
+    def on_gc(what: str, info: dict) -> None:
+        if what == "start":
+            collecting[2] = time.perf_counter()
+        else:
+            collecting[0] += time.perf_counter() - collecting[2]
+            collecting[1] += info.get("generation") == 2
+
+    if args.diagnose:
+        gc.callbacks.append(on_gc)
+
+    def snapshot(model: nn.Module) -> dict:
+        m = torch.cuda.memory_stats(device)
+        out = {"gc_s": collecting[0], "gc_gen2": collecting[1], "cpu_s": time.process_time(),
+               "main_thread_cpu_s": time.thread_time(), "threads": len(os.listdir("/proc/self/task")),
+               "alloc_retries": m.get("num_alloc_retries", 0),
+               "device_allocs": m.get("num_device_alloc", 0), "device_frees": m.get("num_device_free", 0),
+               "reserved_gib": m.get("reserved_bytes.all.current", 0) / 2**30,
+               "allocated_gib": m.get("allocated_bytes.all.current", 0) / 2**30,
+               "free_gib": torch.cuda.mem_get_info(device)[0] / 2**30,
+               "blas": str(torch.backends.cuda.preferred_blas_library()),
+               "carveout": getattr(torch._C, "_get_sm_carveout_experimental", lambda: "n/a")()}
+        if args.fsdp:
+            from torch.distributed.fsdp import FSDPModule
+
+            from shimrt.torch.fsdp import param_groups
+            groups = param_groups(model)
+            states = [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
+            ctx = groups[0].comm_ctx
+            out.update(group_names=sorted({g.mesh_info.shard_process_group.group_name for g in groups}),
+                       resharding=sum(g.post_forward_mesh_info is not None for g in groups),
+                       prefetch=sum(len(s._states_to_forward_prefetch) + len(s._states_to_backward_prefetch)
+                                    for s in states),
+                       stream_priorities=[getattr(getattr(ctx, n, None), "priority", None)
+                                          for n in ("all_gather_copy_in_stream", "all_gather_stream",
+                                                    "reduce_scatter_stream", "all_reduce_stream")])
+        return out
+
+    def change(before: dict, after: dict) -> dict:
+        counted = ("gc_s", "gc_gen2", "cpu_s", "main_thread_cpu_s", "alloc_retries", "device_allocs", "device_frees")
+        return {k: (round(after[k] - before[k], 4) if k in counted else after[k]) for k in after}
+
     def phase(name: str, policy: str | None) -> dict:
         torch.manual_seed(0)
         model = wrapped()
@@ -165,23 +214,39 @@ def main() -> None:
             done += 1
         for i in range(done, max(done, args.warmup)):
             step(i)
-        windows = []  # two windows of --steps: a slow first one is a transient after the warm-up (or auto's decision)
-        for _ in range(2):
+        # two windows of --steps: a slow first one is a transient after the warm-up (or auto's decision)
+        windows, seen = [], []
+
+        def window() -> None:
+            before = snapshot(model) if args.diagnose else None
             torch.cuda.synchronize()
             start = time.perf_counter()
             for i in range(args.steps):
                 step(i)
             torch.cuda.synchronize()
             windows.append((time.perf_counter() - start) * 1e3 / args.steps)
+            if before is not None:
+                seen.append(change(before, snapshot(model)))
+
+        for _ in range(2):
+            window()
+        report = ov.report() if ov is not None else None
+        if ov is not None:
+            ov.close()
+            if args.diagnose:  # the same model, plain again: does what made the phase slow outlive close()?
+                ov = None
+                window()
         ms = torch.tensor(windows, device=device, dtype=torch.float64)
         dist.all_reduce(ms, op=dist.ReduceOp.MAX)
         out = {"way": name, "ms": ms[0].item(), "ms_later": ms[1].item(), "trial_steps": done}
-        if ov is not None:
-            report = ov.report()
+        if len(windows) > 2:
+            out["ms_closed"] = ms[2].item()
+        if seen:
+            out["diagnose"] = seen
+        if report is not None:
             trials = report["trials"] or {}  # a fixed policy has none
             out.update(kept=report["policy"], check=trials.get("check"), means=trials.get("means_ms"),
                        nccl_memory=report["nccl_memory"])
-            ov.close()
         if rank == 0:
             print(json.dumps(out), flush=True)
         return out

@@ -814,11 +814,56 @@ def test_a_pick_no_better_than_plain_ddps_fast_level_or_not_steady_gains_nothing
 
 
 def test_a_pick_that_does_not_lead_by_the_margin_never_holds_by_the_bound():
-    """0.5% under a steady plain DDP: within 1% of its fastest visit and steady, but no lead."""
-    t, _ = _to_check(check=2, check_most=4)
+    """0.5% under a steady plain DDP: within 1% of its fastest visit and steady, but no lead (and
+    the trials, checked always, had it no faster by the margin either: no tie)."""
+    t, _ = _to_check(check=2, check_most=4, check_always=True, trial={"ddp": 10.0, "a": 9.95, "b": 10.5})
+    assert t.checking.name == "a" and t.trials_chose == "ddp"
     run(t, _visits({"ddp": [10.0, 10.0], "a": [9.95, 9.95]}))
     assert t.decide().name == "ddp"
     assert t.report()["check"]["held_by"] is None and t.report()["check"]["rounds_run"] == 2
+
+
+# bench torch on an H100 at 8d31cd5 (balanced): the trials' means, and the block check's visit
+# means, which caught plain DDP at its fast level three times in four
+BALANCED_TRIALS = {"ddp": 50.06, "a": 47.98, "b": 48.52}
+BALANCED_CHECK = {"ddp": [47.1, 50.2, 47.1, 47.1], "a": [47.7, 48.0, 47.7, 48.0]}
+
+
+def test_a_pick_level_with_plain_ddp_in_the_check_and_faster_in_the_trials_holds_as_a_tie():
+    """balanced at 8d31cd5: the check's means 47.88 (plain DDP) and 47.85 (the pick), no lead; the
+    trials had the pick 4% faster. Plain DDP, kept, ran 49.85 ms; the pick fixed 47.81."""
+    t, _ = _to_check(check=4, trial=BALANCED_TRIALS)
+    run(t, _visits(BALANCED_CHECK))
+    assert t.decide().name == "a"
+    check = t.report()["check"]
+    assert check["held"] and check["held_by"] == "tie" and check["rounds_run"] == 4
+    assert how_held(check) == "held as a tie the trials broke"
+
+
+def test_no_tie_where_the_pick_runs_more_than_the_margin_above_plain_ddp_in_the_check_or_the_trials_saw_no_gain():
+    # 1.3% above plain DDP's check mean, though the trials had it 4% faster
+    t, _ = _to_check(check=4, trial=BALANCED_TRIALS)
+    run(t, _visits({"ddp": BALANCED_CHECK["ddp"], "a": [48.5] * 4}))
+    assert t.decide().name == "ddp" and t.report()["check"]["held_by"] is None
+    # level in the check, and only 0.5% faster in the trials
+    t, _ = _to_check(check=4, check_always=True, trial={"ddp": 48.1, "a": 47.86, "b": 49.0})
+    run(t, _visits(BALANCED_CHECK))
+    assert t.decide().name == "ddp" and t.report()["check"]["held_by"] is None
+
+
+def test_a_tie_is_guarded_to_the_margin_it_was_held_for():
+    """The tie above, guarded: alone at 48.2 ms (0.7% above plain DDP's 47.875 in the check) it
+    stays; at 48.5 (1.3%) plain DDP is kept ("gave way alone"). A pick held by the noise gets no
+    margin (test above: level with plain DDP's check mean gives way)."""
+    for alone, kept in ((48.2, "a"), (48.5, "ddp")):
+        t, _ = _to_check(check=4, trial=BALANCED_TRIALS, guard=4)
+        run(t, _visits(BALANCED_CHECK))
+        assert t.decide() is None and t.guarding.name == "a"
+        run(t, {"a": [alone] * 4})
+        assert t.decide().name == kept
+        check = t.report()["check"]
+        assert check["guard"]["check_held_by"] == "tie" and check["held"] == (kept == "a")
+        assert how_held(check) == ("held as a tie the trials broke" if kept == "a" else "gave way alone")
 
 
 def test_the_bound_is_taken_over_the_slowest_ranks_visits():
