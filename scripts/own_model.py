@@ -15,6 +15,13 @@ earlier runs reported; the second, ``ms_later``, tells a transient in the first 
 speed: an H100 run at 8b70d5d had auto's FSDP2 phase 6-13% slower than plain FSDP2 in the window
 right after auto decided, where its check had measured its pick 3-12% faster).
 
+``--alternate N`` measures instead by blocks in turn: a plain model and the policy's model of the
+same weights, both alive, each warmed up (auto: its trials to its decision), then ``--rounds``
+rounds of N-step blocks in the order plain, policy, policy, plain, each block timed as a whole on
+the slowest rank; the ratio is taken per round and averaged, so a drift of the host's or the GPU's
+speed over the run (an H100 at 8d31cd5 ran the same FSDP2 steps with up to 29% more CPU time per
+step from one window to the next, docs/ddp.md) weighs on both alike.
+
     torchrun --standalone --nproc-per-node 2 scripts/own_model.py --steps 60
 """
 
@@ -25,7 +32,9 @@ import contextlib
 import datetime
 import gc
 import json
+import math
 import os
+import statistics
 import time
 
 import torch
@@ -80,6 +89,23 @@ class Gpt(nn.Module):
         return self.norm(self.blocks(self.embed(tokens))) @ self.embed.weight.t()
 
 
+def alternated(plain_ms: list[float], policy_ms: list[float]) -> dict:
+    """Blocks timed in turn, plain, policy, policy, plain per round (ms per step of each block, in
+    the order each way ran them): each way's mean and the standard error over its blocks, and the
+    policy's ratio to plain taken per round (its two blocks' mean over plain's two), their mean and
+    standard error."""
+    if len(plain_ms) != len(policy_ms) or not plain_ms or len(plain_ms) % 2:
+        raise ValueError(f"two blocks of each way per round, not {len(plain_ms)} and {len(policy_ms)}")
+
+    def spread(values: list[float]) -> float:
+        return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+
+    ratios = [(policy_ms[i] + policy_ms[i + 1]) / (plain_ms[i] + plain_ms[i + 1]) for i in range(0, len(plain_ms), 2)]
+    return {"plain_ms": statistics.fmean(plain_ms), "plain_standard_error_ms": spread(plain_ms),
+            "policy_ms": statistics.fmean(policy_ms), "policy_standard_error_ms": spread(policy_ms),
+            "ratios": ratios, "ratio": statistics.fmean(ratios), "ratio_standard_error": spread(ratios)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=("gpt", "cnn"), default="gpt")
@@ -100,6 +126,10 @@ def main() -> None:
     p.add_argument("--policy", default="auto", help="what overlap() runs between the two plain phases: auto "
                    "(default), a policy's name such as paced or carveout:32, or several, comma-separated, one phase "
                    "each (auto,no-reshard: auto beside the fixed policy it may keep, in the same process)")
+    p.add_argument("--alternate", type=int, default=0, metavar="N",
+                   help="time each policy against plain DDP/FSDP2 in blocks of N steps in turn (plain, policy, "
+                        "policy, plain per round), both models alive, in place of the phases one after the other")
+    p.add_argument("--rounds", type=int, default=6, help="with --alternate: rounds of four blocks")
     p.add_argument("--diagnose", action="store_true",
                    help="per window: the process's and the main thread's CPU seconds, its threads, Python's "
                         "collector time, the caching allocator's retries and cudaMalloc/cudaFree counts, BLAS and FSDP2"
@@ -107,6 +137,8 @@ def main() -> None:
                         "policy's slowness is made of)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.alternate < 0 or args.rounds < 1:
+        p.error(f"--alternate must be 0 or more and --rounds 1 or more, not {args.alternate} and {args.rounds}")
     policies = [name.strip() for name in args.policy.split(",")]
     for name in policies:  # a name refused here, not after the first phase
         if name != "auto":
@@ -192,28 +224,85 @@ def main() -> None:
         counted = ("gc_s", "gc_gen2", "cpu_s", "main_thread_cpu_s", "alloc_retries", "device_allocs", "device_frees")
         return {k: (round(after[k] - before[k], 4) if k in counted else after[k]) for k in after}
 
-    def phase(name: str, policy: str | None) -> dict:
+    def train(model: nn.Module, opt, ov, i: int) -> None:
+        with ov.step() if ov is not None else contextlib.nullcontext():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = nn.functional.cross_entropy(model(x).reshape(y.numel(), -1), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        if (i + 1) % 10 == 0:
+            loss.item()
+
+    def fresh(policy: str | None):
+        """A model of the same weights, its optimizer, and overlap() under ``policy`` (None: plain)."""
         torch.manual_seed(0)
         model = wrapped()
         opt = optimizer(model.parameters())
         ov = shimrt.torch.overlap(model, policy=policy, fsdp_route=args.fsdp_route if args.fsdp else "mesh") \
             if policy else None
+        return model, opt, ov
 
-        def step(i: int) -> None:
-            with ov.step() if ov is not None else contextlib.nullcontext():
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = nn.functional.cross_entropy(model(x).reshape(y.numel(), -1), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=False)
-            if (i + 1) % 10 == 0:
-                loss.item()
+    def warm(step) -> int:
+        """auto's trials to its decision (none for plain), then --warmup steps in all; the trial steps."""
         done = 0
-        while ov is not None and ov.report()["policy"] is None:
+        while step.ov is not None and step.ov.report()["policy"] is None:
             step(done)
             done += 1
         for i in range(done, max(done, args.warmup)):
             step(i)
+        return done
+
+    class Stepper:
+        def __init__(self, model, opt, ov):
+            self.model, self.opt, self.ov = model, opt, ov
+
+        def __call__(self, i: int) -> None:
+            train(self.model, self.opt, self.ov, i)
+
+    def slowest(values: list[float]) -> list[float]:
+        t = torch.tensor(values, device=device, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def kept_of(ov) -> dict:
+        report = ov.report()
+        trials = report["trials"] or {}  # a fixed policy has none
+        return dict(kept=report["policy"], check=trials.get("check"), means=trials.get("means_ms"),
+                    nccl_memory=report["nccl_memory"])
+
+    def in_turn(name: str) -> dict:
+        """``name`` against plain in blocks of --alternate steps, plain, policy, policy, plain per round."""
+        plain_step, step = Stepper(*fresh(None)), Stepper(*fresh(name))
+        warm(plain_step)
+        done = warm(step)
+        blocks: list[tuple[str, float]] = []
+        for _ in range(args.rounds):
+            for which, run in (("plain", plain_step), ("policy", step), ("policy", step), ("plain", plain_step)):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for i in range(args.alternate):
+                    run(i)
+                torch.cuda.synchronize()
+                blocks.append((which, (time.perf_counter() - start) * 1e3 / args.alternate))
+        ms = slowest([t for _, t in blocks])
+        out = {"way": f"{name} in turn with {plain}", "block": args.alternate, "rounds": args.rounds,
+               "trial_steps": done, **alternated([t for (w, _), t in zip(blocks, ms, strict=True) if w == "plain"],
+                                                 [t for (w, _), t in zip(blocks, ms, strict=True) if w == "policy"]),
+               **kept_of(step.ov)}
+        step.ov.close()
+        if rank == 0:
+            print(json.dumps(out), flush=True)
+            print(f"{name} in turn with {plain} ({args.rounds} rounds of blocks of {args.alternate} steps): {plain} "
+                  f"{out['plain_ms']:.2f} ms (+-{out['plain_standard_error_ms']:.2f}), {name} {out['policy_ms']:.2f} "
+                  f"(+-{out['policy_standard_error_ms']:.2f}, kept {out['kept']}): {out['ratio']:.3f}x "
+                  f"(+-{out['ratio_standard_error']:.3f}, by rounds)", flush=True)
+        return out
+
+    def phase(name: str, policy: str | None) -> dict:
+        model, opt, ov = fresh(policy)
+        step = Stepper(model, opt, ov)
+        done = warm(step)
         # two windows of --steps: a slow first one is a transient after the warm-up (or auto's decision)
         windows, seen = [], []
 
@@ -230,11 +319,11 @@ def main() -> None:
 
         for _ in range(2):
             window()
-        report = ov.report() if ov is not None else None
+        report = kept_of(ov) if ov is not None else None
         if ov is not None:
             ov.close()
             if args.diagnose:  # the same model, plain again: does what made the phase slow outlive close()?
-                ov = None
+                step.ov = None
                 window()
         ms = torch.tensor(windows, device=device, dtype=torch.float64)
         dist.all_reduce(ms, op=dist.ReduceOp.MAX)
@@ -244,13 +333,18 @@ def main() -> None:
         if seen:
             out["diagnose"] = seen
         if report is not None:
-            trials = report["trials"] or {}  # a fixed policy has none
-            out.update(kept=report["policy"], check=trials.get("check"), means=trials.get("means_ms"),
-                       nccl_memory=report["nccl_memory"])
+            out.update(report)
         if rank == 0:
             print(json.dumps(out), flush=True)
         return out
 
+    if args.alternate:
+        runs = [in_turn(name) for name in policies]
+        if rank == 0 and args.json:
+            with open(args.json, "w") as f:
+                json.dump(runs, f)
+        dist.destroy_process_group()
+        return
     runs = [phase(plain, None), *(phase(name, name) for name in policies), phase(f"{plain} again", None)]
     if rank == 0:
         for key, which in (("ms", "the first window"), ("ms_later", "the second window")):
