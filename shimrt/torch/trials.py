@@ -413,4 +413,5 @@ def how_held(check: dict) -> str:
     (it held, and its guard's steps alone were not faster than the reference in the check)."""
     if not check["held"]:
         return "gave way alone" if check.get("guard") else "gave way"
-    return {"bound": "held by its bound", "tie": "held as a tie the trials broke"}.get(check.get("held_by"), "held")
+    said = {"bound": "held by its bound", "tie": "held as a tie the trials broke"}
+    return said.get(str(check.get("held_by")), "held")
