@@ -3,7 +3,7 @@
 One process per GPU, under torchrun or shimrt's launcher::
 
     torchrun --nproc-per-node 8 examples/ddp_overlap.py --policy auto
-    MASTER_ADDR=localhost MASTER_PORT=29511 python -m shimrt.launch --nproc 2 --devices 0,0 --mps \\
+    python -m shimrt.launch --nproc 2 --devices 0,0 --mps \\
         examples/ddp_overlap.py --policy auto     # two ranks on one GPU (NCCL 2.30+, MPS)
 
 ``--fsdp`` trains with FSDP2 (``fully_shard``) in place of DDP. ``--compare`` also trains a plain
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import logging
-import os
 import sys
 import time
 
@@ -81,8 +80,6 @@ def main() -> None:
     index = launch.device  # torchrun's LOCAL_RANK, or the launcher's --devices
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
-    os.environ.setdefault("MASTER_ADDR", "localhost")
-    os.environ.setdefault("MASTER_PORT", "29511")
     dist.init_process_group("nccl", device_id=device, timeout=datetime.timedelta(seconds=args.timeout))
     rank = dist.get_rank()
     if rank == 0:  # what auto kept and its trials' means: the shimrt.torch logger, at INFO

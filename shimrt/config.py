@@ -69,6 +69,11 @@ VARIABLES = {
     "LOCAL_RANK": "set by python -m shimrt.launch as torchrun does (SHIMRT_LOCAL_RANK); read under torchrun",
     "LOCAL_WORLD_SIZE": "set by python -m shimrt.launch as torchrun does (SHIMRT_LOCAL_WORLD_SIZE); "
                         "read under torchrun",
+    "MASTER_ADDR": "torch.distributed's env:// rendezvous host; python -m shimrt.launch gives its ranks "
+                   "127.0.0.1 where unset, as torchrun --standalone does (shimrt's own NCCL id needs none); read "
+                   "under torchrun",
+    "MASTER_PORT": "torch.distributed's env:// rendezvous port; python -m shimrt.launch gives its ranks one free "
+                   "on this machine where unset; read under torchrun",
 }
 
 # Set by other launchers and read by launch_env(): torchrun's (python -m shimrt.launch writes the

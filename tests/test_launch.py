@@ -242,11 +242,40 @@ def test_ranks_see_torchrun_variables_beside_shimrt_ones(flag):
         for prefix in ("SHIMRT_", ""):
             assert (v[f"{prefix}RANK"], v[f"{prefix}WORLD_SIZE"], v[f"{prefix}LOCAL_RANK"],
                     v[f"{prefix}LOCAL_WORLD_SIZE"]) == (str(rank), "3", str(rank), "3")
-        assert v["MASTER_ADDR"] is None and v["MASTER_PORT"] is None  # shimrt shares the NCCL id itself
+        # torch.distributed's env:// rendezvous, as torchrun --standalone gives it: one for all the ranks
+        assert v["MASTER_ADDR"] == "127.0.0.1" and v["MASTER_PORT"] == reports[0]["vars"]["MASTER_PORT"]
+        assert 1 <= int(v["MASTER_PORT"]) <= 65535
         # Both sets are there: launch_env() reads shimrt's.
         assert report["launch_env"] == {"source": "shimrt", "rank": rank, "world_size": 3, "local_rank": rank,
                                         "local_world_size": 3}
         assert report["has_unique_id"] != (v["SHIMRT_NCCL_UNIQUE_ID_ERROR"] is not None)
+
+
+@pytest.mark.timeout(90)
+def test_a_rendezvous_the_caller_sets_reaches_the_ranks_as_it_is():
+    for given, wanted in (({"MASTER_ADDR": "node7", "MASTER_PORT": "29501"}, ("node7", "29501")),
+                          ({"MASTER_PORT": "29502"}, ("127.0.0.1", "29502"))):
+        run = launch_cmd("--nproc", "2", LAUNCH_PROBE, "env", timeout=60, env=clean_env(**given))
+        assert run.returncode == 0, run.stdout + run.stderr
+        for lines in rank_lines(run.stdout).values():
+            v = json.loads(lines[0])["vars"]
+            assert (v["MASTER_ADDR"], v["MASTER_PORT"]) == wanted
+
+
+def test_a_script_that_starts_torch_distributed_finds_its_rendezvous_under_the_launcher(tmp_path):
+    """torch.distributed's env:// over gloo, with nothing set around the launcher: an all-reduce of
+    the ranks' numbers."""
+    pytest.importorskip("torch")
+    script = tmp_path / "gloo_sum.py"
+    script.write_text("import datetime, torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=30))\n"
+                      "t = torch.tensor([dist.get_rank() + 1.0])\n"
+                      "dist.all_reduce(t)\n"
+                      "print('sum', int(t.item()))\n"
+                      "dist.destroy_process_group()\n")
+    run = launch_cmd("--nproc", "3", "--timeout", "60", str(script), timeout=90)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [lines for lines in rank_lines(run.stdout).values()] == [["sum 6"]] * 3, run.stdout
 
 
 @pytest.mark.timeout(90)

@@ -8,10 +8,11 @@ The launcher makes the ncclUniqueId itself (no GPU needed for that) and hands ev
 rank, the world size, its local rank and the id through the environment: ``SHIMRT_RANK``,
 ``SHIMRT_WORLD_SIZE``, ``SHIMRT_LOCAL_RANK``, ``SHIMRT_LOCAL_WORLD_SIZE`` and
 ``SHIMRT_NCCL_UNIQUE_ID``, and torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-``LOCAL_WORLD_SIZE`` too, for code written against torch.distributed. It does not set
-``MASTER_ADDR``/``MASTER_PORT``: shimrt shares the NCCL id itself and needs no store. A script
-that also calls ``torch.distributed.init_process_group()`` (``env://``) must have them set
-around the launcher, e.g. ``MASTER_ADDR=localhost MASTER_PORT=29500 python -m shimrt.launch ...``.
+``LOCAL_WORLD_SIZE`` too, for code written against torch.distributed, and, where the
+environment does not set them, ``MASTER_ADDR`` (127.0.0.1) and ``MASTER_PORT`` (a port free on
+this machine), as torchrun ``--standalone`` does, so that ``torch.distributed.init_process_group()``
+(``env://``) finds its rendezvous; shimrt's own id needs no store. Set either around the launcher
+to choose it.
 
 When NCCL does not load in the launcher, the ranks still start, without an id but with the
 reason in ``SHIMRT_NCCL_UNIQUE_ID_ERROR``: a script that never calls :func:`init` runs as usual,
@@ -247,8 +248,9 @@ let them join one NCCL communicator with shimrt.launch.init().
 
 The launcher makes NCCL's unique id and gives every process its rank through the environment:
 SHIMRT_RANK, SHIMRT_WORLD_SIZE, SHIMRT_LOCAL_RANK, SHIMRT_LOCAL_WORLD_SIZE and
-SHIMRT_NCCL_UNIQUE_ID, plus torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE. It sets
-no MASTER_ADDR or MASTER_PORT, which shimrt does not need. If NCCL does not load here, the
+SHIMRT_NCCL_UNIQUE_ID, plus torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, and
+MASTER_ADDR (127.0.0.1) and MASTER_PORT (a free port) where unset, as torchrun --standalone does,
+for torch.distributed's env:// rendezvous (shimrt itself needs none). If NCCL does not load here, the
 processes still start, and only those that call shimrt.launch.init() fail, saying why.
 
 --devices 0,0 puts both ranks on GPU 0 (SHIMRT_DEVICES); NCCL 2.30+ allows it with

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Mapping, Sequence
 
 from .. import backends, validate
-from ..config import device_map
+from ..config import device_map, given
 from ..errors import CollectiveError, ShimrtError, UsageError
 from ..nccl.link import LINKS, clashes, link_env
 from ..stream import timeout_seconds
@@ -95,6 +96,17 @@ def _unique_id() -> tuple[str | None, str | None]:
         return unique_id().hex(), None
     except CollectiveError as exc:
         return None, str(exc)
+
+
+def _rendezvous() -> dict[str, str]:
+    """torch.distributed's env:// rendezvous for the ranks, as torchrun --standalone gives it:
+    MASTER_ADDR 127.0.0.1 and a MASTER_PORT free on this machine now, each where the caller's
+    environment does not set it (what it sets reaches the ranks as it is)."""
+    wanted = {"MASTER_ADDR": "127.0.0.1"}
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        wanted["MASTER_PORT"] = str(s.getsockname()[1])
+    return {k: v for k, v in wanted.items() if k not in given(wanted)}
 
 
 def _rank_env(rank: int, nproc: int, uid: str | None, uid_error: str | None,
@@ -239,6 +251,7 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
             raise UsageError(f"--devices / SHIMRT_DEVICES must name one GPU per rank ({nproc}), not "
                              f"{len(devices)}: {','.join(map(str, devices))}")
     uid, uid_error = _unique_id()
+    rendezvous = _rendezvous()  # one for all the ranks
     if uid is None:
         say(f"NCCL did not load here, so a rank that calls shimrt.launch.init() will fail ({uid_error})")
     ranks: list[_Rank] = []
@@ -252,7 +265,7 @@ def run(nproc: int, argv: Sequence[str], timeout: float | None = None,
                 if signals.received:
                     break
                 ranks.append(_start(rank, nproc, argv, uid, uid_error, lock, devices,
-                                    {**(extra or {}), **link_env(link, rank)}))
+                                    {**rendezvous, **(extra or {}), **link_env(link, rank)}))
             code, stop_with = _watch(ranks, timeout, signals)
             if daemon is not None and code not in (0, TIMEOUT_EXIT) and not signals.received:
                 for line in daemon.log_tail():  # a rank failed: what the MPS server saw, before it goes
