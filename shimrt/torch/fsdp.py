@@ -56,9 +56,10 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["ROUTES", "is_fsdp", "Fsdp", "GroupAllGather", "GroupReduceScatter", "install", "uninstall", "prefetch",
-           "top_blocks", "held_prefetch", "restore_prefetch", "below_root", "resharding", "keep_gathered",
-           "reshard_again", "gathered_bytes", "symmetric_refusal", "nccl_symmetric_memory"]
+__all__ = ["ROUTES", "is_fsdp", "param_groups", "moveable", "Fsdp", "GroupAllGather", "GroupReduceScatter",
+           "install", "uninstall", "prefetch", "top_blocks", "held_prefetch", "restore_prefetch", "below_root",
+           "resharding", "keep_gathered", "reshard_again", "gathered_bytes", "symmetric_refusal",
+           "nccl_symmetric_memory"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
