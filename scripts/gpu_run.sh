@@ -16,7 +16,8 @@
 #   on GPU 0 here: NCCL's symmetric memory failed there; FSDP_PROBE=0 leaves the probe out); FSDP_ARGS in place of the default
 #   --configs comm-heavy,balanced-1024,comm-heavy-1024) with --profile: where each way's step went, each rank's
 #   torch.profiler trace in profile.tar; own: a model of a user's own
-#   (scripts/own_model.py, OWN_ARGS its flags) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
+#   (scripts/own_model.py, OWN_ARGS its flags, e.g. "--fsdp --alternate 10": auto against plain FSDP2 in 10-step
+#   blocks in turn, as a host-bound job needs) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
 #   link: host-cost, and two ranks on GPU 0 whose collectives cross NCCL's socket transport on loopback (python -m
 #   shimrt.launch --link socket: any NCCL, no multi-rank build needed): bench collectives' bus bandwidth per size,
 #   and bench overlap --comm nccl (the paper's two controls on a collective that waits on the link, beside the stand-in);
