@@ -866,10 +866,40 @@ def test_a_tie_is_guarded_to_the_margin_it_was_held_for():
         assert how_held(check) == ("held as a tie the trials broke" if kept == "a" else "gave way alone")
 
 
+# trials that saw no gain: the check alone decides (no tie the trials broke), checked always
+NO_GAIN = {"trial": {"ddp": 10.0, "a": 9.95, "b": 10.5}, "check_always": True}
+
+
+def test_a_pick_ahead_within_the_noise_holds_as_a_tie_once_no_more_visits_run():
+    """Plain DDP's visits at two levels spread its mean (49.08 ms, one visit at 55): a steady pick at
+    48.0 leads within the noise, and is held as a tie once the check has run to its end (the
+    trials had it 4% faster), as a pick level with plain DDP would be: a lead never counts
+    against a pick."""
+    two = {"ddp": [47.1, 55.0, 47.1, 47.1], "a": [48.0] * 4}
+    t, _ = _to_check(check=4, trial=BALANCED_TRIALS)
+    run(t, _visits(two))
+    assert t.decide().name == "a" and t.report()["check"]["held_by"] == "tie"
+    # with rounds left, the lead within the noise runs them first
+    t, _ = _to_check(check=4, check_most=8, trial=BALANCED_TRIALS)
+    run(t, _visits(two))
+    assert t.decide() is None and t.checking.name == "a" and t.picked is None
+
+
+def test_no_tie_for_a_pick_whose_own_visits_spread_beyond_the_margin_or_in_an_alternating_check():
+    # level with plain DDP on average (48.0 against 47.88), its visits 46 and 50: not known to within 1%
+    t, _ = _to_check(check=4, trial=BALANCED_TRIALS)
+    run(t, _visits({"ddp": BALANCED_CHECK["ddp"], "a": [46.0, 50.0, 46.0, 50.0]}))
+    assert t.decide().name == "ddp" and t.report()["check"]["held_by"] is None
+    # one step per visit, alternating: the block check's rules, the tie among them, do not apply
+    t, _ = _to_check(check_block=1, check=4, trial=BALANCED_TRIALS)
+    run(t, {"ddp": [47.9] * 4, "a": [47.85] * 4})
+    assert t.decide().name == "ddp" and "held_by" not in t.report()["check"]
+
+
 def test_the_bound_is_taken_over_the_slowest_ranks_visits():
     """Rank 0 alone would hold by the bound; the other rank's pick visits run 2% slower than plain
     DDP's fastest, and every rank keeps plain DDP alike."""
-    t, _ = _to_check(check=2)
+    t, _ = _to_check(check=2, **NO_GAIN)
     run(t, _visits({"ddp": [10.0, 13.0], "a": [10.0, 10.0]}))
     other = {(10.0, 10.0): [10.2, 10.2]}  # the pick's visits on the other rank
     agreed = lambda values: [max(v, w) for v, w in zip(values, other.get(tuple(values), values), strict=True)]  # noqa: E731
@@ -879,7 +909,7 @@ def test_the_bound_is_taken_over_the_slowest_ranks_visits():
 
 def test_a_block_check_stops_at_check_most_and_never_runs_more_for_a_pick_that_does_not_lead():
     # leading within the noise to the end: 2 rounds more, once, then plain DDP stays
-    t, _ = _to_check(check_most=4)
+    t, _ = _to_check(check_most=4, **NO_GAIN)
     for _ in range(2):
         run(t, {"ddp": [10.0] * 3 + [16.0] * 3, "a": [12.0] * 6})
         kept = t.decide()
@@ -889,7 +919,7 @@ def test_a_block_check_stops_at_check_most_and_never_runs_more_for_a_pick_that_d
     run(t2, {"ddp": [10.0] * 6, "a": [11.0] * 6})
     assert t2.decide().name == "ddp" and t2.report()["check"]["rounds_run"] == 2
     # check_most left out: the rounds asked for, no more (Trials' own default)
-    t3, _ = _to_check()
+    t3, _ = _to_check(**NO_GAIN)
     run(t3, {"ddp": [10.0] * 3 + [13.0] * 3, "a": [10.3] * 6})
     assert t3.decide().name == "ddp" and t3.report()["check"]["rounds_run"] == 2
     with pytest.raises(UsageError, match="check_most must be an int in 2..1000, not 1"):

@@ -15,15 +15,17 @@ if these steps show it faster than the reference by the margin, and all its time
 and check together) faster by the margin and the noise; else the reference is. The check's few
 steps alone would let a reference that runs at two speeds (plain DDP of ranks sharing a GPU does)
 veto a steady gain by its spread; its direction still must hold.
-So auto never settles on a policy measured slower than DDP, and a pick that won the trials
-beside resources it no longer has, or in a lucky stretch, is measured again before it stays.
+So auto never settles on a policy measured slower than DDP (beyond the margin, for a tie the trials
+broke: below), and a pick that won the trials beside resources it no longer has, or in a lucky
+stretch, is measured again before it stays.
 
 The check can run in blocks instead (``check_block`` timed steps per visit, the visits in the
 order reference, pick, pick, reference, ...: a drift over the check weighs on both alike), and
 even where the trials kept the reference (``check_always``: the fastest other finalist is checked
 then). Steps that alternate policies every step ran at speeds neither policy runs at once kept
 (an H100, docs/ddp.md at 284db66: a windowed carveout 57.8 ms in the check's alternation, 65.7
-kept); blocks run as the job will. A block check decides on its own steps alone: the pick stays
+kept); blocks run as the job will. A block check decides on its own steps (and, for a tie, the
+trials' means): the pick stays
 if its mean beats the reference's by the margin and by SIGNIFICANCE standard errors of the
 difference, each taken over the visits' means (steps of one visit are not independent). Where the
 pick leads by the margin but not yet beyond that noise, the block check runs ``check`` rounds
@@ -41,12 +43,14 @@ visits slower than the reference's mean (it is steady, not a lucky stretch). A p
 the reference's fastest visit by more than the margin, or with a visit slower than the reference's
 mean, still needs the noise rule.
 
-A block check whose pick does not lead can still hold as a tie the trials broke: its mean at most
-the margin above the reference's and known to within the margin, where the trials (spread over
-more of the run) measured it faster by the margin (a pick that leads within the noise is the
-noise rule's and the bound's). Plain DDP at two speeds can run its whole check fast and its trials partly slow: on
-an H100 at 8d31cd5 (docs/ddp.md) plain DDP, kept so, ran 70.02 and 49.85 ms, where the windowed
-carveout its check tied with ran 66.75 and 47.81 fixed. Its guard allows it the same margin.
+A block check's pick that neither rule holds, once no more visits run, can still hold as a tie the
+trials broke: its mean at most the margin above the reference's (level with it, or ahead within the
+noise) and known to within the margin, where the trials (spread over more of the run) measured it
+faster by the margin, even if within their noise (the trials may have kept the reference for it,
+and checked the pick because ``check_always`` asks). Plain DDP at two speeds can run its whole
+check fast and its trials partly slow: on an H100 at 8d31cd5 (docs/ddp.md) plain DDP, kept so, ran
+70.02 and 49.85 ms, where the windowed carveout its check tied with ran 66.75 and 47.81 fixed. Its
+guard allows it the same margin.
 
 Why rounds and means, not each candidate's steps back to back and their median: a GPU shared by
 several ranks can run stretches of steps at two speeds, and a stretch outlasts a few steps in a
@@ -60,7 +64,8 @@ of a user's own under FSDP2, docs/ddp.md) a kept policy ran 72.2 and 78.1 ms rig
 check, where the check had measured it at 63.6 and 66.9 and plain FSDP2 at 65.3 and 76.3. So a
 kept pick can be guarded: ``guard_lead`` untimed steps of it alone, once the others' resources are
 gone, then ``guard`` timed ones; if their mean (the slowest rank's) is not below the reference's
-mean in the check, the reference is kept after all ("gave way alone").
+mean in the check (for a tie, within the margin of it), the reference is kept after all ("gave way
+alone").
 
 A step counts only when it all-reduced: a ``no_sync()`` step is run again under the same
 candidate. The schedule depends only on the steps' count, never on their times, so every
@@ -68,7 +73,7 @@ rank switches at the same step; the decisions take the times agreed over the ran
 rank's, through ``agree``), so every rank picks the same finalists and keeps the same policy. No
 GPU here: the caller times the steps and hands them in.
 
-About 415 lines, a third of them this docstring: the schedule and the rules that read it (search,
+About 425 lines, a third of them this docstring: the schedule and the rules that read it (search,
 confirmation, check, guard) are one state machine over one schedule, read together.
 """
 
@@ -285,11 +290,12 @@ class Trials:
                 leads = direction == self.checking.name
                 by_noise = leads and self._winner(means, spread, reference) == direction
                 by_bound = leads and not by_noise and self._bounded(visits, reference, agree)
-                by_tie = not leads and self._tied(means, spread, reference)
-                held = by_noise or by_bound or by_tie
-                if leads and not held and self._check_done < self.check_most:
+                if leads and not (by_noise or by_bound) and self._check_done < self.check_most:
                     self._blocks(pair, self.check_rounds)
                     return None  # leads within the noise: more visits first
+                # no more visits: level, or ahead within the noise, and faster in the trials
+                by_tie = not (by_noise or by_bound) and self._tied(means, spread, reference)
+                held = by_noise or by_bound or by_tie
                 extra = {"block": self.check_block, "visit_means_ms": visits, "visit_standard_errors_ms": spread,
                          "rounds_run": self._check_done,
                          "held_by": "noise" if by_noise else "bound" if by_bound else "tie" if by_tie else None}
@@ -345,16 +351,16 @@ class Trials:
                 and max(mine) <= statistics.fmean(ref))
 
     def _tied(self, means: dict[str, float], spread: dict[str, float], reference: str) -> bool:
-        """A block check's pick level with the reference (its check mean at most the margin above
-        the reference's, and known to within the margin: SIGNIFICANCE standard errors of its
-        visits' means) that the trials measured faster by the margin (see the module's
-        docstring). From the agreed means and errors (the slowest rank's), so every rank decides
-        alike."""
+        """A block check's pick that neither the noise rule nor the bound holds, at most the margin
+        above the reference in the check (level with it, or ahead within the noise), known to within
+        the margin (SIGNIFICANCE standard errors of its visits' means), that the trials measured
+        faster by the margin (see the module's docstring). From the agreed means and errors (the
+        slowest rank's), so every rank decides alike."""
         pick = self.checking.name
         trials = self.means
         return (means[pick] <= means[reference] * (1 + self.margin)
                 and SIGNIFICANCE * spread[pick] <= self.margin * means[pick]
-                and trials.get(pick, math.inf) < trials.get(reference, math.inf) * (1 - self.margin))
+                and math.isfinite(trials[reference]) and trials[pick] < trials[reference] * (1 - self.margin))
 
     def _agreed(self, times: dict[str, list[float]], candidates: list[Any],
                 agree: Agree | None) -> tuple[dict[str, float], dict[str, float]]:
@@ -410,7 +416,8 @@ def how_held(check: dict) -> str:
     """A check's end in words (``Trials.check``): "held", "held by its bound" (a block check whose
     pick's loss is bounded, though its gain is within the noise), "held as a tie the trials broke"
     (level with the reference in the check, faster in the trials), "gave way", or "gave way alone"
-    (it held, and its guard's steps alone were not faster than the reference in the check)."""
+    (it held, and its guard's steps alone were not faster than the reference in the check, or for a
+    tie not within the margin of it)."""
     if not check["held"]:
         return "gave way alone" if check.get("guard") else "gave way"
     said = {"bound": "held by its bound", "tie": "held as a tie the trials broke"}
