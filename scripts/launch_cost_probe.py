@@ -30,6 +30,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--launches", type=int, default=5000)
     args = p.parse_args()
+    if args.launches < 1:
+        p.error(f"--launches must be 1 or more, not {args.launches}")
+    if library_path() is None:
+        p.exit(1, "CUPTI does not load here (pip install nvidia-cuda-cupti): no Interposer to measure\n")
     dev = shimrt.Device(0)
     a = torch.ones(256, device="cuda")
     b = torch.ones(256, 256, device="cuda")
@@ -69,7 +73,7 @@ def main() -> None:
     torch.cuda.synchronize()
     rows.append(("after an SM partition made and used", cost()))
     res.close()
-    rows.append(("after the resources closed", cost()))
+    rows.append(("after the resources closed (the partition kept)", cost()))
     for name, c in rows:
         print(f"{name:56s} add {c['add_us']:7.3f} us/launch  matmul {c['matmul_us']:7.3f} us/launch", flush=True)
     print(json.dumps(rows))

@@ -139,6 +139,8 @@ def main() -> None:
     args = p.parse_args()
     if args.alternate < 0 or args.rounds < 1:
         p.error(f"--alternate must be 0 or more and --rounds 1 or more, not {args.alternate} and {args.rounds}")
+    if args.alternate and args.diagnose:
+        p.error("--diagnose reads the phases one after the other; --alternate runs none: give one of them")
     policies = [name.strip() for name in args.policy.split(",")]
     for name in policies:  # a name refused here, not after the first phase
         if name != "auto":
@@ -291,6 +293,9 @@ def main() -> None:
                                                  [t for (w, _), t in zip(blocks, ms, strict=True) if w == "policy"]),
                **kept_of(step.ov)}
         step.ov.close()
+        del plain_step, step  # both models and their optimizers, before the next policy's pair
+        gc.collect()
+        torch.cuda.empty_cache()
         if rank == 0:
             print(json.dumps(out), flush=True)
             print(f"{name} in turn with {plain} ({args.rounds} rounds of blocks of {args.alternate} steps): {plain} "

@@ -36,7 +36,9 @@ def test_blocks_in_turn_must_come_two_of_each_way_a_round(script, plain, policy)
 
 def test_a_negative_block_or_no_round_is_refused_before_any_gpu_or_rank_is_touched():
     pytest.importorskip("torch")
-    for flags in (["--alternate", "-1"], ["--alternate", "10", "--rounds", "0"]):
+    counts = "--alternate must be 0 or more and --rounds 1 or more"
+    for flags, said in ((["--alternate", "-1"], counts), (["--alternate", "10", "--rounds", "0"], counts),
+                        (["--alternate", "10", "--diagnose"], "--diagnose reads the phases one after the other")):
         done = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
-        assert "--alternate must be 0 or more and --rounds 1 or more" in done.stderr
+        assert said in done.stderr

@@ -101,12 +101,19 @@ def _unique_id() -> tuple[str | None, str | None]:
 def _rendezvous() -> dict[str, str]:
     """torch.distributed's env:// rendezvous for the ranks, as torchrun --standalone gives it:
     MASTER_ADDR 127.0.0.1 and a MASTER_PORT free on this machine now, each where the caller's
-    environment does not set it (what it sets reaches the ranks as it is)."""
-    wanted = {"MASTER_ADDR": "127.0.0.1"}
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        wanted["MASTER_PORT"] = str(s.getsockname()[1])
-    return {k: v for k, v in wanted.items() if k not in given(wanted)}
+    environment does not set it (what it sets reaches the ranks as it is). No port where none can
+    be had (a rank that starts torch.distributed then says MASTER_PORT is missing)."""
+    wanted = {k: "" for k in ("MASTER_ADDR", "MASTER_PORT") if k not in given(("MASTER_ADDR", "MASTER_PORT"))}
+    if "MASTER_ADDR" in wanted:
+        wanted["MASTER_ADDR"] = "127.0.0.1"
+    if "MASTER_PORT" in wanted:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("", 0))  # free on every interface, where torch's store listens
+                wanted["MASTER_PORT"] = str(s.getsockname()[1])
+        except OSError:
+            del wanted["MASTER_PORT"]
+    return wanted
 
 
 def _rank_env(rank: int, nproc: int, uid: str | None, uid_error: str | None,
