@@ -226,16 +226,6 @@ def main() -> None:
         counted = ("gc_s", "gc_gen2", "cpu_s", "main_thread_cpu_s", "alloc_retries", "device_allocs", "device_frees")
         return {k: (round(after[k] - before[k], 4) if k in counted else after[k]) for k in after}
 
-    def train(model: nn.Module, opt, ov, i: int) -> None:
-        with ov.step() if ov is not None else contextlib.nullcontext():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = nn.functional.cross_entropy(model(x).reshape(y.numel(), -1), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=False)
-        if (i + 1) % 10 == 0:
-            loss.item()
-
     def fresh(policy: str | None):
         """A model of the same weights, its optimizer, and overlap() under ``policy`` (None: plain)."""
         torch.manual_seed(0)
@@ -256,11 +246,29 @@ def main() -> None:
         return done
 
     class Stepper:
+        """Step ``i`` of a model's loop, under ``ov.step()`` while it has an overlap (None: plain)."""
+
         def __init__(self, model, opt, ov):
             self.model, self.opt, self.ov = model, opt, ov
 
         def __call__(self, i: int) -> None:
-            train(self.model, self.opt, self.ov, i)
+            with self.ov.step() if self.ov is not None else contextlib.nullcontext():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = nn.functional.cross_entropy(self.model(x).reshape(y.numel(), -1), y)
+                loss.backward()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=False)
+            if (i + 1) % 10 == 0:
+                loss.item()
+
+    def timed(step: Stepper, steps: int) -> float:
+        """ms per step of ``steps`` steps, the GPU's work included (this rank's)."""
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(steps):
+            step(i)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3 / steps
 
     def slowest(values: list[float]) -> list[float]:
         t = torch.tensor(values, device=device, dtype=torch.float64)
@@ -281,12 +289,7 @@ def main() -> None:
         blocks: list[tuple[str, float]] = []
         for _ in range(args.rounds):
             for which, run in (("plain", plain_step), ("policy", step), ("policy", step), ("plain", plain_step)):
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                for i in range(args.alternate):
-                    run(i)
-                torch.cuda.synchronize()
-                blocks.append((which, (time.perf_counter() - start) * 1e3 / args.alternate))
+                blocks.append((which, timed(run, args.alternate)))
         ms = slowest([t for _, t in blocks])
         out = {"way": f"{name} in turn with {plain}", "block": args.alternate, "rounds": args.rounds,
                "trial_steps": done, **alternated([t for (w, _), t in zip(blocks, ms, strict=True) if w == "plain"],
@@ -313,12 +316,7 @@ def main() -> None:
 
         def window() -> None:
             before = snapshot(model) if args.diagnose else None
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for i in range(args.steps):
-                step(i)
-            torch.cuda.synchronize()
-            windows.append((time.perf_counter() - start) * 1e3 / args.steps)
+            windows.append(timed(step, args.steps))
             if before is not None:
                 seen.append(change(before, snapshot(model)))
 
@@ -330,11 +328,10 @@ def main() -> None:
             if args.diagnose:  # the same model, plain again: does what made the phase slow outlive close()?
                 step.ov = None
                 window()
-        ms = torch.tensor(windows, device=device, dtype=torch.float64)
-        dist.all_reduce(ms, op=dist.ReduceOp.MAX)
-        out = {"way": name, "ms": ms[0].item(), "ms_later": ms[1].item(), "trial_steps": done}
-        if len(windows) > 2:
-            out["ms_closed"] = ms[2].item()
+        ms = slowest(windows)
+        out = {"way": name, "ms": ms[0], "ms_later": ms[1], "trial_steps": done}
+        if len(ms) > 2:
+            out["ms_closed"] = ms[2]
         if seen:
             out["diagnose"] = seen
         if report is not None:

@@ -813,10 +813,14 @@ def test_a_pick_no_better_than_plain_ddps_fast_level_or_not_steady_gains_nothing
     assert t2.decide().name == "ddp" and t2.report()["check"]["held_by"] is None
 
 
+# trials that saw no gain: the check alone decides (no tie the trials broke), checked always
+NO_GAIN = {"trial": {"ddp": 10.0, "a": 9.95, "b": 10.5}, "check_always": True}
+
+
 def test_a_pick_that_does_not_lead_by_the_margin_never_holds_by_the_bound():
     """0.5% under a steady plain DDP: within 1% of its fastest visit and steady, but no lead (and
     the trials, checked always, had it no faster by the margin either: no tie)."""
-    t, _ = _to_check(check=2, check_most=4, check_always=True, trial={"ddp": 10.0, "a": 9.95, "b": 10.5})
+    t, _ = _to_check(check=2, check_most=4, **NO_GAIN)
     assert t.checking.name == "a" and t.trials_chose == "ddp"
     run(t, _visits({"ddp": [10.0, 10.0], "a": [9.95, 9.95]}))
     assert t.decide().name == "ddp"
@@ -864,10 +868,6 @@ def test_a_tie_is_guarded_to_the_margin_it_was_held_for():
         check = t.report()["check"]
         assert check["guard"]["check_held_by"] == "tie" and check["held"] == (kept == "a")
         assert how_held(check) == ("held as a tie the trials broke" if kept == "a" else "gave way alone")
-
-
-# trials that saw no gain: the check alone decides (no tie the trials broke), checked always
-NO_GAIN = {"trial": {"ddp": 10.0, "a": 9.95, "b": 10.5}, "check_always": True}
 
 
 def test_a_pick_ahead_within_the_noise_holds_as_a_tie_once_no_more_visits_run():

@@ -103,16 +103,15 @@ def _rendezvous() -> dict[str, str]:
     MASTER_ADDR 127.0.0.1 and a MASTER_PORT free on this machine now, each where the caller's
     environment does not set it (what it sets reaches the ranks as it is). No port where none can
     be had (a rank that starts torch.distributed then says MASTER_PORT is missing)."""
-    wanted = {k: "" for k in ("MASTER_ADDR", "MASTER_PORT") if k not in given(("MASTER_ADDR", "MASTER_PORT"))}
-    if "MASTER_ADDR" in wanted:
-        wanted["MASTER_ADDR"] = "127.0.0.1"
-    if "MASTER_PORT" in wanted:
+    set_already = given(("MASTER_ADDR", "MASTER_PORT"))
+    wanted = {} if "MASTER_ADDR" in set_already else {"MASTER_ADDR": "127.0.0.1"}
+    if "MASTER_PORT" not in set_already:
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind(("", 0))  # free on every interface, where torch's store listens
                 wanted["MASTER_PORT"] = str(s.getsockname()[1])
         except OSError:
-            del wanted["MASTER_PORT"]
+            pass
     return wanted
 
 

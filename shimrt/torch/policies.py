@@ -306,9 +306,10 @@ class Auto:
     (both FSDP2's only); ``no_reshard``, whether FSDP2's auto tries ``no-reshard`` (where the
     parameters it keeps unsharded take at most a quarter of the GPU's free memory);
     ``guard_steps``, once a check has held a pick, that many steps of it alone (after
-    ``check_block`` untimed ones), kept only if their mean is below plain DDP's in the check (0: no
-    guard; :mod:`shimrt.torch.trials`: a pick kept under FSDP2 ran 6-13% slower alone than its
-    check had measured it, on an H100 at 8b70d5d)."""
+    ``check_block`` untimed ones), kept only if their mean is below plain DDP's in the check (a
+    tie the trials broke: within ``margin`` of it; 0: no guard; :mod:`shimrt.torch.trials`: a
+    pick kept under FSDP2 ran 6-13% slower alone than its check had measured it, on an H100 at
+    8b70d5d)."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3

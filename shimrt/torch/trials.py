@@ -316,7 +316,8 @@ class Trials:
 
     def _end_guard(self, agree: Agree | None) -> Any:
         """Keep the guarded pick if its steps alone ran faster than the reference did in the
-        check (the slowest rank's means), else the reference (see the module's docstring)."""
+        check (a tie: within the margin of it; the slowest rank's means), else the reference (see
+        the module's docstring)."""
         pick, reference = self.guarding, str(self.reference)
         mean = self._agreed({pick.name: self.guard_times}, [pick], agree)[0][pick.name]
         against = self.check["means_ms"][reference]
