@@ -659,3 +659,14 @@ def test_fsdp_route_applies_with_fsdp_only(capsys):
     assert args.fsdp_route == "custom"
     with pytest.raises(SystemExit):
         p.parse_args(["--fsdp-route", "tree"])
+
+
+def test_releasing_torchs_cache_where_cuda_never_started_starts_nothing():
+    """release_cached (auto's, between its stages) on a process that has not touched CUDA (a CPU
+    build, or gloo ranks): nothing to give back, and CUDA stays uninitialised (no context made)."""
+    torch = pytest.importorskip("torch")
+    from shimrt.torch.interop import release_cached
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is initialised in this process already")
+    release_cached()
+    assert not torch.cuda.is_initialized()

@@ -12,7 +12,7 @@ from .. import validate
 from ..errors import UsageError
 from ..targets import MAX_SMS
 
-__all__ = ["require_torch", "stream", "sm_carveout", "process_group_options"]
+__all__ = ["require_torch", "stream", "sm_carveout", "process_group_options", "release_cached"]
 
 
 def require_torch() -> Any:
@@ -73,3 +73,17 @@ def process_group_options(high_priority: bool = True, ctas: int | None = None) -
 
     from .groups import options
     return options(dist, "high" if high_priority else "low", ctas)
+
+
+def release_cached() -> None:
+    """Give the GPU back what torch caches and no tensor holds: the caching allocator's free
+    blocks (of every stream: a stream's blocks serve that stream only) and cuBLAS's workspaces
+    (one per handle and stream; torch makes the next on first use), as torch's own leak checks
+    do. Only between steps: a workspace freed while a matmul is queued is freed stream-ordered."""
+    torch = require_torch()
+    if not torch.cuda.is_initialized():
+        return
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # private; absent: the workspaces stay
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()

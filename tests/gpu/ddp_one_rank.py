@@ -79,7 +79,8 @@ def main() -> None:
     # what of the trials is left once a policy is kept, beside torch's global knobs they touch
     left = dict(report["held"], nccl_groups=report["nccl_memory"]["alive"],
                 carveout=torch._C._get_sm_carveout_experimental(),
-                blas_restored=torch.backends.cuda.preferred_blas_library() == blas)
+                blas_restored=torch.backends.cuda.preferred_blas_library() == blas,
+                reserved_mib=torch.cuda.memory_reserved(device) / 2**20)
     seconds = []
     if second:
         # torch 2.11 named a group made by some ranks by the count of groups alive: with A's group
