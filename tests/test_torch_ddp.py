@@ -907,6 +907,42 @@ def test_the_bound_is_taken_over_the_slowest_ranks_visits():
     assert t.report()["check"]["held_by"] is None
 
 
+# bench torch on an H100 at 2f2e613 (comm-heavy-1024): the trials' means, and the block check's visit
+# means, a stretch of slow steps over both policies from the check's 9th step on
+SLOW_STRETCH_TRIALS = {"ddp": 26.20, "a": 24.38, "b": 25.21}
+SLOW_STRETCH_CHECK = {"ddp": [26.83, 27.73, 30.73, 28.72], "a": [23.90, 29.71, 30.22, 32.55]}
+
+
+def test_a_check_that_cannot_tell_a_pick_the_trials_had_faster_runs_more_rounds_then_decides_on_them_all():
+    """comm-heavy-1024 at 2f2e613: the check's means 29.10 (the pick) and 28.69 (plain DDP), the
+    pick 0.4 ms behind within 2 standard errors (4.1 ms) where the trials had it 7% faster: plain DDP
+    was kept and ran 27.43 ms, carveout:32 fixed 25.13. Now the check runs on: 4 rounds more at a
+    time, and once the slow stretch has passed (plain DDP 26.8, the pick 23.9, as in the trials) the
+    visits tell, and the pick holds by the noise."""
+    t, _ = _to_check(check=4, check_most=24, trial=SLOW_STRETCH_TRIALS)
+    run(t, _visits(SLOW_STRETCH_CHECK))
+    assert t.decide() is None and t.checking.name == "a" and t.picked is None  # behind within the noise
+    kept = None
+    while kept is None:  # 4 rounds at a time, at most 24 in all
+        run(t, _visits({"ddp": [26.8] * 4, "a": [23.9] * 4}))
+        kept = t.decide()
+    check = t.report()["check"]
+    assert kept.name == "a" and check["rounds_run"] < 24
+    assert check["held"] and check["held_by"] == "noise"
+    assert check["visit_means_ms"]["a"][:4] == pytest.approx(SLOW_STRETCH_CHECK["a"])
+
+
+def test_a_pick_behind_within_the_noise_runs_no_more_rounds_where_the_trials_saw_no_gain_or_none_are_left():
+    # the same check, after trials that had the pick no faster by the margin: decided at once
+    t, _ = _to_check(check=4, check_most=24, trial={"ddp": 26.20, "a": 26.0, "b": 27.0}, check_always=True)
+    run(t, _visits(SLOW_STRETCH_CHECK))
+    assert t.decide().name == "ddp" and t.report()["check"]["rounds_run"] == 4
+    # the trials had it faster, but no rounds are left (check_most reached): plain DDP stays
+    t, _ = _to_check(check=4, trial=SLOW_STRETCH_TRIALS)
+    run(t, _visits(SLOW_STRETCH_CHECK))
+    assert t.decide().name == "ddp" and t.report()["check"]["held_by"] is None
+
+
 def test_a_block_check_stops_at_check_most_and_never_runs_more_for_a_pick_that_does_not_lead():
     # leading within the noise to the end: 2 rounds more, once, then plain DDP stays
     t, _ = _to_check(check_most=4, **NO_GAIN)

@@ -28,11 +28,16 @@ kept); blocks run as the job will. A block check decides on its own steps (and, 
 trials' means): the pick stays
 if its mean beats the reference's by the margin and by SIGNIFICANCE standard errors of the
 difference, each taken over the visits' means (steps of one visit are not independent). Where the
-pick leads by the margin but not yet beyond that noise, the block check runs ``check`` rounds
+pick leads by the margin but not yet beyond that noise, or trails the reference within that
+noise where the trials measured it faster by the margin, the block check runs ``check`` rounds
 more, up to ``check_most`` rounds in all, and decides on all its visits: a reference that runs
 at two speeds (plain DDP of ranks sharing a GPU, docs/ddp.md) spreads its visits' means, and more
-visits narrow the noise where a few cannot tell. A second look at the same rule makes a gain within
-the noise pass a little more often than one look would (two chances at two standard errors).
+visits narrow the noise where a few cannot tell. (On an H100 at 2f2e613, comm-heavy-1024, a
+stretch of slow steps took both policies of the check from its 9th step on: carveout:32's visits
+read 23.9, 29.7, 30.2 and 32.5 ms, plain DDP's 26.8, 27.7, 30.7 and 28.7, where the trials had
+measured 24.4 and 26.2; plain DDP was kept and ran 27.4, carveout:32 fixed 25.1.) A second look
+at the same rule makes a gain within the noise pass a little more often than one look would (two
+chances at two standard errors).
 Against such a reference the noise rule can refuse a pick that cannot lose: on an H100 (bench
 torch compute-heavy, docs/ddp.md at 596006f) plain DDP's visits read 78.3, 66.3, 72.3, 66.3, 66.3,
 66.5, 68.6 and 66.3 ms, a windowed carveout's all 66.2-67.2 (mean 66.7): 3% faster on average,
@@ -121,7 +126,7 @@ class Trials:
         if self.check_block > 1 and self.check_rounds == 1:
             raise UsageError("a check in blocks needs at least 2 rounds (its noise is taken between visits), "
                              "not check=1")
-        #: a block check's rounds at the most, extended while the pick leads within the noise
+        #: a block check's rounds at the most, extended while its visits cannot tell
         self.check_most = self.check_rounds if check_most is None else \
             validate.integer(check_most, "check_most", least=self.check_rounds, most=1000)
         if self.check_rounds and self.check_most % self.check_rounds:
@@ -214,7 +219,7 @@ class Trials:
         confirmation, choose one: the reference is kept at once, another is checked (its rounds
         scheduled, :attr:`checking` set, None returned) when ``check`` rounds were asked for, else
         kept; after the check, keep the one checked or the reference, and return it (a block
-        check whose pick leads within the noise schedules more rounds first, up to ``check_most``,
+        check whose visits cannot tell yet schedules more rounds first, up to ``check_most``,
         and returns None). ``agree``
         turns this rank's mean per candidate (in candidate order; inf where none was timed) into
         the ranks' common ones (their maximum), so every rank decides alike."""
@@ -290,9 +295,15 @@ class Trials:
                 leads = direction == self.checking.name
                 by_noise = leads and self._winner(means, spread, reference) == direction
                 by_bound = leads and not by_noise and self._bounded(visits, reference, agree)
-                if leads and not (by_noise or by_bound) and self._check_done < self.check_most:
+                # the visits cannot tell yet: a lead within the noise, or a deficit within it where
+                # the trials had the pick faster
+                unsure = not (by_noise or by_bound) and (leads or (
+                    self._trials_faster(reference)
+                    and means[self.checking.name] - means[reference]
+                    <= SIGNIFICANCE * math.hypot(spread[self.checking.name], spread[reference])))
+                if unsure and self._check_done < self.check_most:
                     self._blocks(pair, self.check_rounds)
-                    return None  # leads within the noise: more visits first
+                    return None  # more visits first
                 # no more visits: level, or ahead within the noise, and faster in the trials
                 by_tie = not (by_noise or by_bound) and self._tied(means, spread, reference)
                 held = by_noise or by_bound or by_tie
@@ -358,10 +369,14 @@ class Trials:
         faster by the margin (see the module's docstring). From the agreed means and errors (the
         slowest rank's), so every rank decides alike."""
         pick = self.checking.name
-        trials = self.means
         return (means[pick] <= means[reference] * (1 + self.margin)
-                and SIGNIFICANCE * spread[pick] <= self.margin * means[pick]
-                and math.isfinite(trials[reference]) and trials[pick] < trials[reference] * (1 - self.margin))
+                and SIGNIFICANCE * spread[pick] <= self.margin * means[pick] and self._trials_faster(reference))
+
+    def _trials_faster(self, reference: str) -> bool:
+        """Whether the trials' agreed means had the pick checked faster than the reference by the
+        margin (within their noise or not)."""
+        trials = self.means
+        return math.isfinite(trials[reference]) and trials[self.checking.name] < trials[reference] * (1 - self.margin)
 
     def _agreed(self, times: dict[str, list[float]], candidates: list[Any],
                 agree: Agree | None) -> tuple[dict[str, float], dict[str, float]]:
