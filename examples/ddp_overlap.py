@@ -56,8 +56,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy", default="auto",
                    help="auto, ddp, priority, ctas:8, shaping:2, partition:48, carveout:48, ...")
-    p.add_argument("--steps", type=positive(int), default=240,
-                   help="training steps (default 240: auto's default trials took 155 in a GPU test)")
+    p.add_argument("--steps", type=positive(int), default=600,
+                   help="training steps (default 600: auto's default trials take up to 453, a check that "
+                        "cannot tell running to its 24 rounds)")
     p.add_argument("--width", type=positive(int), default=2048)
     p.add_argument("--layers", type=positive(int), default=4)
     p.add_argument("--tokens", type=positive(int), default=1024, help="tokens per rank per step")
