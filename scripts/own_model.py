@@ -32,9 +32,7 @@ import contextlib
 import datetime
 import gc
 import json
-import math
 import os
-import statistics
 import time
 
 import torch
@@ -43,6 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shimrt.torch
+from shimrt.bench.in_turn import reading, run_rounds
 
 
 class Block(nn.Module):
@@ -87,23 +86,6 @@ class Gpt(nn.Module):
 
     def forward(self, tokens):
         return self.norm(self.blocks(self.embed(tokens))) @ self.embed.weight.t()
-
-
-def alternated(plain_ms: list[float], policy_ms: list[float]) -> dict:
-    """Blocks timed in turn, plain, policy, policy, plain per round (ms per step of each block, in
-    the order each way ran them): each way's mean and the standard error over its blocks, and the
-    policy's ratio to plain taken per round (its two blocks' mean over plain's two), their mean and
-    standard error."""
-    if len(plain_ms) != len(policy_ms) or not plain_ms or len(plain_ms) % 2:
-        raise ValueError(f"two blocks of each way per round, not {len(plain_ms)} and {len(policy_ms)}")
-
-    def spread(values: list[float]) -> float:
-        return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
-
-    ratios = [(policy_ms[i] + policy_ms[i + 1]) / (plain_ms[i] + plain_ms[i + 1]) for i in range(0, len(plain_ms), 2)]
-    return {"plain_ms": statistics.fmean(plain_ms), "plain_standard_error_ms": spread(plain_ms),
-            "policy_ms": statistics.fmean(policy_ms), "policy_standard_error_ms": spread(policy_ms),
-            "ratios": ratios, "ratio": statistics.fmean(ratios), "ratio_standard_error": spread(ratios)}
 
 
 def main() -> None:
@@ -286,24 +268,23 @@ def main() -> None:
         plain_step, step = Stepper(*fresh(None)), Stepper(*fresh(name))
         warm(plain_step)
         done = warm(step)
-        blocks: list[tuple[str, float]] = []
-        for _ in range(args.rounds):
-            for which, run in (("plain", plain_step), ("policy", step), ("policy", step), ("plain", plain_step)):
-                blocks.append((which, timed(run, args.alternate)))
+        runs = {"plain": plain_step, "way": step}
+        blocks = run_rounds(lambda which: timed(runs[which], args.alternate), args.rounds)
         ms = slowest([t for _, t in blocks])
         out = {"way": f"{name} in turn with {plain}", "block": args.alternate, "rounds": args.rounds,
-               "trial_steps": done, **alternated([t for (w, _), t in zip(blocks, ms, strict=True) if w == "plain"],
-                                                 [t for (w, _), t in zip(blocks, ms, strict=True) if w == "policy"]),
+               "trial_steps": done, **reading([t for (w, _), t in zip(blocks, ms, strict=True) if w == "plain"],
+                                               [t for (w, _), t in zip(blocks, ms, strict=True) if w == "way"]),
                **kept_of(step.ov)}
         step.ov.close()
+        runs.clear()
         del plain_step, step  # both models and their optimizers, before the next policy's pair
         gc.collect()
         torch.cuda.empty_cache()
         if rank == 0:
             print(json.dumps(out), flush=True)
             print(f"{name} in turn with {plain} ({args.rounds} rounds of blocks of {args.alternate} steps): {plain} "
-                  f"{out['plain_ms']:.2f} ms (+-{out['plain_standard_error_ms']:.2f}), {name} {out['policy_ms']:.2f} "
-                  f"(+-{out['policy_standard_error_ms']:.2f}, kept {out['kept']}): {out['ratio']:.3f}x "
+                  f"{out['plain_ms']:.2f} ms (+-{out['plain_standard_error_ms']:.2f}), {name} {out['way_ms']:.2f} "
+                  f"(+-{out['way_standard_error_ms']:.2f}, kept {out['kept']}): {out['ratio']:.3f}x "
                   f"(+-{out['ratio_standard_error']:.3f}, by rounds)", flush=True)
         return out
 
