@@ -410,6 +410,33 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
     assert "within 2% of the best fixed way (priority, 23.87 ms): met" in means
 
 
+def test_with_blocks_in_turn_the_report_gives_each_ways_ratio_the_noise_plain_against_plain_and_the_goals():
+    """--in-turn: each way's ratio per round beside plain (its mean and standard error) in its
+    notes; the noise is plain against plain, the larger of its two ways' distance from 1; the
+    goals by the ratios; plain's own drift over the configuration said (what the rounds cancel)."""
+    from shimrt.bench.torch_ddp_report import in_turn_noise, report
+    r = _ddp_result()
+    turns = {"plain DDP": (1.004, 80.0), "carveout:64": (0.97, 95.0), "priority": (0.93, 70.0),
+             "auto": (0.935, 100.0), "plain DDP again": (0.99, 90.0)}
+    for w, (ratio, plain_ms) in turns.items():
+        r["ways"][w]["in_turn"] = {"ratio": ratio, "ratio_standard_error": 0.01, "plain_ms": plain_ms, "rounds": 4,
+                                   "block": 6}
+    assert in_turn_noise(r["ways"]) == pytest.approx(0.01)
+    lines = report("comm-heavy-1024", r).splitlines()
+    assert any(line.startswith("priority") and "in turn 0.930x (+-0.010) plain beside it 70.00" in line
+               for line in lines), lines
+    said = [line for line in lines if line.startswith("in turn:")]
+    assert said == ["in turn: each way in 4 rounds of 6-step blocks with plain DDP beside it (plain, way, way, "
+                    "plain); noise: plain against plain 1.0% from 1; plain's own mean from 70.00 to 100.00 ms over "
+                    "the configuration (42.9% apart: the drift the rounds cancel)"], lines
+    goals = lines[lines.index(said[0]) + 1]
+    assert goals.startswith("goals by the ratios in turn: auto 0.935x plain DDP (+6.5% below); at most 1.00x "
+                            "(+1.0% noise): met; at least 3% below: met; within 2% of the best fixed way "
+                            "(priority, 0.930x): met"), goals
+    # no blocks in turn: no such lines
+    assert not any(line.startswith("in turn") for line in report("comm-heavy-1024", _ddp_result()).splitlines())
+
+
 def test_the_kept_line_says_the_guard_beside_the_check():
     from shimrt.bench.torch_ddp_report import report
     r = _ddp_result()

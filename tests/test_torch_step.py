@@ -126,7 +126,7 @@ def test_bench_torch_without_torch_says_how_to_get_it(capsys):
 
 
 @pytest.mark.parametrize("flag", [["--bucket-view"], ["--loss-every", "10"], ["--optimizer", "adamw"], ["--fsdp"],
-                                  ["--settle", "4"], ["--steady", "8"], ["--profile", "/tmp"]])
+                                  ["--settle", "4"], ["--steady", "8"], ["--profile", "/tmp"], ["--in-turn", "6"]])
 def test_the_ddp_only_options_are_refused_with_ranks_in_one_process(capsys, monkeypatch, flag):
     pytest.importorskip("torch")
     from shimrt.bench.__main__ import main
@@ -160,7 +160,8 @@ def test_zero_sm_is_refused_without_fsdp2s_custom_route_and_added_with_it(capsys
         assert main(["torch", *argv]) == 2
         err = capsys.readouterr().err
         assert "zero-sm is FSDP2's over its custom collectives" in err and "--fsdp --fsdp-route custom" in err, err
-    base = dict(plots=None, trial_steps=None, configs=["balanced"], width=None, layers=None, batch=None, seq=None)
+    base = dict(plots=None, trial_steps=None, in_turn=0, rounds=None, configs=["balanced"],
+                width=None, layers=None, batch=None, seq=None)
     custom = argparse.Namespace(**base, fsdp=True, fsdp_route="custom", policies=None)
     check(custom)
     assert "zero-sm" in custom.policies and "prefetch" in custom.policies
@@ -180,7 +181,8 @@ def test_paced_is_in_the_default_of_one_process_per_rank_and_refused_asked_for_i
     assert main(["torch", "--policies", "priority,paced"]) == 2
     err = capsys.readouterr().err
     assert "paced waits at the end of each rank's ov.step(), which needs one process per rank" in err, err
-    base = dict(plots=None, trial_steps=None, configs=["balanced"], width=None, layers=None, batch=None, seq=None,
+    base = dict(plots=None, trial_steps=None, in_turn=0, rounds=None, configs=["balanced"],
+                width=None, layers=None, batch=None, seq=None,
                 fsdp=False, fsdp_route="mesh")
     default = argparse.Namespace(**base, policies=None)
     check(default)
@@ -645,6 +647,21 @@ def test_fsdp_route_both_runs_priority_over_the_custom_route_beside_the_mesh():
         args = p.parse_args(bad)
         with pytest.raises(UsageError, match=message):
             torch_step.check(args)
+
+
+def test_rounds_apply_with_blocks_in_turn_only_and_default_to_four():
+    import argparse
+    p = argparse.ArgumentParser()
+    torch_step.add_arguments(p)
+    args = p.parse_args(["--configs", "balanced", "--rounds", "3"])
+    with pytest.raises(UsageError, match="--rounds applies with --in-turn"):
+        torch_step.check(args)
+    args = p.parse_args(["--configs", "balanced", "--in-turn", "6"])
+    torch_step.check(args)
+    assert (args.in_turn, args.rounds) == (6, 4)
+    for bad in (["--in-turn", "-1"], ["--in-turn", "6", "--rounds", "0"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--configs", "balanced", *bad])
 
 
 def test_fsdp_route_applies_with_fsdp_only(capsys):

@@ -33,6 +33,13 @@ untimed steps until two in a row agree (:data:`STEADY_TOLERANCE`, the slowest ra
 rank deciding alike; at most :data:`STEADY_WINDOWS`): a way is timed once it runs at one speed,
 and the windows it took are in ``--json``.
 
+``--in-turn N`` (with ``--rounds R``) times each way in blocks of N steps in turn with a plain
+job of its own kept through the configuration (plain, way, way, plain per round, a step untimed
+before each block: :mod:`.in_turn`), and sets each way against it by the ratio per round: where
+the host's speed drifts (FSDP2 of two ranks sharing a GPU, docs/ddp.md at 8d31cd5), ways timed one
+after another measure the host. Plain DDP's own two ways read plain against plain (the run's
+noise in turn); the contention column is left out (the blocks' untimed steps).
+
 ``--fsdp``: the same with FSDP2 (``fully_shard`` of every block, then the model) in place of DDP,
 plain FSDP2 the reference (its rows keep plain DDP's names); written for 2-8 GPUs, run so far with
 two ranks on one H100 (docs/ddp.md). The loop is a user's: ``--optimizer`` (fused SGD or fused
@@ -48,6 +55,10 @@ Losses are set against plain DDP's, step for step, from the same weights and bat
 after each way's timed steps, 3 more under torch.profiler; every rank's Chrome trace in DIR, and
 where rank 0's step went (collectives' kernels and blocks, FSDP2's copies, the communication
 exposed: :mod:`.torch_timeline`) under the table.
+
+About 420 lines, past the house's 400: one configuration's measurement is one function over the
+ways' shared state (compute alone, the reference's losses, the plain job beside them), and its
+helpers (steady windows, blocks in turn, the profiler) sit beside it.
 """
 
 from __future__ import annotations
@@ -63,6 +74,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
+from .in_turn import reading, run_rounds
 from .torch_ddp_report import AUTOS, CUSTOM_WAY, bars_png, report
 from .torch_measure import ComputeSpans, comm_hidden, order_bound, step_times_ms
 
@@ -188,6 +200,40 @@ def _profiled(r: _Rank, step: Callable[[int], Any], config: str, way: str) -> di
         return {"failed": f"{type(exc).__name__}: {exc}"}
 
 
+def _plain_beside(r: _Rank, size: Any) -> Callable[[int], Any]:
+    """--in-turn: a step of a plain DDP (FSDP2 with --fsdp) of its own, the same weights and
+    batch as every way's, its loss read every --loss-every of its steps, after --settle untimed
+    ones; it lives through the configuration (two models on the GPU at once, not one)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    args = r.args
+    model, data, opt = r.fresh(size, shard=args.fsdp)
+    wrapped = model if args.fsdp else DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb,
+                                          gradient_as_bucket_view=args.bucket_view)
+    going = _continuing(_stepper(wrapped, data, opt, loss_every=args.loss_every), 0, [])
+    if args.settle:
+        step_times_ms(r.torch, going, args.settle, 0)
+    return going
+
+
+def _in_turn(r: _Rank, plain: Callable[[int], Any], way: Callable[[int], Any]) -> tuple[list[float], dict]:
+    """--in-turn: --rounds rounds of blocks of --in-turn steps, plain, way, way, plain, each block
+    after one untimed step (the switch from the other model); the way's timed steps (this rank's,
+    in order) and the blocks' reading (:func:`~shimrt.bench.in_turn.reading`, each block the
+    slowest rank's mean)."""
+    args, mine = r.args, []
+
+    def block(which: str) -> float:
+        ms, _ = step_times_ms(r.torch, plain if which == "plain" else way, 1, args.in_turn)
+        if which == "way":
+            mine.extend(ms)
+        return statistics.fmean(ms)
+    blocks = run_rounds(block, args.rounds)
+    agreed = r.slowest([ms for _, ms in blocks])
+    read = reading([t for (w, _), t in zip(blocks, agreed, strict=True) if w == "plain"],
+                   [t for (w, _), t in zip(blocks, agreed, strict=True) if w == "way"])
+    return mine, dict(read, block=args.in_turn, rounds=args.rounds)
+
+
 def ways_of(args: Any, kinds: list[str]) -> list[tuple[str, str | None, str]]:
     """The ways of a configuration, in order: (its name, the policy overlap() is given, None for
     the plain job; the FSDP2 route). Plain DDP first and last (the run's noise), each fixed policy
@@ -255,6 +301,9 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     out["gradient_bytes"] = grad_bytes
     reference = None
     ways = ways_of(args, kinds)
+    # --in-turn: every way timed in blocks in turn with this plain job, kept through the configuration
+    beside = _plain_beside(r, size) if args.in_turn else None
+    timed = 2 * args.rounds * args.in_turn if args.in_turn else args.steps  # each way's timed steps
     for count, (way, policy, route) in enumerate(ways, 1):
         if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
@@ -263,7 +312,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                                           gradient_as_bucket_view=args.bucket_view)
         entry: dict = {}
         ov = step = going = None
-        marks = spanned(model)
+        marks = None if args.in_turn else spanned(model)  # in turn: its untimed steps between blocks
         try:
             if policy is not None:
                 chosen = (Auto(sms=args.sms, trial_steps=args.trial_steps, **AUTOS[policy]) if policy in AUTOS
@@ -288,7 +337,10 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             entry.update(steady_windows_ms=windows, untimed_steps=trials + settle + args.steady * len(windows)
                          + args.warmup)
             began = time.time()
-            ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
+            if beside is None:
+                ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
+            else:
+                ms, entry["in_turn"] = _in_turn(r, beside, going)
             losses = [float(x) for x in torch.stack(seen).tolist()]
             if marks is not None:
                 spans[way] = marks.ms(args.steps)
@@ -302,7 +354,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 ov.close()
         except (ShimrtError, RuntimeError) as exc:  # one way that cannot run here: said, the rest go on
             entry["failed"] = f"{type(exc).__name__}: {exc}"
-            ms, losses = [float("nan")] * args.steps, []
+            ms, losses = [float("nan")] * timed, []
             if ov is not None:  # its communicators, streams and interposers, before the next way's
                 with contextlib.suppress(ShimrtError, RuntimeError):  # the error said is the one above
                     ov.close()
@@ -318,11 +370,13 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             entry["loss_max_diff"] = max(abs(a - b) for a, b in zip(losses, reference, strict=False))
         out["ways"][way] = entry
     # The slowest rank's median, and its every step (the ranks' steps end together, at the all-reduces).
+    del beside
     names = list(steps)
     medians = r.slowest([statistics.median(steps[n]) for n in names])
     each = r.slowest([t for n in names for t in steps[n]])
-    k = args.steps
-    slowest = {n: (medians[i], each[i * k:(i + 1) * k]) for i, n in enumerate(names)}
+    ends = list(itertools.accumulate(len(steps[n]) for n in names))  # compute, comm: --steps; the ways: timed
+    slowest = {n: (medians[i], each[end - len(steps[n]):end])
+               for i, (n, end) in enumerate(zip(names, ends, strict=True))}
     (out["compute_ms"], out["compute_steps_ms"]), (out["comm_ms"], out["comm_steps_ms"]) = \
         slowest["compute"], slowest["comm"]
     for n, e in out["ways"].items():

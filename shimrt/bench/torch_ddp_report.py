@@ -13,7 +13,7 @@ from typing import Any
 from ..torch.policies import FIXED_ONLY
 from ..torch.trials import how_held
 
-__all__ = ["AUTOS", "REFERENCES", "CUSTOM_WAY", "report", "bars_png", "noise"]
+__all__ = ["AUTOS", "REFERENCES", "CUSTOM_WAY", "report", "bars_png", "noise", "in_turn_noise"]
 
 #: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
 #: never above it by more than the run's noise (plain DDP's first and last runs apart), within
@@ -78,6 +78,10 @@ def report(name: str, r: dict) -> str:
             notes += f"; ov.step() {host['step_us']:.0f} us/step"
         if e.get("unsteady"):
             notes += f"; not steady after {len(e['steady_windows_ms'])} windows"
+        if e.get("in_turn"):
+            t = e["in_turn"]
+            notes += (f"; in turn {t['ratio']:.3f}x (+-{t['ratio_standard_error']:.3f}) plain beside it "
+                      f"{t['plain_ms']:.2f}")
         lines.append(f"{way:24s} {e['step_ms']:8.2f} {means[way]:8.2f} {max(e['steps_ms']):8.2f} "
                      f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%} {slower(e):>7s}  {notes}")
     if any("timeline" in e for e in ways.values()):
@@ -95,6 +99,7 @@ def report(name: str, r: dict) -> str:
     for a in autos:
         lines.append(_goals(name, "medians", {w: e["step_ms"] for w, e in ways.items()}, noise(r), a))
         lines.append(_goals(name, "means", means, noise(r), a))
+    lines += _in_turn_lines(name, ways, autos)
     if name in GOAL_HIDDEN:
         hidden = {w: e["hidden"] for w, e in ways.items() if not math.isnan(e["hidden"])}
         if hidden:
@@ -102,6 +107,30 @@ def report(name: str, r: dict) -> str:
             lines.append(f"goal: the best way hides at least {GOAL_HIDDEN[name]:.0%} of the all-reduces: {best} "
                          f"{hidden[best]:.1%}, {'met' if hidden[best] >= GOAL_HIDDEN[name] else 'NOT met'}")
     return "\n".join(lines)
+
+
+def in_turn_noise(ways: dict) -> float:
+    """With ``--in-turn``: how far plain against plain (its first and last ways, each in turn with
+    the plain model beside them) reads from 1, the larger of the two; 0 where neither ran."""
+    return max((abs(ways[w]["in_turn"]["ratio"] - 1) for w in ("plain DDP", "plain DDP again")
+                if (ways.get(w) or {}).get("in_turn")), default=0.0)
+
+
+def _in_turn_lines(name: str, ways: dict, autos: list[str]) -> list[str]:
+    """With ``--in-turn``: the run's noise in turn, the plain model's drift over the configuration
+    (what the rounds cancel), and the goals by the ratios in turn."""
+    turns = {w: e["in_turn"] for w, e in ways.items() if e.get("in_turn")}
+    if not turns:
+        return []
+    some = next(iter(turns.values()))
+    plain = [t["plain_ms"] for t in turns.values()]
+    lines = [f"in turn: each way in {some['rounds']} rounds of {some['block']}-step blocks with plain DDP beside it "
+             f"(plain, way, way, plain); noise: plain against plain {in_turn_noise(ways):.1%} from 1; plain's own "
+             f"mean from {min(plain):.2f} to {max(plain):.2f} ms over the configuration "
+             f"({max(plain) / min(plain) - 1:.1%} apart: the drift the rounds cancel)"]
+    ratios = dict({w: t["ratio"] for w, t in turns.items()}, **{"plain DDP": 1.0})
+    lines += [_goals(name, "ratios in turn", ratios, in_turn_noise(ways), a, "x") for a in autos if a in turns]
+    return lines
 
 
 def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
@@ -127,11 +156,12 @@ def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
     return said
 
 
-def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "auto") -> str:
+def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "auto", unit: str = " ms") -> str:
     """How configuration ``name``'s goals stand by ``ms`` (way -> its step time; NaN for a way that
     failed) for ``way`` (one of :data:`AUTOS`), never above plain DDP by more than ``slack`` (the
     run's noise). The best fixed way is of those auto tries; a fixed-only way (``paced``,
-    ``zero-sm``: no auto tries them) is said beside it, as what auto leaves untried."""
+    ``zero-sm``: no auto tries them) is said beside it, as what auto leaves untried. ``unit``
+    follows each way's figure ("x" for ratios in turn)."""
     auto, base = ms[way], ms["plain DDP"]
     best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES, *FIXED_ONLY, CUSTOM_WAY)
                 and not math.isnan(t)),
@@ -142,9 +172,11 @@ def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "a
     if name in GOAL_BELOW:
         said.append(f"at least {GOAL_BELOW[name]:.0%} below: {'met' if below >= GOAL_BELOW[name] else 'NOT met'}")
     if best is not None:
-        said.append(f"within {GOAL_BEST:.0%} of the best fixed way ({best}, {ms[best]:.2f} ms): "
+        said.append(f"within {GOAL_BEST:.0%} of the best fixed way ({best}, {ms[best]:.{3 if unit == 'x' else 2}f}"
+                    f"{unit}): "
                     f"{'met' if auto <= ms[best] * (1 + GOAL_BEST) else 'NOT met'}")
-    said += [f"{w}, which no auto tries, {ms[w]:.2f} ms ({way} {auto / ms[w]:.3f}x)" for w in FIXED_ONLY
+    said += [f"{w}, which no auto tries, {ms[w]:.{3 if unit == 'x' else 2}f}{unit} ({way} {auto / ms[w]:.3f}x)"
+             for w in FIXED_ONLY
              if w in ms and not math.isnan(ms[w])]
     return "; ".join(said)
 

@@ -139,6 +139,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one process per rank: after --settle, windows of N untimed steps until two in a row agree "
                         "(their means, the slowest rank's, within 2%%; at most 8 windows), so that a way is timed "
                         "once it runs at one speed (default 0: no windows)")
+    p.add_argument("--in-turn", metavar="N", default=0, type=cli.count("--in-turn", 0),
+                   help="one process per rank: time each way in blocks of N steps in turn with a plain DDP (or "
+                        "FSDP2) model of its own, kept through the configuration (plain, way, way, plain per "
+                        "round, --rounds rounds, a step untimed before each block), and set each way against plain "
+                        "by the ratio per round: what a job whose host speed drifts needs (default 0: each way "
+                        "timed alone, --steps steps)")
+    p.add_argument("--rounds", metavar="R", default=None, type=cli.count("--rounds", 1),
+                   help="with --in-turn: rounds of four blocks (default 4)")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
                    help="one process per rank: fused SGD with momentum (default) or fused AdamW")
     p.add_argument("--local-ranks", metavar="N", default=None,
@@ -180,6 +188,11 @@ def check(args: argparse.Namespace) -> None:
                          "--policies or leave --trial-steps out")
     if args.trial_steps is None:
         args.trial_steps = 3
+    if args.rounds is not None and not args.in_turn:
+        raise UsageError("--rounds applies with --in-turn (rounds of blocks in turn): add --in-turn N or leave "
+                         "--rounds out")
+    if args.rounds is None:
+        args.rounds = 4
     for name in args.configs or CONFIGS:  # a shape torch cannot build is refused here, before any GPU
         try:
             model_size(name, args)
@@ -449,7 +462,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("paced waits at the end of each rank's ov.step(), which needs one process per rank (DDP): run "
                          "under torchrun or python -m shimrt.launch --nproc N, or leave paced out of --policies")
     for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False),
-                          ("settle", 0), ("steady", 0), ("fsdp_route", "mesh"), ("profile", None)):
+                          ("settle", 0), ("steady", 0), ("fsdp_route", "mesh"), ("profile", None),
+                          ("in_turn", 0)):
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "
                              "or python -m shimrt.launch --nproc N, without --local-ranks")
