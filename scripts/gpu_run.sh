@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|levels|fsdp|own|link|link-torch]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|levels|fsdp|fsdp-turn|own|link|link-torch]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
@@ -15,7 +15,9 @@
 #   FSDP_ROUTE=custom for FSDP2's custom collectives (both: priority over them beside the mesh route's), which adds zero-sm (refused, said so, with the two ranks
 #   on GPU 0 here: NCCL's symmetric memory failed there; FSDP_PROBE=0 leaves the probe out); FSDP_ARGS in place of the default
 #   --configs comm-heavy,balanced-1024,comm-heavy-1024) with --profile: where each way's step went, each rank's
-#   torch.profiler trace in profile.tar; own: a model of a user's own
+#   torch.profiler trace in profile.tar; fsdp-turn: bench torch --fsdp --in-turn 6 --rounds 4 (each way in blocks in
+#   turn with a plain FSDP2 of its own, the ratio per round: FSDP2's host drifts; FSDP_ARGS in place of the default
+#   --configs balanced-1024,comm-heavy-1024 --policies priority,ctas,no-reshard,auto); own: a model of a user's own
 #   (scripts/own_model.py, OWN_ARGS its flags, e.g. "--fsdp --alternate 10": auto against plain FSDP2 in 10-step
 #   blocks in turn, as a host-bound job needs) under torchrun, two ranks on GPU 0 under an MPS daemon of its own;
 #   link: host-cost, and two ranks on GPU 0 whose collectives cross NCCL's socket transport on loopback (python -m
@@ -29,7 +31,7 @@
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl|latency|ddp|levels|fsdp|own|link|link-torch) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|levels|fsdp|own|link|link-torch]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency|ddp|levels|fsdp|fsdp-turn|own|link|link-torch) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|levels|fsdp|fsdp-turn|own|link|link-torch]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -115,7 +117,7 @@ sys.exit(f'an MPS daemon is running already: {left}' if left else 0)" 2>&1 | tee
   else
     mpsflag=
     case $part in
-      ddp|levels|fsdp|own|link-torch) echo "MPS not usable here (above): the timed part $part stops" | tee -a "$summary"
+      ddp|levels|fsdp|fsdp-turn|own|link-torch) echo "MPS not usable here (above): the timed part $part stops" | tee -a "$summary"
                                       echo "FAILED: MPS for $part" | tee -a "$summary"; exit 1 ;;
       *) echo "MPS not usable here (above): two processes time-slice the GPU" | tee -a "$summary" ;;
     esac
@@ -133,7 +135,7 @@ if [ "$part" = link-torch ]; then
   export MASTER_ADDR=localhost MASTER_PORT=29514
   steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 560 -m shimrt.bench torch --steps 8 --settle 4 --sms 32 --optimizer adamw --loss-every 10 --comm-timeout 120 --timeout 540 ${LINK_ARGS:-} --json $OUT/torch_link.json")
 fi
-if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = levels ] || [ "$part" = fsdp ] || [ "$part" = own ]; then
+if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = levels ] || [ "$part" = fsdp ] || [ "$part" = fsdp-turn ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
     # Latency against torch.distributed, 8 B to 256 MiB, blocking and non-blocking communicators: two processes
     # on the GPU under MPS (the launcher's own daemon), and two ranks in one process.
@@ -163,6 +165,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
             steps=()
             [ "${FSDP_PROBE:-1}" = 0 ] || steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 scripts/zero_sm_probe.py")
             steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 430 -m shimrt.bench torch --fsdp --fsdp-route ${FSDP_ROUTE:-mesh} --steps 16 --settle 10 --steady 6 --sms 32 --optimizer adamw --loss-every 10 --timeout 410 --profile $OUT/profile ${FSDP_ARGS:---configs comm-heavy,balanced-1024,comm-heavy-1024} --json $OUT/torch_fsdp.json") ;;
+      fsdp-turn) steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --fsdp --in-turn 6 --rounds 4 --settle 10 --sms 32 --optimizer adamw --loss-every 10 --timeout 540 ${FSDP_ARGS:---configs balanced-1024,comm-heavy-1024 --policies priority,ctas,no-reshard,auto} --json $OUT/torch_fsdp_turn.json") ;;
       own) steps=() ;;
       *) steps+=("${latency_steps[@]}" \
             "shimrt.bench collectives --max-bytes 268435456 --json $OUT/collectives_2ranks.json" \
