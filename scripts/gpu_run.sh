@@ -148,12 +148,12 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
             "shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 400 -m shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2procs_nonblocking.json" \
             "shimrt.bench collectives $lat --json $OUT/latency_2ranks.json" \
             "shimrt.bench collectives $lat --nonblocking --json $OUT/latency_2ranks_nonblocking.json")
-    # Bounded to fit one 10-minute device call together: the example 150 s, bench torch 420 s (a bench cut
+    # Bounded to fit one 10-minute device call together: the example 150 s, bench torch 440 s (a bench cut
     # short by its deadline keeps the configurations it finished in --json).
     # DDP_EXAMPLE=0 leaves the example out (a call short of device time: the bench alone).
     ddp_steps=()
-    [ "${DDP_EXAMPLE:-1}" = 0 ] || ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 examples/ddp_overlap.py --policy auto --compare")
-    ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 420 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 400 --json $OUT/torch_ddp.json --plots $OUT/plots")
+    [ "${DDP_EXAMPLE:-1}" = 0 ] || ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 examples/ddp_overlap.py --policy auto --compare --steps 480")
+    ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 440 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 430 --json $OUT/torch_ddp.json --plots $OUT/plots")
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;
