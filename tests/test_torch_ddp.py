@@ -869,6 +869,10 @@ def test_a_pick_level_with_plain_ddp_in_the_check_and_faster_in_the_trials_holds
     check = t.report()["check"]
     assert check["held"] and check["held_by"] == "tie" and check["rounds_run"] == 4
     assert how_held(check) == "held as a tie the trials broke"
+    # with rounds left, a tie that holds now is held now: no more rounds for a pick level with plain DDP
+    t, _ = _to_check(check=4, check_most=24, trial=BALANCED_TRIALS)
+    run(t, _visits(BALANCED_CHECK))
+    assert t.decide().name == "a" and t.report()["check"]["rounds_run"] == 4
 
 
 def test_no_tie_where_the_pick_runs_more_than_the_margin_above_plain_ddp_in_the_check_or_the_trials_saw_no_gain():

@@ -38,7 +38,8 @@ job of its own kept through the configuration (plain, way, way, plain per round,
 before each block: :mod:`.in_turn`), and sets each way against it by the ratio per round: where
 the host's speed drifts (FSDP2 of two ranks sharing a GPU, docs/ddp.md at 8d31cd5), ways timed one
 after another measure the host. Plain DDP's own two ways read plain against plain (the run's
-noise in turn); the contention column is left out (the blocks' untimed steps).
+noise in turn); the contention column is blank (the blocks' untimed steps), and auto's room check
+for no-reshard sees the plain model's memory too.
 
 ``--fsdp``: the same with FSDP2 (``fully_shard`` of every block, then the model) in place of DDP,
 plain FSDP2 the reference (its rows keep plain DDP's names); written for 2-8 GPUs, run so far with
@@ -335,7 +336,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             windows = steady(functools.partial(_window_ms, r, going, args.steady)) if args.steady else []
             entry["unsteady"] = bool(windows) and not agreed(windows)  # STEADY_WINDOWS ran out
             entry.update(steady_windows_ms=windows, untimed_steps=trials + settle + args.steady * len(windows)
-                         + args.warmup)
+                         + (2 * args.rounds if args.in_turn else args.warmup))  # in turn: one before each block
             began = time.time()
             if beside is None:
                 ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
@@ -354,6 +355,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 ov.close()
         except (ShimrtError, RuntimeError) as exc:  # one way that cannot run here: said, the rest go on
             entry["failed"] = f"{type(exc).__name__}: {exc}"
+            entry.pop("in_turn", None)  # a way that failed after its blocks has no ratio to set against the others
             ms, losses = [float("nan")] * timed, []
             if ov is not None:  # its communicators, streams and interposers, before the next way's
                 with contextlib.suppress(ShimrtError, RuntimeError):  # the error said is the one above

@@ -79,7 +79,10 @@ def release_cached() -> None:
     """Give the GPU back what torch caches and no tensor holds: the caching allocator's free
     blocks (of every stream: a stream's blocks serve that stream only) and cuBLAS's workspaces
     (one per handle and stream; torch makes the next on first use), as torch's own leak checks
-    do. Only between steps: a workspace freed while a matmul is queued is freed stream-ordered."""
+    do. Only between steps: a workspace freed while a matmul is queued is freed stream-ordered.
+    Process-wide: the caches of every model in the process go (each allocates afresh, once), and
+    a CUDA graph captured before it that used a cuBLAS workspace of torch's would replay on memory
+    given back (torch's own graph trees clear the workspaces before they capture)."""
     torch = require_torch()
     if not torch.cuda.is_initialized():
         return

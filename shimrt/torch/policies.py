@@ -296,7 +296,8 @@ class Auto:
     kept plain DDP (with ``check_steps`` 0, plain DDP is kept: nothing unchecked ever is);
     ``check_most``, the rounds a check in blocks may run to, ``check_steps`` more at a time while
     its visits cannot tell (its pick leads plain DDP within the noise, or trails it within the
-    noise where the trials had it faster by the margin): a multiple of ``check_steps`` (None: six times
+    noise where the trials had it faster by the margin and no tie holds it): a multiple of
+    ``check_steps`` (None: six times
     ``check_steps``, at most 1000, read through :attr:`most_check_rounds`: on an H200 at c81df25
     a 3% lead over a plain DDP at two speeds was 1.3 standard errors after 8 rounds, which 24
     rounds of the same visits would make 2.3). Blocks

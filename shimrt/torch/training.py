@@ -36,9 +36,10 @@ noise (:mod:`shimrt.torch.trials`). What the next stage cannot use is destroyed 
 losers' groups after the search, the other finalists' after the confirmation); a policy chosen
 over the plain job is then checked alone beside it (``Auto.check_steps`` rounds) and stays only
 if still faster. When the plain job is kept, nothing of the trials is left (``ov.report()["held"]``)
-and it runs as if :func:`overlap` had never been called. ``ov.report()`` gives the reference's
-time, the check, each policy's host time per step and the device memory of the groups' NCCL
-communicators. A collective whose peer is gone ends as in the plain
+and it runs as if :func:`overlap` had never been called; at each stage's end what torch cached for
+the trials goes back to the GPU, process-wide (:func:`~shimrt.torch.interop.release_cached`).
+``ov.report()`` gives the reference's time, the check, each policy's host time per step and the
+device memory of the groups' NCCL communicators. A collective whose peer is gone ends as in the plain
 job: torch's NCCL watchdog, after the group's timeout. For a loop without DDP or FSDP2,
 :class:`~shimrt.torch.step.GradientBuckets` and :class:`~shimrt.torch.step.NcclBuckets` take the
 same policies through shimrt's own Communicators.
@@ -339,11 +340,8 @@ class Overlap:
     def _release(self, staying: list[Policy]) -> None:
         """Only ``staying`` (and plain DDP, whose group is the model's own) run from the next
         step: the other policies' groups, Interposers and the window's hook go, and so does what
-        torch caches that no tensor holds (:func:`~shimrt.torch.interop.release_cached`). torch
-        caches blocks per stream (a partition's compute allocates on its own) and at the trials'
-        peaks (no-reshard, prefetch), and cuBLAS workspaces per stream, and keeps them until told:
-        on an H100 (8d31cd5) a kept plain FSDP2 ran with 21.3 GiB reserved after the trials
-        against 6.0 before. The next steps allocate afresh, once."""
+        torch cached for them (blocks per stream and at the trials' peaks, cuBLAS workspaces per
+        stream: a kept plain FSDP2 held 21.3 GiB after the trials against 6.0 before, H100, 8d31cd5)."""
         self.placement.release(staying)
         self.resources.close_interposers(keep=[p.cap for p in staying if p.cap is not None])
         release_cached()

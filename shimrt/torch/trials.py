@@ -29,7 +29,8 @@ trials' means): the pick stays
 if its mean beats the reference's by the margin and by SIGNIFICANCE standard errors of the
 difference, each taken over the visits' means (steps of one visit are not independent). Where the
 pick leads by the margin but not yet beyond that noise, or trails the reference within that
-noise where the trials measured it faster by the margin, the block check runs ``check`` rounds
+noise where the trials measured it faster by the margin and no tie (below) holds it yet, the
+block check runs ``check`` rounds
 more, up to ``check_most`` rounds in all, and decides on all its visits: a reference that runs
 at two speeds (plain DDP of ranks sharing a GPU, docs/ddp.md) spreads its visits' means, and more
 visits narrow the noise where a few cannot tell. (On an H100 at 2f2e613, comm-heavy-1024, a
@@ -295,10 +296,10 @@ class Trials:
                 leads = direction == self.checking.name
                 by_noise = leads and self._winner(means, spread, reference) == direction
                 by_bound = leads and not by_noise and self._bounded(visits, reference, agree)
-                # the visits cannot tell yet: a lead within the noise, or a deficit within it where
-                # the trials had the pick faster
+                # the visits cannot tell yet: a lead within the noise, or, where the trials had the
+                # pick faster and no tie holds it now, a deficit within the noise
                 unsure = not (by_noise or by_bound) and (leads or (
-                    self._trials_faster(reference)
+                    self._trials_faster(reference) and not self._tied(means, spread, reference)
                     and means[self.checking.name] - means[reference]
                     <= SIGNIFICANCE * math.hypot(spread[self.checking.name], spread[reference])))
                 if unsure and self._check_done < self.check_most:

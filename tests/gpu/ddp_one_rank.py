@@ -32,6 +32,9 @@ def mlp(device: torch.device) -> torch.nn.Module:
 #: auto's trials take as many steps as its candidates and its check need (the block check alone
 #: 56 with Auto(trial_steps=1)): auto runs until it decides, at most this many steps.
 MOST_STEPS = 1000
+#: Steps the kept policy runs at least (auto's after it decided) before what is left is read: the
+#: job trained on, as a user's would, not the instant of the decision.
+KEPT_STEPS = 12
 
 
 def decided(ov) -> bool:
@@ -59,9 +62,11 @@ def main() -> None:
     ov = shimrt.torch.overlap(model, policy=chosen, timeout=60)
     groups_seen = set()
     idle = []  # after each ov.step(): whether the GPU had done the step (paced waits for it)
+    kept_steps = 0  # steps run under the policy kept (auto's after its decision): the state read after KEPT_STEPS
     for step in range(MOST_STEPS):
-        if step >= steps and decided(ov):
+        if step >= steps and kept_steps >= KEPT_STEPS:
             break
+        kept_steps += decided(ov)
         x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
         with ov.step():
             groups_seen.add(id(model.process_group))

@@ -245,9 +245,10 @@ def test_plain_ddp_kept_by_auto_or_asked_for_leaves_the_ddp_on_its_own_group(dev
     fixed = _one_rank(device, "ddp", 0.01, 12)
     assert fixed["policy"] == "ddp" and fixed["own_group"] and fixed["groups_seen"] == 1, fixed
     assert fixed["hooks"] == 0 and fixed["diff"] == 0.0, fixed
-    # nor the allocator's blocks of the trials (a partition's stream has a pool of its own): once
-    # kept, plain DDP reserves no more than plain DDP asked for does
-    assert left["reserved_mib"] <= fixed["left"]["reserved_mib"], (left, fixed["left"])
+    # nor the allocator's blocks of the trials (a partition's stream has a pool of its own, and a
+    # cuBLAS workspace): 12 steps after auto kept it, plain DDP reserves no more than plain DDP asked
+    # for does, within one of the allocator's large segments (20 MiB)
+    assert left["reserved_mib"] <= fixed["left"]["reserved_mib"] + 20, (left, fixed["left"])
 
 
 @pytest.mark.timeout(300)
