@@ -1,6 +1,7 @@
 """shimrt.torch.overlap in a real DDP job: examples/ddp_overlap.py under shimrt.launch, two
 processes (two GPUs, or both on this one where NCCL allows it; under MPS where it can be had),
-its parameters after the steps set against a plain DDP copy trained on the same data."""
+its parameters after the steps set against a plain DDP copy trained on the same data; and bench
+torch --in-turn with one process per rank, under DDP and FSDP2, on a small model."""
 
 from __future__ import annotations
 
@@ -42,9 +43,10 @@ def _two_ranks(device) -> tuple:
     return lib, ["0", "0"]
 
 
-def _launch(device, *args, timeout=280, refused=False):
-    """The example on two ranks (two GPUs, else both on GPU 0 under MPS); its output. A policy
-    that cannot run here is skipped with the reason, or with ``refused`` its output returned."""
+def _launch(device, *args, timeout=280, refused=False, target=None):
+    """The example (or ``target``, the launcher's arguments for another program) on two ranks
+    (two GPUs, else both on GPU 0 under MPS); its output. A policy that cannot run here is
+    skipped with the reason, or with ``refused`` its output returned."""
     lib, indices = _two_ranks(device)
     flags = ["--devices", ",".join(indices)]
     if indices == ["0", "0"]:
@@ -55,7 +57,7 @@ def _launch(device, *args, timeout=280, refused=False):
             pass
     env = _env(lib, MASTER_ADDR="localhost", MASTER_PORT=str(_free_port()))
     command = [sys.executable, "-m", "shimrt.launch", "--nproc", "2", *flags, "--timeout", str(timeout - 20),
-               str(EXAMPLE), *args]
+               *(target or [str(EXAMPLE)]), *args]
     run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     if run.returncode != 0 and "cannot run here" in run.stdout + run.stderr:  # no green contexts (under MPS, say)
         if refused:
@@ -331,3 +333,32 @@ def test_fsdp2_under_a_policy_trains_as_plain_fsdp2_with_two_ranks(device, polic
     diff, said = _diff(out)
     assert (diff, said) == (0.0, "bit for bit") if policy != "carveout:32" else diff <= 1e-5, out[-2000:]
     assert f"policy: {policy} (" in out, out[-2000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+def test_bench_torch_in_turn_times_every_way_in_blocks_beside_a_plain_job_and_reads_it(device, tmp_path, fsdp):
+    """bench torch --in-turn with one process per rank, on a small model: each way (plain, priority,
+    plain again) is timed in 2 rounds of 2-step blocks beside a plain job of its own; every way has
+    its 8 timed steps, a ratio per round, losses that follow plain's, and the table says the
+    noise in turn."""
+    import json
+    out = tmp_path / "in_turn.json"
+    text = _launch(device, "torch", *(["--fsdp"] if fsdp else []), "--configs", "balanced", "--width", "256",
+                   "--layers", "2", "--seq", "128", "--policies", "priority", "--in-turn", "2", "--rounds", "2",
+                   "--steps", "2", "--sms", "32", "--optimizer", "adamw", "--timeout", "220", "--json", str(out),
+                   timeout=280, target=["-m", "shimrt.bench"])
+    ways = json.loads(out.read_text())["configs"]["balanced"]["ways"]
+    assert list(ways) == ["plain DDP", "priority", "plain DDP again"], text[-2000:]
+    for name, e in ways.items():
+        assert "failed" not in e, (name, e)
+        assert len(e["steps_ms"]) == 8 and all(0 < t < 10_000 for t in e["steps_ms"]), (name, e)
+        turn = e["in_turn"]
+        assert (turn["block"], turn["rounds"], len(turn["ratios"])) == (2, 2, 2), (name, turn)
+        assert 0 < turn["ratio"] < 100 and turn["plain_ms"] > 0 and turn["way_ms"] > 0, (name, turn)
+        # one untimed step before each of the way's 4 blocks, no --warmup in this mode
+        assert e["untimed_steps"] == 4, (name, e)
+    # the same weights and batches as plain's, step for step: within a different kernel's rounding
+    assert ways["priority"]["loss_max_diff"] < 1e-2 and ways["plain DDP again"]["loss_max_diff"] < 1e-2, ways
+    said = "in turn: each way in 2 rounds of 2-step blocks"
+    assert said in text and "noise: plain against plain" in text, text[-3000:]
