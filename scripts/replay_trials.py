@@ -48,6 +48,9 @@ def replay(trials: dict, rounds: int, check_steps: int) -> str:
             index = t.done(True)
             source = guard_queue if t.guarding is not None else check_queues if t.checking is not None else queues
             if not source.get(p.name):
+                if source is check_queues and check.get("policy") == getattr(t.checking, "name", None):
+                    return (f"its check of {t.checking.name} runs on past the {check.get('rounds_run', 0)} rounds the "
+                            "run recorded (the visits cannot tell yet): no times to go on with")
                 return f"no recorded time for {p.name} at this stage: the run took another path"
             t.record(index, source[p.name].pop(0))
         t.decide()
