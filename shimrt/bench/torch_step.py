@@ -143,8 +143,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one process per rank: time each way in blocks of N steps in turn with a plain DDP (or "
                         "FSDP2) model of its own, kept through the configuration (plain, way, way, plain per "
                         "round, --rounds rounds, a step untimed before each block), and set each way against plain "
-                        "by the ratio per round: what a job whose host speed drifts needs (default 0: each way "
-                        "timed alone, --steps steps)")
+                        "by the ratio per round: what a job whose host speed drifts needs; --steps then times "
+                        "compute alone and the all-reduces alone only (default 0: each way timed alone, --steps "
+                        "steps)")
     p.add_argument("--rounds", metavar="R", default=None, type=cli.count("--rounds", 1),
                    help="with --in-turn: rounds of four blocks (default 4)")
     p.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS,
