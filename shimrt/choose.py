@@ -10,12 +10,13 @@ its candidates its own way (a makespan, a run, a step's time); all of them keep 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Callable, Hashable, Iterable, Mapping, TypeVar
 
 from . import validate
 from .errors import ShimrtError, UsageError
 
-__all__ = ["fastest"]
+__all__ = ["fastest", "standard_error"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -38,6 +39,12 @@ def fastest(times: Mapping[K, float], reference: K | None = None, margin: float 
     if reference in measured and not measured[best] < measured[reference] * (1 - margin):
         return reference
     return best
+
+
+def standard_error(times: list[float]) -> float:
+    """The standard error of the mean of ``times`` (0 with fewer than two): how far a candidate's
+    measured mean may be from its own, the noise the autos weigh a gain against."""
+    return statistics.stdev(times) / math.sqrt(len(times)) if len(times) > 1 else 0.0
 
 
 def pick(candidates: Iterable[K], measure: Callable[[K], float], reference: K | None = None,

@@ -48,3 +48,8 @@ def test_pick_measures_each_candidate_once_in_order():
         return {"a": 2.0, "b": 1.5, "c": math.inf}[c]
     best, times = choose.pick(["a", "b", "c"], measure)
     assert best == "b" and seen == ["a", "b", "c"] and list(times) == ["a", "b", "c"]
+
+
+def test_the_standard_error_is_the_spread_of_the_mean_and_zero_with_fewer_than_two():
+    assert choose.standard_error([10.0, 12.0, 14.0, 16.0]) == pytest.approx(1.2910, rel=1e-4)  # stdev 2.582 / 2
+    assert choose.standard_error([10.0]) == 0.0 and choose.standard_error([]) == 0.0

@@ -11,11 +11,10 @@ cancels it; the order plain, way, way, plain cancels a linear drift within the r
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Callable
 
-from .. import validate
+from .. import choose, validate
 
 __all__ = ["ORDER", "run_rounds", "reading"]
 
@@ -38,9 +37,7 @@ def reading(plain_ms: list[float], way_ms: list[float]) -> dict:
     if len(plain_ms) != len(way_ms) or not plain_ms or len(plain_ms) % 2:
         raise ValueError(f"two blocks of each way per round, not {len(plain_ms)} and {len(way_ms)}")
 
-    def spread(values: list[float]) -> float:
-        return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
-
+    spread = choose.standard_error  # each way's blocks, and the rounds' ratios
     ratios = [(way_ms[i] + way_ms[i + 1]) / (plain_ms[i] + plain_ms[i + 1]) for i in range(0, len(plain_ms), 2)]
     return {"plain_ms": statistics.fmean(plain_ms), "plain_standard_error_ms": spread(plain_ms),
             "way_ms": statistics.fmean(way_ms), "way_standard_error_ms": spread(way_ms),

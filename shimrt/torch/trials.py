@@ -296,17 +296,17 @@ class Trials:
                 leads = direction == self.checking.name
                 by_noise = leads and self._winner(means, spread, reference) == direction
                 by_bound = leads and not by_noise and self._bounded(visits, reference, agree)
+                # level, or ahead within the noise, and faster in the trials: held once no more visits run
+                by_tie = not (by_noise or by_bound) and self._tied(means, spread, reference)
                 # the visits cannot tell yet: a lead within the noise, or, where the trials had the
                 # pick faster and no tie holds it now, a deficit within the noise
+                pick = self.checking.name
                 unsure = not (by_noise or by_bound) and (leads or (
-                    self._trials_faster(reference) and not self._tied(means, spread, reference)
-                    and means[self.checking.name] - means[reference]
-                    <= SIGNIFICANCE * math.hypot(spread[self.checking.name], spread[reference])))
+                    self._trials_faster(reference) and not by_tie
+                    and means[pick] - means[reference] <= _noise(spread, pick, reference)))
                 if unsure and self._check_done < self.check_most:
                     self._blocks(pair, self.check_rounds)
                     return None  # more visits first
-                # no more visits: level, or ahead within the noise, and faster in the trials
-                by_tie = not (by_noise or by_bound) and self._tied(means, spread, reference)
                 held = by_noise or by_bound or by_tie
                 extra = {"block": self.check_block, "visit_means_ms": visits, "visit_standard_errors_ms": spread,
                          "rounds_run": self._check_done,
@@ -383,7 +383,7 @@ class Trials:
                 agree: Agree | None) -> tuple[dict[str, float], dict[str, float]]:
         """The ranks' common mean and standard error per candidate of ``times``."""
         mine = [statistics.fmean(times[c.name]) if times[c.name] else math.inf for c in candidates]
-        spread = [_standard_error(times[c.name]) for c in candidates]
+        spread = [choose.standard_error(times[c.name]) for c in candidates]
         out = []
         for values in (mine, spread):
             agreed = list(agree(values)) if agree is not None else values
@@ -398,8 +398,7 @@ class Trials:
         slowest rank's): a gain within the trials' own noise keeps the reference."""
         name = choose.fastest(means, reference, self.margin)
         if reference is not None and name != reference and math.isfinite(means[reference]):
-            noise = SIGNIFICANCE * math.hypot(errors[name], errors[reference])
-            if means[reference] - means[name] <= noise:
+            if means[reference] - means[name] <= _noise(errors, name, reference):
                 name = reference
         return name
 
@@ -424,9 +423,10 @@ class Trials:
                 "trial_steps": len(self.schedule)}
 
 
-def _standard_error(times: list[float]) -> float:
-    """The standard error of the mean of ``times`` (0 with fewer than two)."""
-    return statistics.stdev(times) / math.sqrt(len(times)) if len(times) > 1 else 0.0
+def _noise(errors: dict[str, float], a: str, b: str) -> float:
+    """SIGNIFICANCE standard errors of the difference of ``a``'s and ``b``'s means: the noise a
+    gain (or a loss) must clear to count."""
+    return SIGNIFICANCE * math.hypot(errors[a], errors[b])
 
 
 def how_held(check: dict) -> str:
