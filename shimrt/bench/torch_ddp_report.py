@@ -171,12 +171,12 @@ def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "a
             f"(+{slack:.1%} noise): {'met' if auto <= base * (1 + slack) else 'NOT met'}"]
     if name in GOAL_BELOW:
         said.append(f"at least {GOAL_BELOW[name]:.0%} below: {'met' if below >= GOAL_BELOW[name] else 'NOT met'}")
+    def shown(value: float) -> str:
+        return f"{value:.{3 if unit == 'x' else 2}f}{unit}"
     if best is not None:
-        said.append(f"within {GOAL_BEST:.0%} of the best fixed way ({best}, {ms[best]:.{3 if unit == 'x' else 2}f}"
-                    f"{unit}): "
+        said.append(f"within {GOAL_BEST:.0%} of the best fixed way ({best}, {shown(ms[best])}): "
                     f"{'met' if auto <= ms[best] * (1 + GOAL_BEST) else 'NOT met'}")
-    said += [f"{w}, which no auto tries, {ms[w]:.{3 if unit == 'x' else 2}f}{unit} ({way} {auto / ms[w]:.3f}x)"
-             for w in FIXED_ONLY
+    said += [f"{w}, which no auto tries, {shown(ms[w])} ({way} {auto / ms[w]:.3f}x)" for w in FIXED_ONLY
              if w in ms and not math.isnan(ms[w])]
     return "; ".join(said)
 
