@@ -57,7 +57,7 @@ after each way's timed steps, 3 more under torch.profiler; every rank's Chrome t
 where rank 0's step went (collectives' kernels and blocks, FSDP2's copies, the communication
 exposed: :mod:`.torch_timeline`) under the table.
 
-About 420 lines, past the house's 400: one configuration's measurement is one function over the
+About 430 lines, past the house's 400: one configuration's measurement is one function over the
 ways' shared state (compute alone, the reference's losses, the plain job beside them), and its
 helpers (steady windows, blocks in turn, the profiler) sit beside it.
 """
@@ -128,6 +128,16 @@ class _Rank:
         optimizer = optim.AdamW(model.parameters(), lr=1e-4, fused=fused) if self.args.optimizer == "adamw" else \
             optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, fused=fused)
         return model, batch(size, self.device, seed=1 + self.rank), optimizer
+
+    def job(self, size: Any) -> tuple[Any, Any, Any, Any]:
+        """(model, the model as the job trains it, its batch, its optimizer): :meth:`fresh`, then
+        DDP with --bucket-mb and --bucket-view, or FSDP2 (--fsdp: the model is its own root)."""
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        args = self.args
+        model, data, opt = self.fresh(size, shard=args.fsdp)
+        wrapped = model if args.fsdp else DDP(model, device_ids=[self.device.index], bucket_cap_mb=args.bucket_mb,
+                                              gradient_as_bucket_view=args.bucket_view)
+        return model, wrapped, data, opt
 
 
 def _continuing(step: Callable[[int], Any], start: int, seen: list) -> Callable[[int], Any]:
@@ -205,14 +215,10 @@ def _plain_beside(r: _Rank, size: Any) -> Callable[[int], Any]:
     """--in-turn: a step of a plain DDP (FSDP2 with --fsdp) of its own, the same weights and
     batch as every way's, its loss read every --loss-every of its steps, after --settle untimed
     ones; it lives through the configuration (two models on the GPU at once, not one)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    args = r.args
-    model, data, opt = r.fresh(size, shard=args.fsdp)
-    wrapped = model if args.fsdp else DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb,
-                                          gradient_as_bucket_view=args.bucket_view)
-    going = _continuing(_stepper(wrapped, data, opt, loss_every=args.loss_every), 0, [])
-    if args.settle:
-        step_times_ms(r.torch, going, args.settle, 0)
+    _, wrapped, data, opt = r.job(size)
+    going = _continuing(_stepper(wrapped, data, opt, loss_every=r.args.loss_every), 0, [])
+    if r.args.settle:
+        step_times_ms(r.torch, going, r.args.settle, 0)
     return going
 
 
@@ -258,8 +264,6 @@ def ways_of(args: Any, kinds: list[str]) -> list[tuple[str, str | None, str]]:
 def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     """Every way of configuration ``name`` (``kinds``: --policies; ``sequential`` has no place
     under DDP and is left out) on this rank; times are the slowest rank's."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     from ..torch import Auto, overlap
     torch, args = r.torch, r.args
     out: dict = {"model": size.record(), "ways": {}, "gradient_as_bucket_view": args.bucket_view, "fsdp": args.fsdp,
@@ -308,9 +312,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     for count, (way, policy, route) in enumerate(ways, 1):
         if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
-        model, data, opt = r.fresh(size, shard=args.fsdp)
-        ddp = model if args.fsdp else DDP(model, device_ids=[r.device.index], bucket_cap_mb=args.bucket_mb,
-                                          gradient_as_bucket_view=args.bucket_view)
+        model, ddp, data, opt = r.job(size)
         entry: dict = {}
         ov = step = going = None
         marks = None if args.in_turn else spanned(model)  # in turn: its untimed steps between blocks
