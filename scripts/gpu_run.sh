@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: the whole test suite, the selftest and the benchmarks.
-# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|levels|fsdp|fsdp-turn|own|link|link-torch]   results land in $OUT (default ./out):
+# Usage (device tool): bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|ddp-turn|levels|fsdp|fsdp-turn|own|link|link-torch]   results land in $OUT (default ./out):
 #   tests: pytest, the soak and the selftest; benches: the benchmarks; nccl: the real-NCCL runs that
 #   need ranks sharing the GPU (NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1, e.g. SHIMRT_NCCL_LIBRARY
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
-#   example out); levels: plain DDP's two speeds against the host's loss reads (docs/ddp.md): bench torch's
+#   example out); ddp-turn: bench torch --in-turn 6 --rounds 6 under DDP (each way in blocks in turn with a plain DDP of
+#   its own, the ratio per round, as fsdp-turn below; DDP_TURN_ARGS in place of the default --configs
+#   balanced-1024,comm-heavy-1024 --policies carveout,windowed-carveout,partition,auto); levels: plain DDP's two speeds against the host's loss reads (docs/ddp.md): bench torch's
 #   compute-heavy, balanced and balanced-1024: plain DDP, priority, paced and carveout:32 (which held plain DDP's fast
 #   level at b0f05c9), the loss read never, every step and every 10th
 #   (LEVELS_ARGS more flags; python scripts/speed_levels.py OUT/levels_N.json reads each);
@@ -31,7 +33,7 @@
 # The device machine has no network: the checkout runs from PYTHONPATH, nothing is installed.
 set -uo pipefail
 part=${1:-all}
-case $part in all|tests|benches|nccl|latency|ddp|levels|fsdp|fsdp-turn|own|link|link-torch) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|levels|fsdp|fsdp-turn|own|link|link-torch]" >&2; exit 2;; esac
+case $part in all|tests|benches|nccl|latency|ddp|ddp-turn|levels|fsdp|fsdp-turn|own|link|link-torch) ;; *) echo "usage: bash scripts/gpu_run.sh [all|tests|benches|nccl|latency|ddp|ddp-turn|levels|fsdp|fsdp-turn|own|link|link-torch]" >&2; exit 2;; esac
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SHIMRT_CACHE_DIR=${SHIMRT_CACHE_DIR:-/tmp/shimrt-cache}
@@ -117,7 +119,7 @@ sys.exit(f'an MPS daemon is running already: {left}' if left else 0)" 2>&1 | tee
   else
     mpsflag=
     case $part in
-      ddp|levels|fsdp|fsdp-turn|own|link-torch) echo "MPS not usable here (above): the timed part $part stops" | tee -a "$summary"
+      ddp|ddp-turn|levels|fsdp|fsdp-turn|own|link-torch) echo "MPS not usable here (above): the timed part $part stops" | tee -a "$summary"
                                       echo "FAILED: MPS for $part" | tee -a "$summary"; exit 1 ;;
       *) echo "MPS not usable here (above): two processes time-slice the GPU" | tee -a "$summary" ;;
     esac
@@ -135,7 +137,7 @@ if [ "$part" = link-torch ]; then
   export MASTER_ADDR=localhost MASTER_PORT=29514
   steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --link socket --timeout 560 -m shimrt.bench torch --steps 8 --settle 4 --sms 32 --optimizer adamw --loss-every 10 --comm-timeout 120 --timeout 540 ${LINK_ARGS:-} --json $OUT/torch_link.json")
 fi
-if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = levels ] || [ "$part" = fsdp ] || [ "$part" = fsdp-turn ] || [ "$part" = own ]; then
+if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part" = ddp ] || [ "$part" = ddp-turn ] || [ "$part" = levels ] || [ "$part" = fsdp ] || [ "$part" = fsdp-turn ] || [ "$part" = own ]; then
   if python3 -c "from shimrt.nccl import library; from shimrt.nccl.config import check_shared_gpu as c; c(library.load(), 'cuda', 'two ranks')" 2>>"$summary"; then
     # Latency against torch.distributed, 8 B to 256 MiB, blocking and non-blocking communicators: two processes
     # on the GPU under MPS (the launcher's own daemon), and two ranks in one process.
@@ -165,6 +167,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
             steps=()
             [ "${FSDP_PROBE:-1}" = 0 ] || steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 scripts/zero_sm_probe.py")
             steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 430 -m shimrt.bench torch --fsdp --fsdp-route ${FSDP_ROUTE:-mesh} --steps 16 --settle 10 --steady 6 --sms 32 --optimizer adamw --loss-every 10 --timeout 410 --profile $OUT/profile ${FSDP_ARGS:---configs comm-heavy,balanced-1024,comm-heavy-1024} --json $OUT/torch_fsdp.json") ;;
+      ddp-turn) steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 440 -m shimrt.bench torch --in-turn 6 --rounds 6 --settle 10 --sms 32 --optimizer adamw --loss-every 10 --timeout 430 ${DDP_TURN_ARGS:---configs balanced-1024,comm-heavy-1024 --policies carveout,windowed-carveout,partition,auto} --json $OUT/torch_ddp_turn.json") ;;
       fsdp-turn) steps=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 560 -m shimrt.bench torch --fsdp --in-turn 6 --rounds 4 --settle 10 --sms 32 --optimizer adamw --loss-every 10 --timeout 540 ${FSDP_ARGS:---configs balanced-1024,comm-heavy-1024 --policies priority,ctas,no-reshard,auto} --json $OUT/torch_fsdp_turn.json") ;;
       own) steps=() ;;
       *) steps+=("${latency_steps[@]}" \
@@ -181,7 +184,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
 fi
 # The GPU's clocks, power and throttle reasons, 4 a second, beside the DDP runs (plain DDP runs at two speeds;
 # python scripts/clocks_by_way.py OUT/torch_ddp.json OUT/gpu_clocks.csv says which ran at which clock).
-if [ "$part" = ddp ] || [ "$part" = levels ] || [ "$part" = own ]; then
+if [ "$part" = ddp ] || [ "$part" = ddp-turn ] || [ "$part" = levels ] || [ "$part" = own ]; then
   nvidia-smi --query-gpu="$(python3 scripts/clocks_by_way.py --fields)" --format=csv,nounits -lms 250 \
     > "$OUT/gpu_clocks.csv" 2>>"$summary" &
   sampler=$!
