@@ -41,7 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import shimrt.torch
-from shimrt.bench.in_turn import reading, run_rounds
+from shimrt.bench.in_turn import blocks_reading, run_rounds
 
 
 class Block(nn.Module):
@@ -270,11 +270,8 @@ def main() -> None:
         done = warm(step)
         runs = {"plain": plain_step, "way": step}
         blocks = run_rounds(lambda which: timed(runs[which], args.alternate), args.rounds)
-        ms = slowest([t for _, t in blocks])
         out = {"way": f"{name} in turn with {plain}", "block": args.alternate, "rounds": args.rounds,
-               "trial_steps": done, **reading([t for (w, _), t in zip(blocks, ms, strict=True) if w == "plain"],
-                                               [t for (w, _), t in zip(blocks, ms, strict=True) if w == "way"]),
-               **kept_of(step.ov)}
+               "trial_steps": done, **blocks_reading(blocks, slowest), **kept_of(step.ov)}
         step.ov.close()
         runs.clear()
         del plain_step, step  # both models and their optimizers, before the next policy's pair

@@ -4,7 +4,7 @@ their reading (bench torch --in-turn, scripts/own_model.py --alternate)."""
 import pytest
 
 from shimrt import UsageError
-from shimrt.bench.in_turn import ORDER, reading, run_rounds
+from shimrt.bench.in_turn import ORDER, blocks_reading, reading, run_rounds
 
 
 def test_blocks_in_turn_give_each_ways_mean_and_the_ratio_per_round():
@@ -34,7 +34,18 @@ def test_rounds_run_plain_way_way_plain_and_a_drift_within_a_round_cancels():
     clock = iter(range(100))
     blocks = run_rounds(lambda which: 50.0 + next(clock), 3)
     assert [w for w, _ in blocks] == list(ORDER) * 3
-    out = reading([t for w, t in blocks if w == "plain"], [t for w, t in blocks if w == "way"])
+    out = blocks_reading(blocks)
     assert out["ratios"] == pytest.approx([1.0, 1.0, 1.0])
     with pytest.raises(UsageError, match="rounds must be an int in 1..10000, not 0"):
         run_rounds(lambda which: 1.0, 0)
+
+
+def test_blocks_are_read_at_the_times_the_ranks_agree_on():
+    """agree (the slowest rank's, in bench torch and own_model.py) replaces each block's time before
+    the blocks are split by way: here the way's blocks are 10% slower on another rank."""
+    blocks = run_rounds(lambda which: 100.0, 2)
+    slower_way = [1.1 if w == "way" else 1.0 for w, _ in blocks]
+    out = blocks_reading(blocks, lambda ms: [t * f for t, f in zip(ms, slower_way, strict=True)])
+    assert out["ratios"] == pytest.approx([1.1, 1.1]) and out["plain_ms"] == pytest.approx(100.0)
+    with pytest.raises(ValueError):  # an agree that lost a block
+        blocks_reading(blocks, lambda ms: ms[:-1])

@@ -12,11 +12,11 @@ cancels it; the order plain, way, way, plain cancels a linear drift within the r
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from typing import Callable, Sequence
 
 from .. import choose, validate
 
-__all__ = ["ORDER", "run_rounds", "reading"]
+__all__ = ["ORDER", "run_rounds", "reading", "blocks_reading"]
 
 #: One round's blocks, in order.
 ORDER = ("plain", "way", "way", "plain")
@@ -42,3 +42,13 @@ def reading(plain_ms: list[float], way_ms: list[float]) -> dict:
     return {"plain_ms": statistics.fmean(plain_ms), "plain_standard_error_ms": spread(plain_ms),
             "way_ms": statistics.fmean(way_ms), "way_standard_error_ms": spread(way_ms),
             "ratios": ratios, "ratio": statistics.fmean(ratios), "ratio_standard_error": spread(ratios)}
+
+
+def blocks_reading(blocks: list[tuple[str, float]],
+                   agree: Callable[[list[float]], Sequence[float]] | None = None) -> dict:
+    """:func:`reading` of the blocks :func:`run_rounds` returned, each block's ms first made the
+    ranks' common one by ``agree`` (e.g. the slowest rank's; None: this process's as they are)."""
+    ms = [t for _, t in blocks]
+    ms = list(agree(ms)) if agree is not None else ms
+    plain, way = ([t for (w, _), t in zip(blocks, ms, strict=True) if w == which] for which in ("plain", "way"))
+    return reading(plain, way)

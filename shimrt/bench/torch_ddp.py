@@ -75,7 +75,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
-from .in_turn import reading, run_rounds
+from .in_turn import blocks_reading, run_rounds
 from .torch_ddp_report import AUTOS, CUSTOM_WAY, bars_png, report
 from .torch_measure import ComputeSpans, comm_hidden, order_bound, step_times_ms
 
@@ -225,7 +225,7 @@ def _plain_beside(r: _Rank, size: Any) -> Callable[[int], Any]:
 def _in_turn(r: _Rank, plain: Callable[[int], Any], way: Callable[[int], Any]) -> tuple[list[float], dict]:
     """--in-turn: --rounds rounds of blocks of --in-turn steps, plain, way, way, plain, each block
     after one untimed step (the switch from the other model); the way's timed steps (this rank's,
-    in order) and the blocks' reading (:func:`~shimrt.bench.in_turn.reading`, each block the
+    in order) and the blocks' reading (:func:`~shimrt.bench.in_turn.blocks_reading`, each block the
     slowest rank's mean)."""
     args, mine = r.args, []
 
@@ -234,10 +234,7 @@ def _in_turn(r: _Rank, plain: Callable[[int], Any], way: Callable[[int], Any]) -
         if which == "way":
             mine.extend(ms)
         return statistics.fmean(ms)
-    blocks = run_rounds(block, args.rounds)
-    agreed = r.slowest([ms for _, ms in blocks])
-    read = reading([t for (w, _), t in zip(blocks, agreed, strict=True) if w == "plain"],
-                   [t for (w, _), t in zip(blocks, agreed, strict=True) if w == "way"])
+    read = blocks_reading(run_rounds(block, args.rounds), r.slowest)
     return mine, dict(read, block=args.in_turn, rounds=args.rounds)
 
 
