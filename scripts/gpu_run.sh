@@ -8,9 +8,10 @@
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
 #   example out); ddp-turn: bench torch --in-turn 6 --rounds 6 under DDP (each way in blocks in turn with a plain DDP of
 #   its own, the ratio per round, as fsdp-turn below; DDP_TURN_ARGS in place of the default --configs
-#   balanced-1024,comm-heavy-1024 --policies carveout,windowed-carveout,partition,auto); levels: plain DDP's two speeds against the host's loss reads (docs/ddp.md): bench torch's
-#   compute-heavy, balanced and balanced-1024: plain DDP, priority, paced and carveout:32 (which held plain DDP's fast
-#   level at b0f05c9), the loss read never, every step and every 10th
+#   balanced-1024,comm-heavy-1024 --policies carveout,windowed-carveout,partition,auto); levels: plain DDP's two
+#   speeds against the host's loss reads (docs/ddp.md): bench torch's compute-heavy, balanced and balanced-1024:
+#   plain DDP, priority, paced and carveout:32 (which held plain DDP's fast level at b0f05c9), the loss read never,
+#   every step and every 10th
 #   (LEVELS_ARGS more flags; python scripts/speed_levels.py OUT/levels_N.json reads each);
 #   fsdp: scripts/zero_sm_probe.py (does NCCL all-gather on the copy engines here?), then bench
 #   torch --fsdp (plain FSDP2, its candidates and auto, each way timed once two windows of 6 steps agree;
