@@ -35,13 +35,16 @@ def replay(trials: dict, rounds: int, check_steps: int) -> str:
         if block > 1 else {}
     # a guard (since auto's guard) is replayed where the run ran one, on its own times (untimed
     # lead-in steps cost nothing here)
+    # and so is the reference's own guard, after a check that gave way (since e888d1f's run)
     guard = check.get("guard") or {}
+    ref_alone = check.get("reference_alone") or {}
     t = Trials([Named(n) for n in names], steps=rounds, warmup=0,
                margin=trials["margin"], reference=trials["reference"], check=check_steps,
-               guard=guard.get("steps", 0), **blocks)
+               guard=guard.get("steps", ref_alone.get("steps", 0)), **blocks)
     queues = {n: list(v) for n, v in trials["times_ms"].items()}
     check_queues = {n: list(v) for n, v in (check.get("times_ms") or {}).items()}
-    guard_queue = {check.get("policy"): list(guard.get("times_ms") or [])}
+    guard_queue = {check.get("policy"): list(guard.get("times_ms") or []),
+                   trials["reference"]: list(ref_alone.get("times_ms") or [])}
     while t.picked is None:
         while not t.exhausted:
             p, _ = t.schedule[t.position]

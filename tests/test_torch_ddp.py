@@ -446,6 +446,12 @@ def test_the_kept_line_says_the_guard_beside_the_check():
     kept = [line for line in report("comm-heavy-1024", r).splitlines() if line.startswith("auto kept")][0]
     assert kept.endswith("its check beside plain DDP: ddp 25.10, priority 21.20 ms, priority gave way alone; alone "
                          "after it, 12 steps 25.40 ms against plain DDP's 25.10 in the check"), kept
+    check.update(held=True, held_by="alone", reference_alone={"steps": 12, "mean_ms": 27.0, "pick_check_ms": 21.2},
+                 guard={"steps": 12, "mean_ms": 22.0, "reference_alone_ms": 27.0, "held": True})
+    r["ways"]["auto"]["kept"] = "priority"
+    kept = [line for line in report("comm-heavy-1024", r).splitlines() if line.startswith("auto kept")][0]
+    assert kept.endswith("priority held alone; plain DDP alone after it, 12 steps 27.00 ms against priority's 21.20 in "
+                         "the check; priority alone then, 12 steps 22.00 ms against plain DDP's 27.00 alone"), kept
 
 
 def test_a_way_no_auto_tries_is_said_beside_the_goals_not_as_the_best_fixed_way():
@@ -728,6 +734,63 @@ def test_a_held_pick_is_guarded_alone_and_gives_way_where_it_runs_no_faster_than
     assert t.decide().name == "ddp"
 
 
+def _gave_way(guard_lead=0):
+    """Trials whose check gave way on a (the trials had it at 8 ms, plain DDP at 10; the check 9.0
+    against plain DDP's 8.5), returned with the reference's guard scheduled."""
+    t, _ = _to_check(guard=4, guard_lead=guard_lead)
+    run(t, {"ddp": [8.5] * 6, "a": [9.0] * 6})
+    assert t.decide() is None and t.guarding.name == "ddp" and t.guard_role == "reference"
+    return t
+
+
+def test_a_check_that_gave_way_guards_plain_ddp_alone_and_keeps_the_pick_where_plain_ddp_then_ran_slower():
+    """bench torch balanced-1024 on an H100 at e888d1f: plain DDP ran its whole check at its fast
+    level (43.7 ms against the windowed carveout's 44.6) and, kept, 53-54. Alone after such a check
+    plain DDP runs as keeping it would; slower than the pick ran in the check by more than the
+    margin, the pick runs alone too, and is kept for beating plain DDP alone by the margin."""
+    from shimrt.torch.trials import alone_said, how_held
+    t = _gave_way(guard_lead=2)
+    assert [p.name for p in t.staying] == ["a"]  # the pick's resources wait for its own guard
+    assert run(t, {"ddp": [10.5] * 4}) == ["ddp"] * 6
+    assert t.decide() is None and t.guarding.name == "a" and t.guard_role == "pick after reference"
+    assert run(t, {"a": [9.0, 9.2, 9.1, 8.9]}) == ["a"] * 6
+    assert t.decide().name == "a"
+    check = t.report()["check"]
+    assert check["held"] and check["held_by"] == "alone" and how_held(check) == "held alone"
+    assert check["reference_alone"] == {"steps": 4, "times_ms": [10.5] * 4, "mean_ms": 10.5, "pick_check_ms": 9.0,
+                                        "slower": True}
+    assert check["guard"]["mean_ms"] == pytest.approx(9.05) and check["guard"]["reference_alone_ms"] == 10.5
+    assert check["visit_means_ms"]["ddp"] == [8.5, 8.5]  # the check's own steps, apart from the guards'
+    assert alone_said(check) == ("plain DDP alone after it, 4 steps 10.50 ms against a's 9.00 in the check; a alone "
+                                 "then, 4 steps 9.05 ms against plain DDP's 10.50 alone")
+
+
+def test_plain_ddp_alone_as_fast_as_the_pick_in_the_check_or_a_pick_alone_no_faster_keeps_plain_ddp():
+    from shimrt.torch.trials import alone_said, how_held
+    # alone as in its check, or slower by no more than the margin than the pick was there
+    for alone in (8.5, 9.05):
+        t = _gave_way()
+        run(t, {"ddp": [alone] * 4})
+        assert t.decide().name == "ddp" and t.guarding.name == "ddp"
+        check = t.report()["check"]
+        assert not check["held"] and how_held(check) == "gave way" and not check["reference_alone"]["slower"]
+        assert "guard" not in check and alone_said(check).startswith("plain DDP alone after it, 4 steps")
+    # slower alone, but the pick alone no faster than it by the margin: plain DDP stays
+    t = _gave_way()
+    run(t, {"ddp": [10.0] * 4})
+    assert t.decide() is None
+    run(t, {"a": [9.95] * 4})
+    assert t.decide().name == "ddp"
+    check = t.report()["check"]
+    assert not check["held"] and check["held_by"] is None and how_held(check) == "gave way alone"
+    # by the slowest rank's means: rank 0's pick 9.0 alone, the slowest rank's 9.95
+    t = _gave_way()
+    run(t, {"ddp": [10.0] * 4})
+    t.decide(lambda means: means)
+    run(t, {"a": [9.0] * 4})
+    assert t.decide(lambda means: [m + 0.95 for m in means]).name == "ddp"
+
+
 def test_autos_trials_carry_its_options_guard_and_check_alike():
     from shimrt.torch.training import auto_trials
     t = auto_trials(Auto(), [P("ddp"), P("a")])
@@ -749,10 +812,14 @@ def test_a_guarded_pick_that_runs_alone_as_in_its_check_is_kept_and_the_agreed_m
     assert t.decide(lambda means: [m + 1.8 for m in means]).name == "ddp"
 
 
-def test_no_guard_where_the_check_gave_way_or_none_is_asked_for():
-    t, _ = _to_check(guard=4)
+def test_no_guard_where_none_is_asked_for_or_the_trials_saw_no_gain():
+    t, _ = _to_check(guard=4, trial={"ddp": 10.0, "a": 9.95, "b": 11.0}, check_always=True)
     run(t, {"ddp": [10.0] * 6, "a": [11.0] * 6})
     assert t.decide().name == "ddp" and t.guarding is None and "guard" not in t.report()["check"]
+    assert "reference_alone" not in t.report()["check"]
+    t, _ = _to_check()
+    run(t, {"ddp": [10.0] * 6, "a": [11.0] * 6})
+    assert t.decide().name == "ddp" and t.guarding is None
     t, _ = _to_check()
     run(t, {"ddp": [10.0] * 6, "a": [8.0] * 6})
     assert t.decide().name == "a" and t.guarding is None

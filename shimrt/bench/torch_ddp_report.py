@@ -11,7 +11,7 @@ import statistics
 from typing import Any
 
 from ..torch.policies import FIXED_ONLY
-from ..torch.trials import how_held
+from ..torch.trials import alone_said, how_held
 
 __all__ = ["AUTOS", "REFERENCES", "CUSTOM_WAY", "report", "bars_png", "noise", "in_turn_noise"]
 
@@ -149,10 +149,8 @@ def kept_line(r: dict, means: dict[str, float], way: str = "auto") -> str:
             blocks += f" over {check['rounds_run']} rounds"
         said += (f"; its check{blocks} beside plain DDP: {times} ms, {check['policy']} "
                  f"{how_held(check)}")
-        if check.get("guard"):
-            guard = check["guard"]
-            said += (f"; alone after it, {guard['steps']} steps {guard['mean_ms']:.2f} ms against plain DDP's "
-                     f"{guard['reference_check_ms']:.2f} in the check")
+        if alone := alone_said(check):
+            said += "; " + alone
     return said
 
 

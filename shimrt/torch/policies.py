@@ -311,7 +311,10 @@ class Auto:
     ``check_block`` untimed ones), kept only if their mean is below plain DDP's in the check (a
     tie the trials broke: within ``margin`` of it; 0: no guard; :mod:`shimrt.torch.trials`: a
     pick kept under FSDP2 ran 6-13% slower alone than its check had measured it, on an H100 at
-    8b70d5d)."""
+    8b70d5d); and, once a check gave way on a pick the trials had faster by ``margin``, that many
+    steps of plain DDP alone, then of the pick alone where plain DDP ran slower than the pick had in
+    the check, the pick kept if faster alone by ``margin`` (plain DDP ran its whole check at its
+    fast level and 22% slower once kept, on an H100 at e888d1f)."""
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3

@@ -70,7 +70,7 @@ from .interop import stream as torch_stream
 from .placement import Placement, Wrapped
 from .policies import FIXED_ONLY, FSDP_KINDS, KINDS, Auto, Policy, candidates, parse
 from .resources import Resources, Window
-from .trials import Trials, how_held
+from .trials import Trials, alone_said, how_held
 
 __all__ = ["overlap", "Overlap", "no_room", "auto_trials"]
 
@@ -331,11 +331,8 @@ class Overlap:
                          self.model.kind, ", ".join(f"{n} {t:.2f}" for n, t in check["means_ms"].items()),
                          how_held(check) if check["held"] or check.get("guard") else
                          "plain " + self.model.kind + " kept")
-                if check.get("guard"):
-                    guard = check["guard"]
-                    log.info("auto's guard of %s: %d steps alone, mean %.2f ms against plain %s's %.2f in the check "
-                             "(%s)", check["policy"], guard["steps"], guard["mean_ms"], self.model.kind,
-                             guard["reference_check_ms"], "held" if guard["held"] else "gave way alone")
+                if alone := alone_said(check, "plain " + self.model.kind):
+                    log.info("auto's steps alone after its check: %s", alone)
 
     def _release(self, staying: list[Policy]) -> None:
         """Only ``staying`` (and plain DDP, whose group is the model's own) run from the next

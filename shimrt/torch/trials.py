@@ -73,14 +73,25 @@ gone, then ``guard`` timed ones; if their mean (the slowest rank's) is not below
 mean in the check (for a tie, within the margin of it), the reference is kept after all ("gave way
 alone").
 
+The reference is guarded the same way where a check gave way on a pick the trials had measured
+faster by the margin: a reference at two speeds can run its whole check at its fast one and then
+run on at its slow one. On an H100 (bench torch balanced-1024, e888d1f, docs/ddp.md) plain DDP's
+24 check steps all read 43.5-44.3 ms, the windowed carveout's 44.6 on average, so the check gave
+way; kept, plain DDP then ran 53.0-54.5 ms, where the windowed carveout fixed ran 44.9. So
+``guard_lead`` untimed and ``guard`` timed steps of the reference alone follow such a check; where
+their mean (the slowest rank's) is slower than the pick's mean in the check by more than the
+margin, the pick runs alone as well (its own lead-in and guard), and it is kept if its mean there
+beats the reference's alone by the margin ("held alone"); else the reference is. Those steps of the
+reference are what keeping it would run anyway.
+
 A step counts only when it all-reduced: a ``no_sync()`` step is run again under the same
 candidate. The schedule depends only on the steps' count, never on their times, so every
 rank switches at the same step; the decisions take the times agreed over the ranks (the slowest
 rank's, through ``agree``), so every rank picks the same finalists and keeps the same policy. No
 GPU here: the caller times the steps and hands them in.
 
-About 425 lines, a third of them this docstring: the schedule and the rules that read it (search,
-confirmation, check, guard) are one state machine over one schedule, read together.
+About 470 lines, a third of them this docstring: the schedule and the rules that read it (search,
+confirmation, check, guards) are one state machine over one schedule, read together.
 """
 
 from __future__ import annotations
@@ -92,7 +103,7 @@ from typing import Any, Callable, Sequence
 from .. import choose, validate
 from ..errors import ShimrtError, UsageError
 
-__all__ = ["Trials", "how_held"]
+__all__ = ["Trials", "how_held", "alone_said"]
 
 #: ``agree``: this rank's mean (or standard error) per candidate, in candidate order, to the ranks'
 #: common ones (their maximum).
@@ -136,8 +147,12 @@ class Trials:
         self._check_done = 0  # a block check's rounds scheduled so far
         self.guard = validate.integer(guard, "guard steps", least=0, most=1000)
         self.guard_lead = validate.integer(guard_lead, "guard lead-in steps", least=0, most=1000)
-        #: the pick the guard runs alone (None: no guard under way)
+        #: the policy a guard runs alone (None: no guard under way): the pick, or the reference
+        #: after a check that gave way
         self.guarding: Any = None
+        #: which guard: "pick" (after a check that held), "reference" (after one that gave way),
+        #: "pick after reference" (the pick alone once the reference alone ran slower than it)
+        self.guard_role: str | None = None
         self.guard_times: list[float] = []
         self._guard_from: int | None = None  # the schedule's index of the guard's first timed step
         if lead and reference is None:
@@ -317,40 +332,60 @@ class Trials:
                       "means_ms": means, "standard_errors_ms": errors, "all_means_ms": all_means,
                       "all_standard_errors_ms": all_errors, "held": held,
                       "after_reference_won": self.trials_chose == reference, **extra}
-        if held and self.guard:  # the pick alone first, the others' resources gone
-            self.guarding = self.checking
-            self.schedule += [(self.guarding, True)] * self.guard_lead
-            self._guard_from = len(self.schedule)
-            self.schedule += [(self.guarding, False)] * self.guard
+        if self.guard and (held or self._trials_faster(reference)):
+            # the pick alone first, the others' resources gone; or, where the check gave way on a
+            # pick the trials had faster, the reference alone (it may have run its check fast)
+            self._guard(self.checking if held else self._named(reference), "pick" if held else "reference")
             return None
         self.picked = self.checking if held else self._named(reference)
         return self.picked
 
+    def _guard(self, policy: Any, role: str) -> None:
+        """Schedule ``guard_lead`` untimed and ``guard`` timed steps of ``policy`` alone."""
+        self.guarding, self.guard_role, self.guard_times = policy, role, []
+        self.schedule += [(policy, True)] * self.guard_lead
+        self._guard_from = len(self.schedule)
+        self.schedule += [(policy, False)] * self.guard
+
     def _end_guard(self, agree: Agree | None) -> Any:
-        """Keep the guarded pick if its steps alone ran faster than the reference did in the
-        check (a tie: within the margin of it; the slowest rank's means), else the reference (see
-        the module's docstring)."""
-        pick, reference = self.guarding, str(self.reference)
-        mean = self._agreed({pick.name: self.guard_times}, [pick], agree)[0][pick.name]
-        against = self.check["means_ms"][reference]
-        # a tie held for costing at most the margin is guarded to that: the others, strictly
-        held = mean <= against * (1 + self.margin) if self.check.get("held_by") == "tie" else mean < against
-        guard = {"steps": len(self.guard_times), "times_ms": list(self.guard_times), "mean_ms": mean,
-                 "reference_check_ms": against, "held": held, "check_held_by": self.check.get("held_by")}
-        self.check.update(held=held, guard=guard)
-        if not held:
-            self.check["held_by"] = None  # the check held; the pick alone did not
-        self.picked = pick if held else self._named(reference)
+        """After the pick's guard: keep it if its steps alone ran faster than the reference did in
+        the check (a tie: within the margin of it), or, after the reference's own guard, faster than
+        the reference alone by the margin; else the reference. After the reference's guard: the
+        reference is kept unless it ran alone slower than the pick in the check by the margin, when
+        the pick's guard runs first. All by the slowest rank's means (the module's docstring)."""
+        policy, reference = self.guarding, str(self.reference)
+        mean = self._agreed({policy.name: self.guard_times}, [policy], agree)[0][policy.name]
+        times = {"steps": len(self.guard_times), "times_ms": list(self.guard_times), "mean_ms": mean}
+        if self.guard_role == "reference":
+            pick_check = self.check["means_ms"][self.checking.name]
+            slower = mean * (1 - self.margin) > pick_check
+            self.check["reference_alone"] = {**times, "pick_check_ms": pick_check, "slower": slower}
+            if slower:  # what the check saw of the reference did not last: the pick alone, beside it
+                self._guard(self.checking, "pick after reference")
+                return None
+            self.picked = self._named(reference)
+            return self.picked
+        if self.guard_role == "pick after reference":
+            against = self.check["reference_alone"]["mean_ms"]
+            held = mean < against * (1 - self.margin)
+            guard = {**times, "reference_alone_ms": against, "held": held, "check_held_by": None}
+            self.check.update(held=held, guard=guard, held_by="alone" if held else None)
+        else:
+            against = self.check["means_ms"][reference]
+            # a tie held for costing at most the margin is guarded to that: the others, strictly
+            held = mean <= against * (1 + self.margin) if self.check.get("held_by") == "tie" else mean < against
+            guard = {**times, "reference_check_ms": against, "held": held, "check_held_by": self.check.get("held_by")}
+            self.check.update(held=held, guard=guard)
+            if not held:
+                self.check["held_by"] = None  # the check held; the pick alone did not
+        self.picked = policy if held else self._named(reference)
         return self.picked
 
     @property
     def staying(self) -> list[Any]:
-        """The policies the coming trial steps run besides the reference: the pick guarded or
-        checked, else the finalists."""
-        for one in (self.guarding, self.checking):
-            if one is not None:
-                return [one]
-        return list(self.final)
+        """The policies the coming trial steps run besides the reference: the pick checked (or
+        guarded, or waiting for the reference's guard), else the finalists."""
+        return [self.checking] if self.checking is not None else list(self.final)
 
     def _bounded(self, visits: dict[str, list[float]], reference: str, agree: Agree | None) -> bool:
         """A block check's pick whose loss is bounded where its gain is not: its mean within the
@@ -432,10 +467,30 @@ def _noise(errors: dict[str, float], a: str, b: str) -> float:
 def how_held(check: dict) -> str:
     """A check's end in words (``Trials.check``): "held", "held by its bound" (a block check whose
     pick's loss is bounded, though its gain is within the noise), "held as a tie the trials broke"
-    (level with the reference in the check, faster in the trials), "gave way", or "gave way alone"
-    (it held, and its guard's steps alone were not faster than the reference in the check, or for a
-    tie not within the margin of it)."""
+    (level with the reference in the check, faster in the trials), "held alone" (the check gave way,
+    the reference then ran alone slower than the pick had in the check, and the pick alone beat it
+    by the margin), "gave way", or "gave way alone" (it held, or the reference alone ran slower than
+    it had, and its guard's steps alone were not faster than the reference, in the check or alone)."""
     if not check["held"]:
         return "gave way alone" if check.get("guard") else "gave way"
-    said = {"bound": "held by its bound", "tie": "held as a tie the trials broke"}
+    said = {"bound": "held by its bound", "tie": "held as a tie the trials broke", "alone": "held alone"}
     return said.get(str(check.get("held_by")), "held")
+
+
+def alone_said(check: dict, plain: str = "plain DDP") -> str:
+    """The guards' steps alone after a check (``Trials.check``) in words, "" where none ran: the
+    reference's (after a check that gave way) and the pick's (after one that held, or after the
+    reference's)."""
+    said = []
+    ref = check.get("reference_alone")
+    if ref:
+        said.append(f"{plain} alone after it, {ref['steps']} steps {ref['mean_ms']:.2f} ms against "
+                    f"{check['policy']}'s {ref['pick_check_ms']:.2f} in the check")
+    guard = check.get("guard")
+    if guard and "reference_alone_ms" in guard:
+        said.append(f"{check['policy']} alone then, {guard['steps']} steps {guard['mean_ms']:.2f} ms against "
+                    f"{plain}'s {guard['reference_alone_ms']:.2f} alone")
+    elif guard:
+        said.append(f"alone after it, {guard['steps']} steps {guard['mean_ms']:.2f} ms against {plain}'s "
+                    f"{guard['reference_check_ms']:.2f} in the check")
+    return "; ".join(said)
