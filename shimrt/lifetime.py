@@ -3,22 +3,72 @@
 Every such object frees it on ``close()``, on leaving its ``with`` block, when it is garbage
 collected, or at interpreter exit (children before the device). Errors during that late cleanup
 are ignored rather than printed: the driver may already be gone.
+
+Garbage collection runs finalizers on whatever thread allocates at the time, and a release can wait
+for the GPU (freeing memory or unloading a module waits for running kernels). A thread that must
+never wait (:func:`never_waiting`: shimrt's NCCL watchdog, the one that aborts a collective stuck
+on the GPU) leaves such releases to the next release on another thread, or to the exit: on an H100
+at db6b765 the watchdog, starting its abort with the communicator's lock held, ran a collected
+module's cuModuleUnload, which waited for the stuck collective the abort was to end, and the
+test's rank waited on that lock until pytest's timeout.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import threading
 import weakref
-from typing import Any, Callable, Self
+from typing import Any, Callable, Iterator, Self
 
-__all__ = ["finalizer", "close_each", "Closing", "Owning"]
+__all__ = ["finalizer", "close_each", "Closing", "Owning", "never_waiting"]
+
+_thread = threading.local()
+#: (release, args) that a never-waiting thread's garbage collection left for later
+_left: list[tuple[Callable[..., Any], tuple]] = []
+_left_lock = threading.Lock()
+_at_exit: list[bool] = []  # whether the exit's release of what was left is registered
+
+
+@contextlib.contextmanager
+def never_waiting() -> Iterator[None]:
+    """Within: releases that garbage collection runs on this thread are left to the next release
+    on another thread, or to the exit (see the module's docstring)."""
+    before = getattr(_thread, "never_waits", False)
+    _thread.never_waits = True
+    try:
+        yield
+    finally:
+        _thread.never_waits = before
 
 
 def _quiet(release: Callable[..., Any], *args) -> None:
-    """Run a release call from a finalizer; the driver may already be gone at exit."""
+    """Run a release call from a finalizer; the driver may already be gone at exit. On a
+    never-waiting thread it is left for later (:func:`never_waiting`)."""
+    if getattr(_thread, "never_waits", False):
+        with _left_lock:
+            _left.append((release, args))
+            if not _at_exit:  # registered once, after weakref.finalize's: at exit it runs first
+                atexit.register(_release_left)
+                _at_exit.append(True)
+        return
+    _release_left()
     try:
         release(*args)
     except Exception:
         pass
+
+
+def _release_left() -> None:
+    """Run the releases a never-waiting thread left, oldest first."""
+    with _left_lock:
+        left = list(_left)
+        _left.clear()
+    for release, args in left:
+        try:
+            release(*args)
+        except Exception:
+            pass
 
 
 def finalizer(owner: object, release: Callable[..., Any], *args: Any) -> weakref.finalize:

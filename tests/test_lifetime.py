@@ -4,8 +4,9 @@ still use during its own teardown."""
 from __future__ import annotations
 
 import gc
+import threading
 
-from shimrt.lifetime import Owning, finalizer
+from shimrt.lifetime import Owning, finalizer, never_waiting
 
 
 class Resource(Owning):
@@ -43,3 +44,19 @@ def test_keep_open_means_never_released_by_close_collection_or_with():
     del r
     gc.collect()
     assert released == []
+
+
+def test_a_never_waiting_thread_leaves_collected_releases_to_the_next_release_on_another_thread():
+    released: list = []
+
+    def drop():
+        with never_waiting():
+            Resource(released, "d")  # collected at once, on this thread
+            gc.collect()
+        assert released == []
+        Resource(released, "e")  # out of the block: released now, and what was left first
+        gc.collect()
+    t = threading.Thread(target=drop)
+    t.start()
+    t.join()
+    assert released == ["d", "e"]

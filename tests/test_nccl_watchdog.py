@@ -191,6 +191,40 @@ def test_an_abort_that_fails_is_said_on_the_next_use(dog):
     assert "asynchronous error (3)" in str(c.state.error) and "ncclCommAbort did not complete" in str(c.state.error)
 
 
+def test_a_release_that_would_wait_for_the_gpu_waits_for_another_thread_not_the_look(dog):
+    """On an H100 at db6b765 the watchdog, aborting with the communicator's lock held, ran a collected
+    module's unload, which waited for the stuck collective the abort was to end. Here a collected
+    resource whose release waits 5 s is dropped during the look (in the abort): the look and the
+    abort return at once, and the release runs at the next release on another thread."""
+    from shimrt.lifetime import finalizer
+
+    class Held:
+        pass
+    released, gate = [], threading.Event()
+
+    def release(name):
+        gate.wait(5)
+        released.append(name)
+    d, _ = dog
+    c = Comm()
+
+    def abort(reason):
+        held = Held()
+        finalizer(held, release, "collected during the abort")
+        del held  # collected here, on the looking thread
+        c.aborted.append(reason)
+    c.state.abort = abort
+    d.register(c.state)
+    c.async_state = 3
+    t0 = time.monotonic()
+    assert len(d.check()) == 1 and len(c.aborted) == 1
+    assert time.monotonic() - t0 < 1 and released == []
+    gate.set()
+    other = Held()
+    finalizer(other, released.append, "the next one")()
+    assert released == ["collected during the abort", "the next one"]
+
+
 def test_a_tight_loop_keeps_the_followed_collectives_bounded():
     c = Comm()
     for i in range(10 * wd.REAP_AT):

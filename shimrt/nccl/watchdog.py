@@ -27,6 +27,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..errors import CollectiveError
+from ..lifetime import never_waiting
 
 __all__ = ["CommState", "watchdog"]
 
@@ -206,7 +207,13 @@ class Watchdog:
     def check(self) -> list[tuple[CommState, str]]:
         """One look at every communicator: abort each one that is overdue (see the module
         docstring) and return (state, reason) for each aborted. A communicator whose look
-        fails (its events or NCCL raised) is aborted with that error as the reason."""
+        fails (its events or NCCL raised) is aborted with that error as the reason. Releases that
+        garbage collection runs meanwhile wait for another thread (:func:`never_waiting`): one
+        that waits for the GPU would wait for the collective this look is to abort."""
+        with never_waiting():
+            return self._check()
+
+    def _check(self) -> list[tuple[CommState, str]]:
         aborted = []
         for state in self.watched():
             now = self.clock()
@@ -245,7 +252,8 @@ class Watchdog:
     @staticmethod
     def _finish(state: CommState, reason: str) -> None:
         try:
-            state.abort(reason)
+            with never_waiting():  # a collected module's unload would wait for the kernel this abort ends
+                state.abort(reason)
         except Exception as exc:  # noqa: BLE001 - ncclCommAbort stuck or failed: said on the next use too
             state.error = CollectiveError(f"{state.error}; then {exc}")
 
