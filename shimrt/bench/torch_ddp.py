@@ -34,10 +34,13 @@ rank deciding alike; at most :data:`STEADY_WINDOWS`): a way is timed once it run
 and the windows it took are in ``--json``.
 
 ``--in-turn N`` (with ``--rounds R``) times each way in blocks of N steps in turn with a plain
-job of its own kept through the configuration (plain, way, way, plain per round, a step untimed
+job of its own, made with the way's model (plain, way, way, plain per round, a step untimed
 before each block: :mod:`.in_turn`), and sets each way against it by the ratio per round: where
 the host's speed drifts (FSDP2 of two ranks sharing a GPU, docs/ddp.md at 8d31cd5), ways timed one
-after another measure the host. Plain DDP's own two ways read plain against plain (the run's
+after another measure the host. The plain job is made anew for each way, after the way's model,
+and settled as the way is: the two are of one age, with their loss reads in step (one plain job
+kept through the configuration ran 68-71 ms beside some ways and 75-77 beside others under FSDP2,
+docs/ddp.md at e888d1f). Plain DDP's own two ways read plain against plain (the run's
 noise in turn); the contention column is blank (the blocks' untimed steps), and auto's room check
 for no-reshard sees the plain model's memory too.
 
@@ -214,7 +217,7 @@ def _profiled(r: _Rank, step: Callable[[int], Any], config: str, way: str) -> di
 def _plain_beside(r: _Rank, size: Any) -> Callable[[int], Any]:
     """--in-turn: a step of a plain DDP (FSDP2 with --fsdp) of its own, the same weights and
     batch as every way's, its loss read every --loss-every of its steps, after --settle untimed
-    ones; it lives through the configuration (two models on the GPU at once, not one)."""
+    ones; made for one way, beside the way's model (two models on the GPU at once, not one)."""
     _, wrapped, data, opt = r.job(size)
     going = _continuing(_stepper(wrapped, data, opt, loss_every=r.args.loss_every), 0, [])
     if r.args.settle:
@@ -303,13 +306,13 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     out["gradient_bytes"] = grad_bytes
     reference = None
     ways = ways_of(args, kinds)
-    # --in-turn: every way timed in blocks in turn with this plain job, kept through the configuration
-    beside = _plain_beside(r, size) if args.in_turn else None
     timed = 2 * args.rounds * args.in_turn if args.in_turn else args.steps  # each way's timed steps
     for count, (way, policy, route) in enumerate(ways, 1):
         if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
         model, ddp, data, opt = r.job(size)
+        # --in-turn: the way timed in blocks in turn with a plain job made with it (the module's docstring)
+        beside = _plain_beside(r, size) if args.in_turn else None
         entry: dict = {}
         ov = step = going = None
         marks = None if args.in_turn else spanned(model)  # in turn: its untimed steps between blocks
@@ -362,7 +365,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         finally:
             if marks is not None:
                 marks.close()
-            del ddp, model, opt, ov, step, going  # the steps' closures hold the DDP: freed before the next way's
+            del ddp, model, opt, ov, step, going, beside  # the steps' closures hold the models: freed first
         steps[way] = ms
         if reference is None:
             reference = losses
@@ -371,7 +374,6 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             entry["loss_max_diff"] = max(abs(a - b) for a, b in zip(losses, reference, strict=False))
         out["ways"][way] = entry
     # The slowest rank's median, and its every step (the ranks' steps end together, at the all-reduces).
-    del beside
     names = list(steps)
     medians = r.slowest([statistics.median(steps[n]) for n in names])
     each = r.slowest([t for n in names for t in steps[n]])
