@@ -343,6 +343,9 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             if beside is None:
                 ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
             else:
+                # the plain job's loss reads in step with the way's (auto's trials ran the way on)
+                ran = trials + settle + args.steady * len(windows)
+                step_times_ms(torch, beside, (ran - args.settle) % every if every else 0, 0)
                 ms, entry["in_turn"] = _in_turn(r, beside, going)
             losses = [float(x) for x in torch.stack(seen).tolist()]
             if marks is not None:
