@@ -19,22 +19,24 @@ import atexit
 import contextlib
 import threading
 import weakref
+from collections import deque
 from typing import Any, Callable, Iterator, Self
 
-__all__ = ["finalizer", "close_each", "Closing", "Owning", "never_waiting"]
+__all__ = ["finalizer", "close_each", "Closing", "Owning", "never_waiting", "never_waits_here"]
 
 _thread = threading.local()
-#: (release, args) that a never-waiting thread's garbage collection left for later
-_left: list[tuple[Callable[..., Any], tuple]] = []
-_left_lock = threading.Lock()
-_at_exit: list[bool] = []  # whether the exit's release of what was left is registered
+#: (release, args) that a never-waiting thread left for later. No lock: a collection that starts
+#: inside a locked section would run a finalizer that waits on the lock its own thread holds; a
+#: deque's append and popleft are atomic, so each release is taken once, by whichever thread.
+_left: deque[tuple[Callable[..., Any], tuple]] = deque()
+_at_exit = [False]  # whether the exit's release of what was left is registered
 
 
 @contextlib.contextmanager
 def never_waiting() -> Iterator[None]:
     """Within: releases that garbage collection runs on this thread are left to the next release
     on another thread, or to the exit (see the module's docstring)."""
-    before = getattr(_thread, "never_waits", False)
+    before = never_waits_here()
     _thread.never_waits = True
     try:
         yield
@@ -42,15 +44,20 @@ def never_waiting() -> Iterator[None]:
         _thread.never_waits = before
 
 
+def never_waits_here() -> bool:
+    """Whether this thread is within :func:`never_waiting` (a helper thread it starts for its own
+    work should be too)."""
+    return bool(getattr(_thread, "never_waits", False))
+
+
 def _quiet(release: Callable[..., Any], *args) -> None:
     """Run a release call from a finalizer; the driver may already be gone at exit. On a
     never-waiting thread it is left for later (:func:`never_waiting`)."""
-    if getattr(_thread, "never_waits", False):
-        with _left_lock:
-            _left.append((release, args))
-            if not _at_exit:  # registered once, after weakref.finalize's: at exit it runs first
-                atexit.register(_release_left)
-                _at_exit.append(True)
+    if never_waits_here():
+        _left.append((release, args))
+        if not _at_exit[0]:  # registered once, after weakref.finalize's: at exit it runs first
+            _at_exit[0] = True
+            atexit.register(_release_left)
         return
     _release_left()
     try:
@@ -60,11 +67,12 @@ def _quiet(release: Callable[..., Any], *args) -> None:
 
 
 def _release_left() -> None:
-    """Run the releases a never-waiting thread left, oldest first."""
-    with _left_lock:
-        left = list(_left)
-        _left.clear()
-    for release, args in left:
+    """Run the releases a never-waiting thread left, oldest first, each once."""
+    while True:
+        try:
+            release, args = _left.popleft()
+        except IndexError:
+            return
         try:
             release(*args)
         except Exception:

@@ -60,3 +60,38 @@ def test_a_never_waiting_thread_leaves_collected_releases_to_the_next_release_on
     t.start()
     t.join()
     assert released == ["d", "e"]
+
+
+def test_releases_that_collections_start_inside_other_releases_never_wait_on_each_other(tmp_path):
+    """A release run while another is under way on the same thread (a collection starting in its
+    bookkeeping) must not wait on it: cyclic garbage with finalizers, collected often, beside
+    explicit releases, on a thread that releases and on one that leaves them, in a process of
+    its own that must end within its timeout."""
+    import subprocess
+    import sys
+    script = tmp_path / "churn.py"
+    script.write_text("""
+import gc, threading
+from shimrt.lifetime import finalizer, never_waiting
+class Owner: pass
+released = []
+def churn(n, tag):
+    for i in range(n):
+        o = Owner(); o.me = o
+        finalizer(o, released.append, (tag, i))
+        del o
+        finalizer(Owner(), released.append, ("explicit", tag, i))()
+gc.set_threshold(700)
+churn(20000, "main")
+def leaving():
+    with never_waiting():
+        churn(5000, "left")
+t = threading.Thread(target=leaving); t.start(); t.join()
+churn(10, "after")
+gc.collect()
+names = [r for r in released]
+assert len(names) == len(set(names)) == 2 * 25010, len(names)
+print("ok")
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr

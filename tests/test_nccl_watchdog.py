@@ -363,3 +363,39 @@ def test_bounded_gives_up_after_the_timeout_and_leaves_the_thread():
     assert time.monotonic() - t0 < 2
     assert any(t.name == "shimrt ncclCommInitRankConfig" for t in threading.enumerate())
     release.set()
+
+
+def test_the_abort_helper_thread_of_a_never_waiting_caller_leaves_a_waiting_release_until_after_the_abort():
+    """The watchdog's abort thread calls ncclCommAbort through bounded()'s helper thread. A release
+    the watchdog left (a module unload that waits for the stuck kernel) must not run on that helper
+    before the abort that ends the kernel: the helper is never-waiting too."""
+    import gc
+
+    from shimrt.lifetime import finalizer, never_waiting
+    kernel_ended = threading.Event()
+
+    class Held:
+        pass
+
+    def abort():  # a collection on the helper before the ctypes call, then the abort ends the kernel
+        held = Held()
+        held.me = held
+        finalizer(held, lambda: None)
+        del held
+        gc.collect()
+        kernel_ended.set()
+        return "aborted"
+    said = []
+
+    def abort_thread():
+        with never_waiting():
+            left = Held()
+            finalizer(left, kernel_ended.wait, 30)  # collected here: left for later
+            del left
+            t0 = time.monotonic()
+            said.append((bounded(abort, "ncclCommAbort", 5.0), time.monotonic() - t0))
+    t = threading.Thread(target=abort_thread)
+    t.start()
+    t.join(40)
+    (result, took), = said
+    assert result == "aborted" and took < 2, said

@@ -311,12 +311,12 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
         model, ddp, data, opt = r.job(size)
-        # --in-turn: the way timed in blocks in turn with a plain job made with it (the module's docstring)
-        beside = _plain_beside(r, size) if args.in_turn else None
         entry: dict = {}
-        ov = step = going = None
+        ov = step = going = beside = None
         marks = None if args.in_turn else spanned(model)  # in turn: its untimed steps between blocks
         try:
+            # --in-turn: the way timed in blocks in turn with a plain job made with it (the module's docstring)
+            beside = _plain_beside(r, size) if args.in_turn else None
             if policy is not None:
                 chosen = (Auto(sms=args.sms, trial_steps=args.trial_steps, **AUTOS[policy]) if policy in AUTOS
                           else policy)
@@ -339,13 +339,13 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             entry["unsteady"] = bool(windows) and not agreed(windows)  # STEADY_WINDOWS ran out
             entry.update(steady_windows_ms=windows, untimed_steps=trials + settle + args.steady * len(windows)
                          + (2 * args.rounds if args.in_turn else args.warmup))  # in turn: one before each block
+            if beside is not None:  # the plain job's loss reads in step with the way's (auto's trials ran it on)
+                ran = trials + settle + args.steady * len(windows)
+                step_times_ms(torch, beside, (ran - args.settle) % every if every else 0, 0)
             began = time.time()
             if beside is None:
                 ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
             else:
-                # the plain job's loss reads in step with the way's (auto's trials ran the way on)
-                ran = trials + settle + args.steady * len(windows)
-                step_times_ms(torch, beside, (ran - args.settle) % every if every else 0, 0)
                 ms, entry["in_turn"] = _in_turn(r, beside, going)
             losses = [float(x) for x in torch.stack(seen).tolist()]
             if marks is not None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .. import waiting
 from ..errors import CollectiveError, UsageError
+from ..lifetime import never_waiting, never_waits_here
 from . import library
 from .watchdog import CommState
 
@@ -65,10 +66,14 @@ def bounded(call: Callable[[], Any], name: str, timeout: float, hint: str = "") 
     ``timeout`` seconds: its result, or its exception. CollectiveError when it does not return
     in time; the thread is left behind (NCCL cannot be interrupted safely from outside)."""
     box: dict[str, Any] = {}
+    # the watchdog's abort calls from a never-waiting thread: a release that waits for the GPU must
+    # not run on this helper before ncclCommAbort ends the kernel it would wait for (shimrt.lifetime)
+    quiet = never_waits_here()
 
     def work() -> None:
         try:
-            box["result"] = call()
+            with never_waiting() if quiet else contextlib.nullcontext():
+                box["result"] = call()
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
 

@@ -81,8 +81,11 @@ way; kept, plain DDP then ran 53.0-54.5 ms, where the windowed carveout fixed ra
 ``guard_lead`` untimed and ``guard`` timed steps of the reference alone follow such a check; where
 their mean (the slowest rank's) is slower than the pick's mean in the check by more than the
 margin, the pick runs alone as well (its own lead-in and guard), and it is kept if its mean there
-beats the reference's alone by the margin ("held alone"); else the reference is. Those steps of the
-reference are what keeping it would run anyway.
+beats the reference's alone by the margin and by SIGNIFICANCE standard errors of the difference
+("held alone"); else the reference is. Those steps of the reference are what keeping it would run
+anyway, but for the pick's resources (its group, Interposer or window hook), made and idle through
+them, since the pick may run next (the trials' resources left idle were not measurable beside
+plain DDP: docs/ddp.md at 0867b39).
 
 A step counts only when it all-reduced: a ``no_sync()`` step is run again under the same
 candidate. The schedule depends only on the steps' count, never on their times, so every
@@ -354,20 +357,25 @@ class Trials:
         reference is kept unless it ran alone slower than the pick in the check by the margin, when
         the pick's guard runs first. All by the slowest rank's means (the module's docstring)."""
         policy, reference = self.guarding, str(self.reference)
-        mean = self._agreed({policy.name: self.guard_times}, [policy], agree)[0][policy.name]
+        means, errors = self._agreed({policy.name: self.guard_times}, [policy], agree)
+        mean, error = means[policy.name], errors[policy.name]
         times = {"steps": len(self.guard_times), "times_ms": list(self.guard_times), "mean_ms": mean}
         if self.guard_role == "reference":
             pick_check = self.check["means_ms"][self.checking.name]
             slower = mean * (1 - self.margin) > pick_check
-            self.check["reference_alone"] = {**times, "pick_check_ms": pick_check, "slower": slower}
+            self.check["reference_alone"] = {**times, "standard_error_ms": error, "pick_check_ms": pick_check,
+                                             "slower": slower}
             if slower:  # what the check saw of the reference did not last: the pick alone, beside it
                 self._guard(self.checking, "pick after reference")
                 return None
             self.picked = self._named(reference)
             return self.picked
         if self.guard_role == "pick after reference":
-            against = self.check["reference_alone"]["mean_ms"]
-            held = mean < against * (1 - self.margin)
+            alone = self.check["reference_alone"]
+            against = alone["mean_ms"]
+            # by the margin and beyond the two runs' noise: a slow stretch of plain DDP's alone is no gain
+            held = mean < against * (1 - self.margin) and \
+                against - mean > SIGNIFICANCE * math.hypot(error, alone["standard_error_ms"])
             guard = {**times, "reference_alone_ms": against, "held": held, "check_held_by": None}
             self.check.update(held=held, guard=guard, held_by="alone" if held else None)
         else:
