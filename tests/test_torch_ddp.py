@@ -454,6 +454,18 @@ def test_the_kept_line_says_the_guard_beside_the_check():
                          "the check; priority alone then, 12 steps 22.00 ms against plain DDP's 27.00 alone"), kept
 
 
+def test_under_fsdp2_the_report_says_plain_fsdp2_where_the_json_keeps_plain_ddps_names():
+    from shimrt.bench.torch_ddp_report import report
+    r = _ddp_result()
+    text = report("comm-heavy-1024", dict(r, fsdp=True))
+    assert "plain DDP" not in text and "vs DDP" not in text, text
+    rows = [line.split()[0:3] for line in text.splitlines()]
+    assert ["plain", "FSDP2", "again"] in rows and "vs FSDP" in text and "x plain FSDP2" in text, text
+    assert text.replace("plain FSDP2", "plain DDP").replace("vs FSDP", "vs DDP").replace(" (FSDP2)", "") == \
+        report("comm-heavy-1024", r)
+    assert "plain DDP again" in r["ways"]  # the JSON's names stay
+
+
 def test_a_way_no_auto_tries_is_said_beside_the_goals_not_as_the_best_fixed_way():
     from shimrt.bench.torch_ddp_report import report
     r = _ddp_result()
