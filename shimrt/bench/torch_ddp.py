@@ -45,10 +45,10 @@ noise in turn); the contention column is blank (the blocks' untimed steps), and 
 for no-reshard sees the plain model's memory too.
 
 ``--fsdp``: the same with FSDP2 (``fully_shard`` of every block, then the model) in place of DDP,
-plain FSDP2 the reference (its rows keep plain DDP's names); written for 2-8 GPUs, run so far with
-two ranks on one H100 (docs/ddp.md). The loop is a user's: ``--optimizer`` (fused SGD or fused
-AdamW), the loss read on the host every ``--loss-every`` steps (1: the host waits for each step's
-end), ``--bucket-mb`` (DDP's ``bucket_cap_mb``), ``--bucket-view``
+plain FSDP2 the reference (said so in the table; its JSON rows keep plain DDP's names); written for
+2-8 GPUs, run so far with two ranks on one H100 (docs/ddp.md). The loop is a user's: ``--optimizer``
+(fused SGD or fused AdamW), the loss read on the host every ``--loss-every`` steps (1: the host
+waits for each step's end), ``--bucket-mb`` (DDP's ``bucket_cap_mb``), ``--bucket-view``
 (``gradient_as_bucket_view=True``). A step's time is the median of per-step CUDA events after the
 warm-up; the table gives the slowest rank's, the mean of the slowest rank's steps (the goals are
 said by both) and the slowest step, and ``--json`` every timed step's (the slowest rank's, step by
