@@ -77,7 +77,7 @@ The reference is guarded the same way where a check gave way on a pick the trial
 faster by the margin: a reference at two speeds can run its whole check at its fast one and then
 run on at its slow one. On an H100 (bench torch balanced-1024, e888d1f, docs/ddp.md) plain DDP's
 24 check steps all read 43.5-44.3 ms, the windowed carveout's 44.6 on average, so the check gave
-way; kept, plain DDP then ran 53.0-54.5 ms, where the windowed carveout fixed ran 44.9. So
+way; kept, plain DDP then ran mostly at 53.0-54.5 ms, the windowed carveout fixed at 44.9. So
 ``guard_lead`` untimed and ``guard`` timed steps of the reference alone follow such a check; where
 their mean (the slowest rank's) is slower than the pick's mean in the check by more than the
 margin, the pick runs alone as well (its own lead-in and guard), and it is kept if its mean there
