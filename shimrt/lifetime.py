@@ -67,8 +67,9 @@ def _quiet(release: Callable[..., Any], *args) -> None:
 
 
 def _release_left() -> None:
-    """Run the releases a never-waiting thread left, oldest first, each once."""
-    while True:
+    """Run the releases a never-waiting thread left, oldest first, each once (a release's own cost
+    where none was left: one length check)."""
+    while _left:
         try:
             release, args = _left.popleft()
         except IndexError:
