@@ -337,10 +337,10 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 step_times_ms(torch, going, settle, 0)
             windows = steady(functools.partial(_window_ms, r, going, args.steady)) if args.steady else []
             entry["unsteady"] = bool(windows) and not agreed(windows)  # STEADY_WINDOWS ran out
-            entry.update(steady_windows_ms=windows, untimed_steps=trials + settle + args.steady * len(windows)
+            ran = trials + settle + args.steady * len(windows)  # the way's steps before its timed ones
+            entry.update(steady_windows_ms=windows, untimed_steps=ran
                          + (2 * args.rounds if args.in_turn else args.warmup))  # in turn: one before each block
             if beside is not None:  # the plain job's loss reads in step with the way's (auto's trials ran it on)
-                ran = trials + settle + args.steady * len(windows)
                 step_times_ms(torch, beside, (ran - args.settle) % every if every else 0, 0)
             began = time.time()
             if beside is None:

@@ -374,8 +374,8 @@ class Trials:
             alone = self.check["reference_alone"]
             against = alone["mean_ms"]
             # by the margin and beyond the two runs' noise: a slow stretch of plain DDP's alone is no gain
-            held = mean < against * (1 - self.margin) and \
-                against - mean > SIGNIFICANCE * math.hypot(error, alone["standard_error_ms"])
+            noise = _noise({policy.name: error, reference: alone["standard_error_ms"]}, policy.name, reference)
+            held = mean < against * (1 - self.margin) and against - mean > noise
             guard = {**times, "reference_alone_ms": against, "held": held, "check_held_by": None}
             self.check.update(held=held, guard=guard, held_by="alone" if held else None)
         else:
