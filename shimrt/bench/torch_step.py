@@ -141,7 +141,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "once it runs at one speed (default 0: no windows)")
     p.add_argument("--in-turn", metavar="N", default=0, type=cli.count("--in-turn", 0),
                    help="one process per rank: time each way in blocks of N steps in turn with a plain DDP (or "
-                        "FSDP2) model of its own, kept through the configuration (plain, way, way, plain per "
+                        "FSDP2) model of its own, made anew for each way (plain, way, way, plain per "
                         "round, --rounds rounds, a step untimed before each block), and set each way against plain "
                         "by the ratio per round: what a job whose host speed drifts needs; --steps then times "
                         "compute alone and the all-reduces alone only (default 0: each way timed alone, --steps "
