@@ -47,9 +47,17 @@ summary="$OUT/summary.txt"
 # Every failing step is named at the end of summary.txt, so a non-zero exit says where it came from.
 failed=()
 fail() { failed+=("$1"); status=1; }
+# A progress line ends in a carriage return: each becomes a line, passed on as it comes. tr and grep write
+# in blocks into a pipe, so a run cut short by a call's time limit lost what they held (fsdp-turn at be4344c
+# left summary.txt with its command line alone): both flush each line.
+lines() { if command -v stdbuf > /dev/null; then stdbuf -oL tr '\r' '\n'; else tr '\r' '\n'; fi; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import sys, numpy, cuda.bindings; print(sys.version.split()[0], 'numpy', numpy.__version__, 'cuda-bindings', cuda.bindings.__version__)"
+  # What this call shares the machine with: a process left by an earlier call on the same machine (a rank
+  # of a run cut short) takes SMs and host cores from every timing that follows.
+  apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null)
+  echo "GPU processes at the start: ${apps:-none}; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 } 2>&1 | tee "$summary"
 # A test that hangs fails after PYTEST_TIMEOUT seconds (pytest-timeout), and faulthandler dumps every thread's
 # stack after 150 s, even when the main thread is blocked in C,
@@ -94,7 +102,7 @@ fi
 # (grep reads it all, -q would not: tail must not die of SIGPIPE under pipefail)
 tail -n 3 "$OUT/pytest.log" | grep -E "(^|[ =])[0-9]+ (failed|errors?)( |,|$)" >/dev/null && fail "pytest's summary"
 if [ -z "${SUITE_PART:-}" ] || [ "$SUITE_PART" = gpu ]; then
-python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | tr '\r' '\n' | grep -v "^soak [0-9]" | tee -a "$summary" || fail soak
+python3 scripts/soak.py --json "$OUT/soak.json" 2>&1 | lines | grep --line-buffered -v "^soak [0-9]" | tee -a "$summary" || fail soak
 echo "== python -m shimrt.selftest --quiet" | tee -a "$summary"
 python3 -m shimrt.selftest --quiet 2>&1 | tee -a "$summary" || fail selftest
 fi
@@ -206,7 +214,8 @@ if [ "$part" = own ] && [ -n "${mpsflag+set}" ]; then
 fi
 for step in ${steps[@]+"${steps[@]}"}; do
   echo "== python -m $step" | tee -a "$summary"
-  python3 -m $step 2>&1 | tr '\r' '\n' | grep -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" || fail "$step"
+  python3 -m $step 2>&1 | lines | grep --line-buffered -v -E "^(batch|round) |\[[0-9]+/[0-9]+\]$" | tee -a "$summary" \
+    || fail "$step"
 done
 [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null
 # The device tool brings back at most 8 files: the plots come as one tar.

@@ -410,6 +410,16 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
     assert "within 2% of the best fixed way (priority, 23.87 ms): met" in means
 
 
+def test_a_way_whose_steps_ran_allocator_retries_says_so_and_one_without_says_nothing():
+    from shimrt.bench.torch_ddp_report import report
+    r = _ddp_result()
+    r["ways"]["carveout:64"]["allocator"] = {"retries": 3, "reserved_gib": 20.5, "device_free_gib": 0.4}
+    r["ways"]["priority"]["allocator"] = {"retries": 0, "reserved_gib": 9.0, "device_free_gib": 30.0}
+    rows = {line.split()[0]: line for line in report("balanced", r).splitlines()}
+    assert rows["carveout:64"].endswith("loss max diff 0; allocator retried 3x"), rows["carveout:64"]
+    assert "allocator" not in rows["priority"] and "allocator" not in rows["plain"]
+
+
 def test_with_blocks_in_turn_the_report_gives_each_ways_ratio_the_noise_plain_against_plain_and_the_goals():
     """--in-turn: each way's ratio per round beside plain (its mean and standard error) in its
     notes; the noise is plain against plain, the larger of its two ways' distance from 1; the

@@ -54,7 +54,10 @@ warm-up; the table gives the slowest rank's, the mean of the slowest rank's step
 said by both) and the slowest step, and ``--json`` every timed step's (the slowest rank's, step by
 step), so a way whose steps run at two speeds shows it (the tables and goals:
 :mod:`.torch_ddp_report`). Hidden: (compute alone + all-reduces alone - step) / all-reduces alone.
-Losses are set against plain DDP's, step for step, from the same weights and batches. Rank 0 prints;
+Losses are set against plain DDP's, step for step, from the same weights and batches. Each way's
+JSON row says what torch's caching allocator did over its timed steps (``allocator``: its retries,
+each a device-wide wait, said in the table where there were any; memory reserved; the device's
+least free memory), the ranks' worst. Rank 0 prints;
 ``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0. ``--profile DIR``:
 after each way's timed steps, 3 more under torch.profiler; every rank's Chrome trace in DIR, and
 where rank 0's step went (collectives' kernels and blocks, FSDP2's copies, the communication
@@ -80,7 +83,7 @@ from typing import Any, Callable
 from ..errors import ShimrtError, UsageError
 from .in_turn import blocks_reading, run_rounds
 from .torch_ddp_report import AUTOS, CUSTOM_WAY, bars_png, report
-from .torch_measure import ComputeSpans, comm_hidden, order_bound, step_times_ms
+from .torch_measure import ComputeSpans, allocator_mark, allocator_since, comm_hidden, order_bound, step_times_ms
 
 __all__ = ["run"]
 
@@ -225,6 +228,14 @@ def _plain_beside(r: _Rank, size: Any) -> Callable[[int], Any]:
     return going
 
 
+def _allocator(r: _Rank, mark: tuple[int, int]) -> dict:
+    """The caching allocator over a way's timed steps (:func:`~.torch_measure.allocator_since`), the
+    ranks' worst: the most retries and memory reserved, the least free memory of the device."""
+    seen = allocator_since(r.torch, r.device, mark)
+    retries, reserved, least_free = r.slowest([seen["retries"], seen["reserved"], -seen["device_free"]])
+    return {"retries": int(retries), "reserved_gib": reserved / 2**30, "device_free_gib": -least_free / 2**30}
+
+
 def _in_turn(r: _Rank, plain: Callable[[int], Any], way: Callable[[int], Any]) -> tuple[list[float], dict]:
     """--in-turn: --rounds rounds of blocks of --in-turn steps, plain, way, way, plain, each block
     after one untimed step (the switch from the other model); the way's timed steps (this rank's,
@@ -342,11 +353,12 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                          + (2 * args.rounds if args.in_turn else args.warmup))  # in turn: one before each block
             if beside is not None:  # the plain job's loss reads in step with the way's (auto's trials ran it on)
                 step_times_ms(torch, beside, (ran - args.settle) % every if every else 0, 0)
-            began = time.time()
+            began, memory = time.time(), allocator_mark(torch, r.device)
             if beside is None:
                 ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
             else:
                 ms, entry["in_turn"] = _in_turn(r, beside, going)
+            entry["allocator"] = _allocator(r, memory)
             losses = [float(x) for x in torch.stack(seen).tolist()]
             if marks is not None:
                 spans[way] = marks.ms(args.steps)

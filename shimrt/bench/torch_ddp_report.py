@@ -76,6 +76,8 @@ def report(name: str, r: dict) -> str:
         host = e.get("host_us") or {}
         if host.get("step_us") is not None:
             notes += f"; ov.step() {host['step_us']:.0f} us/step"
+        if (e.get("allocator") or {}).get("retries"):  # device-wide waits of torch's own: not the policy's time
+            notes += f"; allocator retried {e['allocator']['retries']}x"
         if e.get("unsteady"):
             notes += f"; not steady after {len(e['steady_windows_ms'])} windows"
         if e.get("in_turn"):

@@ -39,7 +39,8 @@ from ..errors import ShimrtError
 from ..occupancy import Footprint, coresident
 
 __all__ = ["ComputeSpans", "step_times_ms", "timed_steps", "phases", "bound", "sharing", "comm_alone", "comm_hidden",
-           "order_bound", "contention", "timeline", "interposer_cost", "is_nccl", "finish"]
+           "order_bound", "contention", "timeline", "interposer_cost", "is_nccl", "finish", "allocator_mark",
+           "allocator_since"]
 
 if TYPE_CHECKING:
     from ..torch.step import GradientBuckets, NcclBuckets
@@ -377,3 +378,21 @@ def finish(torch: Any) -> None:
     done.record()
     done.synchronize()
     torch.cuda.synchronize()
+
+
+def allocator_mark(torch: Any, device: Any) -> tuple[int, int]:
+    """torch's caching allocator on ``device`` now, for :func:`allocator_since`: its retries so far
+    and the device's free memory (bytes)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)), int(free)
+
+
+def allocator_since(torch: Any, device: Any, mark: tuple[int, int]) -> dict:
+    """What the caching allocator did on ``device`` since ``mark`` (:func:`allocator_mark`): its
+    retries (a cudaMalloc that failed, every cached block freed and the call made again, each a
+    device-wide wait: a step that runs them is slower for it, not for its policy), what it
+    reserves now, and the least free memory of the device's at the two ends (every process's, NCCL's
+    buffers included), in bytes."""
+    retries, free = allocator_mark(torch, device)
+    return {"retries": retries - mark[0], "reserved": int(torch.cuda.memory_reserved(device)),
+            "device_free": min(free, mark[1])}

@@ -26,3 +26,21 @@ def test_a_recorded_trace_holds_the_steps_kernels(device, tmp_path):
     assert s["copy-in_ms"] == 0 and s["copy-out_ms"] == 0
     expected = (a.float() @ a.float()).sum()
     assert torch.allclose(out[-1], expected, rtol=2e-2), (out[-1], expected)
+
+
+def test_the_allocators_record_over_steps_counts_what_they_reserved_and_no_retry(device):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    from shimrt.bench.torch_measure import allocator_mark, allocator_since
+    torch.cuda.set_device(device.index)
+    torch.cuda.empty_cache()  # the 256 MiB below come from the device, not from blocks cached by earlier tests
+    free_before, total = torch.cuda.mem_get_info(device.index)
+    mark = allocator_mark(torch, device.index)
+    held = torch.ones(64 << 20, device="cuda", dtype=torch.float32)  # 256 MiB, kept while the record is read
+    seen = allocator_since(torch, device.index, mark)
+    assert seen["retries"] == 0  # 256 MiB fits: nothing was freed and tried again
+    assert seen["reserved"] >= held.numel() * 4
+    # the least free of the two ends: after the 256 MiB, at most what was free before less them
+    assert seen["device_free"] <= free_before - held.numel() * 4 + (2 << 20) and seen["device_free"] < total
+    assert float(held.sum()) == 64 << 20
