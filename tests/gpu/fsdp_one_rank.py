@@ -3,7 +3,7 @@ copy trained on the same data: what tests/gpu/test_fsdp.py checks, printed as JS
 
 Usage: python fsdp_one_rank.py POLICY MARGIN STEPS [ROUTE]   ROUTE: mesh (default) or custom
 
-STEPS steps at least; under auto, on until it keeps a policy.
+STEPS steps at least; under auto, on until it keeps a policy, then KEPT_STEPS more under it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from ddp_one_rank import MOST_STEPS, decided  # a sibling script (this one's folder is on sys.path)
+from ddp_one_rank import KEPT_STEPS, MOST_STEPS, decided  # a sibling script (this one's folder is on sys.path)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -31,6 +31,22 @@ def mlp(mesh) -> torch.nn.Module:
     return fully_shard(m, mesh=mesh)
 
 
+def fsdp_state(model: torch.nn.Module) -> dict:
+    """What of an FSDP2 model a policy may change and must put back, as comparable values: each
+    group's process group (its id), kept gathered after forward or not, each state's explicit
+    prefetch lists' lengths, the collectives' kinds (FSDP2's default or a custom one) and the
+    priorities of FSDP2's all-gather and reduce-scatter streams."""
+    groups = param_groups(model)
+    states = [m._get_fsdp_state() for m in model.modules() if hasattr(m, "_get_fsdp_state")]
+    ctx = groups[0].comm_ctx
+    return {"groups": [id(g.mesh_info.shard_process_group) for g in groups],
+            "gathered": ["k" if g.post_forward_mesh_info is None else "r" for g in groups],
+            "prefetch": [(len(s._states_to_forward_prefetch), len(s._states_to_backward_prefetch)) for s in states],
+            "collectives": [(type(g._all_gather_comm).__name__, type(g._reduce_scatter_comm).__name__)
+                            for g in groups],
+            "streams": [ctx.all_gather_stream.priority, ctx.reduce_scatter_stream.priority]}
+
+
 def main() -> None:
     policy, margin, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     route = sys.argv[4] if len(sys.argv) > 4 else "mesh"
@@ -44,10 +60,13 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2)
     chosen = shimrt.torch.Auto(trial_steps=1, margin=margin) if policy == "auto" else policy
+    blas = torch.backends.cuda.preferred_blas_library()
     ov = shimrt.torch.overlap(model, policy=chosen, timeout=60, fsdp_route=route)
+    kept_steps = 0  # steps run under the policy kept (auto's after its decision): the state read after KEPT_STEPS
     for step in range(MOST_STEPS):
-        if step >= steps and decided(ov):
+        if step >= steps and kept_steps >= KEPT_STEPS:
             break
+        kept_steps += decided(ov)
         x = torch.randn(256, 512, device=device, generator=torch.Generator(device).manual_seed(step))
         with ov.step():
             model(x).pow(2).mean().backward()
@@ -76,6 +95,12 @@ def main() -> None:
     def kept() -> str:  # each block's: k, kept all-gathered after forward (no post-forward mesh); r, resharded
         return "".join("k" if x.post_forward_mesh_info is None else "r" for x in groups)
     kept_before = kept()
+    # what of the trials is left once a policy is kept: the model's FSDP2 state beside the plain
+    # copy's (the same mesh, so the same group), and torch's global knobs the policies touch
+    state, plain_state = fsdp_state(model), fsdp_state(plain)
+    left = dict(report["held"], nccl_groups=report["nccl_memory"]["alive"],
+                carveout=torch._C._get_sm_carveout_experimental(),
+                blas_restored=torch.backends.cuda.preferred_blas_library() == blas)
     ov.close()
     print(json.dumps({"policy": report["policy"], "process_group": report["process_group"], "own_group": on_own_before,
                       "stream_priority": stream.priority, "least": max(torch.cuda.Stream.priority_range()),
@@ -83,7 +108,8 @@ def main() -> None:
                       "mesh_untouched": g.mesh_info.shard_process_group is own,
                       "gathered": kept_before, "gathered_after_close": kept(),
                       "reference": report["reference"], "host_us": report["host_us"],
-                      "dropped": report["dropped"], "diff": diff}), flush=True)
+                      "dropped": report["dropped"], "diff": diff, "state": state, "plain_state": plain_state,
+                      "left": left, "trials": report["trials"]}), flush=True)
     dist.destroy_process_group()
 
 

@@ -72,8 +72,18 @@ def test_no_reshard_keeps_fsdp2s_blocks_gathered_and_trains_as_plain_fsdp2_bit_f
 @pytest.mark.timeout(300)
 def test_auto_under_fsdp2_keeps_plain_fsdp2_unless_beaten_and_offers_no_window(device):
     """margin 0.5: nothing on one rank is half plain FSDP2's time, so auto keeps the plain job,
-    on FSDP2's own groups; windowed-carveout is dropped, saying why."""
+    on FSDP2's own groups, with nothing of its trials left; windowed-carveout is dropped, saying why."""
     got = _one_rank(device, "auto", margin=0.5, steps=60)
     assert got["policy"] == "ddp" and got["own_group"] and got["reference"]["mean_ms"] > 0, got
     assert any("no gradient hook" in why for why in got["dropped"].values()), got
     assert got["diff"] <= 1e-5, got
+    # the trials ran policies that change each part of the model's FSDP2 state a policy may touch
+    tried = set(got["trials"]["candidates"])
+    assert {"priority", "no-reshard"} <= tried and any(n.startswith("prefetch:") for n in tried), tried
+    # and nothing of them is left: 12 steps after auto kept plain FSDP2, the model's FSDP2 state is
+    # the plain copy's (its groups, resharding, prefetch lists, collectives and stream priorities),
+    # no group, Interposer or carveout of the trials lives, and torch's BLAS choice is as it was
+    assert got["state"] == got["plain_state"], (got["state"], got["plain_state"])
+    left = got["left"]
+    assert left["nccl_groups"] == 0 and left["interposers_caps"] == [] and left["carveout"] is None, left
+    assert left["blas_restored"], left
