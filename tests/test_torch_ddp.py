@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 
 import pytest
 from conftest import require_matplotlib
@@ -401,13 +402,36 @@ def test_the_ddp_report_sets_every_way_against_plain_ddp_and_says_how_the_goals_
     # auto's kept policy beside the same policy fixed, by the means (21.00 against 23.87)
     assert kept == ("auto kept priority: 21.00 ms; fixed priority in this run 23.87 ms (auto 0.880x); its check "
                     "beside plain DDP: ddp 25.10, priority 21.20 ms, priority held"), kept
-    assert noise == "noise: plain DDP's first and last runs 2.0% apart (by their means)"  # 25.33 and 25.83
+    # 25.33 and 25.83; under 6 steps, each run's own steps: 25, 26.5 and 24.5 ms, a standard error of 2.4%
+    assert noise == ("noise: plain DDP's first and last runs 2.0% apart (by their means); its 6-step blocks give its "
+                     "mean a standard error of 2.4%"), noise
     assert medians.startswith("goals by the medians: auto 0.840x plain DDP (+16.0% below); at most 1.00x (+2.0% "
                               "noise): met; at least 3% below: met"), medians
     assert "within 2% of the best fixed way (priority, 22.00 ms): met" in medians  # not a reference way
     # by the means, priority's slow step counts (23.87 ms) and plain DDP's too (25.33)
     assert means.startswith("goals by the means: auto 0.829x plain DDP (+17.1% below)") and "noise): met" in means
     assert "within 2% of the best fixed way (priority, 23.87 ms): met" in means
+
+
+def test_block_noise_takes_a_ways_steps_in_blocks_where_stretches_at_two_speeds_make_them_no_independent_draws():
+    from shimrt.bench.torch_ddp_report import block_noise
+    # plain DDP's 24 timed steps on comm-heavy-1024 at be4344c (H100): a stretch at 30-31 ms among 26-28
+    steps = [26.1, 26.2, 26.1, 26.3, 26.0, 26.0, 25.9, 26.8, 27.5, 26.7, 26.8, 28.1,
+             28.3, 26.6, 26.6, 26.8, 26.6, 27.6, 30.9, 31.2, 29.9, 26.7, 26.8, 26.8]
+    blocks = [statistics.fmean(steps[i:i + 6]) for i in range(0, 24, 6)]  # 26.12, 26.97, 27.08, 28.70
+    assert block_noise(steps) == pytest.approx(statistics.stdev(blocks) / 2 / statistics.fmean(steps))
+    assert block_noise(steps) == pytest.approx(0.0200, abs=5e-4)
+    # twice the steps' own standard error (1.1%): the stretch counts once per block, not per step
+    mean = statistics.fmean(steps)
+    assert block_noise(steps, block=1) == pytest.approx(statistics.stdev(steps) / math.sqrt(24) / mean)
+    assert block_noise(steps) > 1.7 * block_noise(steps, block=1)
+    # a 7th block's partial steps are left out; under two blocks, the steps' own spread; steady steps, none
+    assert block_noise(steps + [40.0] * 5) == pytest.approx(block_noise(steps) * statistics.fmean(steps)
+                                                            / statistics.fmean(steps + [40.0] * 5))
+    few = [25.0, 26.5, 24.5]
+    assert block_noise(few) == pytest.approx(statistics.stdev(few) / math.sqrt(3) / statistics.fmean(few))
+    assert block_noise([26.0] * 12) == 0.0
+    assert block_noise([]) == 0.0 and block_noise([26.0, float("nan")]) == 0.0
 
 
 def test_a_way_whose_steps_ran_allocator_retries_says_so_and_one_without_says_nothing():

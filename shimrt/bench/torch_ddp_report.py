@@ -10,10 +10,11 @@ import math
 import statistics
 from typing import Any
 
+from ..choose import standard_error
 from ..torch.policies import FIXED_ONLY
 from ..torch.trials import alone_said, how_held
 
-__all__ = ["AUTOS", "REFERENCES", "CUSTOM_WAY", "report", "bars_png", "noise", "in_turn_noise"]
+__all__ = ["AUTOS", "REFERENCES", "CUSTOM_WAY", "report", "bars_png", "noise", "in_turn_noise", "block_noise"]
 
 #: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
 #: never above it by more than the run's noise (plain DDP's first and last runs apart), within
@@ -41,6 +42,23 @@ def noise(r: dict) -> float:
         return 0.0
     a, b = statistics.fmean(first["steps_ms"]), statistics.fmean(last["steps_ms"])
     return abs(a - b) / a
+
+
+#: Steps per block for :func:`block_noise`: a stretch at one speed outlasts a few steps, so a
+#: way's steps are not independent draws; means of blocks of this many are nearer to it.
+NOISE_BLOCK = 6
+
+
+def block_noise(steps_ms: list[float], block: int = NOISE_BLOCK) -> float:
+    """The standard error of a way's mean step from the means of its ``block``-step blocks (each
+    full block; those steps' own spread where fewer than two fit), as a share of the mean: how far
+    the mean of as many steps may move with nothing changed, where steps come in stretches at two
+    speeds (plain DDP of ranks sharing a GPU, docs/ddp.md) that one-step noise understates. 0 where
+    the steps are missing or NaN."""
+    if not steps_ms or any(math.isnan(t) for t in steps_ms):
+        return 0.0
+    means = [statistics.fmean(steps_ms[i:i + block]) for i in range(0, len(steps_ms) - block + 1, block)]
+    return standard_error(means if len(means) > 1 else steps_ms) / statistics.fmean(steps_ms)
 
 
 def slower(way: dict) -> str:
@@ -97,7 +115,9 @@ def report(name: str, r: dict) -> str:
     autos = [a for a in AUTOS if a in ways and not math.isnan(ways[a]["step_ms"])]
     lines += [kept_line(r, means, a) for a in autos]
     if autos:
-        lines.append(f"noise: plain DDP's first and last runs {noise(r):.1%} apart (by their means)")
+        blocks = max(block_noise(ways[w]["steps_ms"]) for w in ("plain DDP", "plain DDP again") if w in ways)
+        lines.append(f"noise: plain DDP's first and last runs {noise(r):.1%} apart (by their means); "
+                     f"its {NOISE_BLOCK}-step blocks give its mean a standard error of {blocks:.1%}")
     for a in autos:
         lines.append(_goals(name, "medians", {w: e["step_ms"] for w, e in ways.items()}, noise(r), a))
         lines.append(_goals(name, "means", means, noise(r), a))
