@@ -5,7 +5,8 @@ prints what the test checks.
 Usage: python fsdp_ranks.py RANK PORT [OPTION]   OPTION: hsdp, offload (what moveable refuses), custom
 (the groups moved through FSDP2's public custom collectives, shimrt.torch.fsdp.install), prefetch (FSDP2's
 explicit prefetch changed as the groups move, shimrt.torch.fsdp.prefetch), reshard (the blocks kept
-all-gathered from forward to backward for some steps, shimrt.torch.fsdp.keep_gathered)
+all-gathered from forward to backward for some steps, shimrt.torch.fsdp.keep_gathered), settings (two
+models on one mesh, one moved, prefetching and kept gathered, then put back: shimrt.torch.fsdp.settings)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from shimrt.torch.fsdp import (
     prefetch,
     reshard_again,
     restore_prefetch,
+    settings,
     uninstall,
     use,
 )
@@ -70,12 +72,34 @@ def main() -> None:
     rank, port = int(sys.argv[1]), sys.argv[2]
     option = sys.argv[3] if len(sys.argv) > 3 else None
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    if option not in (None, "custom", "prefetch", "reshard"):
+    if option not in (None, "custom", "prefetch", "reshard", "settings"):
         options = {"hsdp": {}, "offload": {"offload_policy": CPUOffloadPolicy(pin_memory=False)}}
         shape = (1, 2) if option == "hsdp" else (2,)  # HSDP: replicas of 1 (a 2-D mesh all the same)
         names = ("replicate", "shard") if option == "hsdp" else ("shard",)
         m = sharded(model(), init_device_mesh("cpu", shape, mesh_dim_names=names), **options[option])
         print(f"rank {rank}: moveable {moveable(param_groups(m))}", flush=True)
+        dist.destroy_process_group()
+        os._exit(0)
+    if option == "settings":
+        mesh = init_device_mesh("cpu", (2,))
+        a, b = sharded(model(), mesh), sharded(model(), mesh)
+        for m in (a, b):  # a step each: FSDP2's lazy set-up made
+            m(torch.randn(4, 32)).pow(2).mean().backward()
+
+        def unlike() -> str:
+            mine, theirs = settings(a), settings(b)
+            return ",".join(sorted(k for k in mine if mine[k] != theirs[k])) or "same"
+        said = [unlike()]
+        own, held = param_groups(a)[0].mesh_info.shard_process_group, held_prefetch(a)
+        use(param_groups(a), dist.new_group([0, 1]))
+        prefetch(a, 2)
+        kept = keep_gathered(below_root(a))
+        said.append(unlike())
+        use(param_groups(a), own)
+        restore_prefetch(held)
+        reshard_again(kept)
+        said.append(unlike())
+        print(f"rank {rank}: settings {' '.join(said)}", flush=True)
         dist.destroy_process_group()
         os._exit(0)
     calls = count_calls()

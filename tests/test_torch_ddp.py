@@ -373,6 +373,24 @@ def test_overlap_refuses_a_ddp_without_nccl(gloo):
         shimrt.torch.overlap(ddp)
 
 
+def test_two_ddps_over_one_group_have_the_same_settings_until_one_is_moved_to_another_group(gloo):
+    """shimrt.torch.ddp.settings: what bench torch --in-turn sets a way's DDP against the plain one
+    by; real DDPs over gloo on the CPU (the move is the reducer's own, as under a policy)."""
+    import torch.distributed as dist
+
+    from shimrt.torch.ddp import settings, use
+    a, b = (gloo.nn.parallel.DistributedDataParallel(gloo.nn.Linear(4, 4)) for _ in range(2))
+    assert settings(a) == settings(b) and settings(a)["comm_hooks"] == 0
+    own, other = a.process_group, dist.new_group([0])
+    use(a, other)
+    assert settings(a)["group"] != settings(b)["group"] and settings(a)["comm_hooks"] == 0
+    a(gloo.ones(2, 4)).sum().backward()  # a step on the other group: the reducer follows it
+    use(a, own)
+    assert settings(a) == settings(b)
+    a.register_comm_hook(None, lambda _state, bucket: dist.all_reduce(bucket.buffer(), async_op=True).get_future())
+    assert settings(a) != settings(b) and settings(a)["comm_hooks"] == 1
+
+
 def _ddp_result():
     way = lambda ms, **more: dict(step_ms=ms, steps_ms=[ms, ms + 1.5, ms - 0.5], hidden=0.5, **more)  # noqa: E731
     host = {"step_us": 20.4, "steps": 16}
@@ -469,6 +487,16 @@ def test_with_blocks_in_turn_the_report_gives_each_ways_ratio_the_noise_plain_ag
                             "(priority, 0.930x): met"), goals
     # no blocks in turn: no such lines
     assert not any(line.startswith("in turn") for line in report("comm-heavy-1024", _ddp_result()).splitlines())
+    # a plain job's model (a reference way, or auto's kept ddp) set against the plain one beside it; a
+    # policy's own differences are the policy's, not said
+    r["ways"]["plain DDP"]["unlike_plain"] = []
+    r["ways"]["auto"].update(kept="ddp", unlike_plain=["groups", "streams"])
+    r["ways"]["priority"]["unlike_plain"] = ["streams"]
+    rows = {line[:24].strip(): line for line in report("comm-heavy-1024", r).splitlines()}
+    assert rows["plain DDP"].endswith("plain beside it 80.00; its model as plain's"), rows["plain DDP"]
+    assert rows["plain DDP again"].endswith("plain beside it 90.00"), rows["plain DDP again"]  # none recorded
+    assert rows["auto"].endswith("plain beside it 100.00; its model unlike plain's in groups, streams"), rows["auto"]
+    assert "unlike" not in rows["priority"] and "as plain's" not in rows["priority"], rows["priority"]
 
 
 def test_the_kept_line_says_the_guard_beside_the_check():

@@ -93,6 +93,15 @@ def test_fsdp2_kept_all_gathered_trains_as_plain_fsdp2_bit_for_bit(gloo_ranks):
                         "reduce_scatter 15+25; fsdp True groups 5 moveable None diff 0.0"), line
 
 
+def test_two_fsdp2_models_on_one_mesh_have_the_same_settings_until_a_policys_changes_and_after_they_go(gloo_ranks):
+    """shimrt.torch.fsdp.settings (what bench torch --in-turn sets a way's model against the plain
+    one by): the same for two models on one mesh; the group, the prefetch lists and the resharding
+    told apart while one is moved, prefetches 2 ahead and is kept gathered; the same once each is
+    put back."""
+    for rank, line in enumerate(_two_ranks(gloo_ranks, "settings")):
+        assert line == f"rank {rank}: settings same gathered,groups,prefetch same", line
+
+
 def test_zero_sm_is_refused_with_the_reason_where_ranks_share_a_gpu():
     """zero-sm's symmetric memory failed in NCCL (invalid usage) with two ranks on one GPU: the
     FSDP2 adapter refuses it there, before any collective, saying why; with one rank per GPU it

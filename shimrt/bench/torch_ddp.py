@@ -81,6 +81,8 @@ import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
+from ..torch.ddp import settings as ddp_settings
+from ..torch.fsdp import settings as fsdp_settings
 from .in_turn import blocks_reading, run_rounds
 from .torch_ddp_report import AUTOS, CUSTOM_WAY, bars_png, report
 from .torch_measure import ComputeSpans, allocator_mark, allocator_since, comm_hidden, order_bound, step_times_ms
@@ -217,15 +219,16 @@ def _profiled(r: _Rank, step: Callable[[int], Any], config: str, way: str) -> di
         return {"failed": f"{type(exc).__name__}: {exc}"}
 
 
-def _plain_beside(r: _Rank, size: Any) -> Callable[[int], Any]:
+def _plain_beside(r: _Rank, size: Any) -> tuple[Callable[[int], Any], Any]:
     """--in-turn: a step of a plain DDP (FSDP2 with --fsdp) of its own, the same weights and
     batch as every way's, its loss read every --loss-every of its steps, after --settle untimed
-    ones; made for one way, beside the way's model (two models on the GPU at once, not one)."""
+    ones; made for one way, beside the way's model (two models on the GPU at once, not one); and
+    that DDP (FSDP2 module)."""
     _, wrapped, data, opt = r.job(size)
     going = _continuing(_stepper(wrapped, data, opt, loss_every=r.args.loss_every), 0, [])
     if r.args.settle:
         step_times_ms(r.torch, going, r.args.settle, 0)
-    return going
+    return going, wrapped
 
 
 def _allocator(r: _Rank, mark: tuple[int, int]) -> dict:
@@ -323,11 +326,11 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
         model, ddp, data, opt = r.job(size)
         entry: dict = {}
-        ov = step = going = beside = None
+        ov = step = going = beside = plain = None
         marks = None if args.in_turn else spanned(model)  # in turn: its untimed steps between blocks
         try:
             # --in-turn: the way timed in blocks in turn with a plain job made with it (the module's docstring)
-            beside = _plain_beside(r, size) if args.in_turn else None
+            beside, plain = _plain_beside(r, size) if args.in_turn else (None, None)
             if policy is not None:
                 chosen = (Auto(sms=args.sms, trial_steps=args.trial_steps, **AUTOS[policy]) if policy in AUTOS
                           else policy)
@@ -358,6 +361,10 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 ms, _ = step_times_ms(torch, going, args.warmup, args.steps)
             else:
                 ms, entry["in_turn"] = _in_turn(r, beside, going)
+                # what of the way's model differs from the plain one's beside it (a kept plain job: nothing)
+                mine, theirs = (fsdp_settings(ddp), fsdp_settings(plain)) if args.fsdp else \
+                    (ddp_settings(ddp), ddp_settings(plain))
+                entry["unlike_plain"] = sorted(k for k in mine if mine[k] != theirs[k])
             entry["allocator"] = _allocator(r, memory)
             losses = [float(x) for x in torch.stack(seen).tolist()]
             if marks is not None:
@@ -380,7 +387,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
         finally:
             if marks is not None:
                 marks.close()
-            del ddp, model, opt, ov, step, going, beside  # the steps' closures hold the models: freed first
+            del ddp, model, opt, ov, step, going, beside, plain  # the steps' closures hold the models: freed first
         steps[way] = ms
         if reference is None:
             reference = losses

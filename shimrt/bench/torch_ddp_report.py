@@ -102,6 +102,9 @@ def report(name: str, r: dict) -> str:
             t = e["in_turn"]
             notes += (f"; in turn {t['ratio']:.3f}x (+-{t['ratio_standard_error']:.3f}) plain beside it "
                       f"{t['plain_ms']:.2f}")
+            if "unlike_plain" in e and (e.get("kept") == "ddp" or way in REFERENCES):  # a plain job's model
+                unlike = e["unlike_plain"]
+                notes += f"; its model unlike plain's in {', '.join(unlike)}" if unlike else "; its model as plain's"
         lines.append(f"{way:24s} {e['step_ms']:8.2f} {means[way]:8.2f} {max(e['steps_ms']):8.2f} "
                      f"{e['step_ms'] / base:6.3f}x {e['hidden']:6.1%} {slower(e):>7s}  {notes}")
     if any("timeline" in e for e in ways.values()):

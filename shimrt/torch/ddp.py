@@ -29,7 +29,7 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["Ddp"]
+__all__ = ["Ddp", "settings"]
 
 
 class Ddp:
@@ -156,3 +156,10 @@ def use(ddp: Any, group: Any) -> None:
         return
     ddp.reducer._update_process_group(group)
     ddp.process_group = group
+
+
+def settings(ddp: Any) -> dict:
+    """What of ``ddp`` a policy changes and puts back, as values two DDPs compare by (two over one
+    group, neither under a policy, compare equal): its process group (its id; the reducer's follows
+    it, :func:`use`) and how many comm hooks it has (a policy registers none)."""
+    return {"group": id(ddp.process_group), "comm_hooks": len(getattr(ddp, "_comm_hooks", ()))}

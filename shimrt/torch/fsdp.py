@@ -31,7 +31,7 @@ post-forward mesh is another group's), and a torch whose FSDP2 keeps its groups 
 ``windowed-carveout`` is not offered: FSDP2 sets its sharded gradients itself, after the
 reduce-scatter, so no gradient hook marks the window's start.
 
-About 470 lines: the FSDP2 parts a policy changes (process groups, custom collectives, prefetch,
+About 490 lines: the FSDP2 parts a policy changes (process groups, custom collectives, prefetch,
 resharding, streams, symmetric memory) are each a few functions the one adapter drives; apart,
 each would be a module of a function or two importing :func:`param_groups` back.
 
@@ -59,7 +59,7 @@ from .groups import one_cuda_device, require_nccl
 __all__ = ["ROUTES", "is_fsdp", "param_groups", "moveable", "Fsdp", "GroupAllGather", "GroupReduceScatter",
            "install", "uninstall", "prefetch", "top_blocks", "held_prefetch", "restore_prefetch", "below_root",
            "resharding", "keep_gathered", "reshard_again", "gathered_bytes", "symmetric_refusal",
-           "nccl_symmetric_memory"]
+           "nccl_symmetric_memory", "settings"]
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
@@ -185,6 +185,25 @@ def restore_prefetch(held: list[tuple[Any, list, list]]) -> None:
     """The prefetch lists :func:`held_prefetch` read, put back."""
     for state, forward, backward in held:
         state._states_to_forward_prefetch, state._states_to_backward_prefetch = list(forward), list(backward)
+
+
+def settings(model: Any) -> dict:
+    """What of FSDP2 model ``model`` a policy changes and puts back, as values two models compare
+    by (two on one mesh, neither under a policy, compare equal): each group's process group (its
+    id), kept all-gathered after forward ("k") or resharded ("r"), each state's explicit prefetch
+    lists' lengths, its collectives' kinds (FSDP2's own, or custom) and the priorities of FSDP2's
+    all-gather and reduce-scatter streams (None before its first forward made them)."""
+    from torch.distributed.fsdp import FSDPModule
+    groups = param_groups(model)
+    states = [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
+    ctx = groups[0].comm_ctx if groups else None
+    streams = [getattr(getattr(ctx, n, None), "priority", None) for n in ("all_gather_stream", "reduce_scatter_stream")]
+    return {"groups": [id(g.mesh_info.shard_process_group) for g in groups],
+            "gathered": "".join("k" if g.post_forward_mesh_info is None else "r" for g in groups),
+            "prefetch": [[len(s._states_to_forward_prefetch), len(s._states_to_backward_prefetch)] for s in states],
+            "collectives": [[type(g._all_gather_comm).__name__, type(g._reduce_scatter_comm).__name__]
+                            for g in groups],
+            "streams": streams}
 
 
 #: What :func:`keep_gathered` changed: each FSDPParamGroup with the post-forward mesh it held.

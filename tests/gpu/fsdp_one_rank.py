@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import shimrt.torch
-from shimrt.torch.fsdp import param_groups
+from shimrt.torch.fsdp import param_groups, settings
 
 
 def mlp(mesh) -> torch.nn.Module:
@@ -29,22 +29,6 @@ def mlp(mesh) -> torch.nn.Module:
     for block in m:
         fully_shard(block, mesh=mesh)
     return fully_shard(m, mesh=mesh)
-
-
-def fsdp_state(model: torch.nn.Module) -> dict:
-    """What of an FSDP2 model a policy may change and must put back, as comparable values: each
-    group's process group (its id), kept gathered after forward or not, each state's explicit
-    prefetch lists' lengths, the collectives' kinds (FSDP2's default or a custom one) and the
-    priorities of FSDP2's all-gather and reduce-scatter streams."""
-    groups = param_groups(model)
-    states = [m._get_fsdp_state() for m in model.modules() if hasattr(m, "_get_fsdp_state")]
-    ctx = groups[0].comm_ctx
-    return {"groups": [id(g.mesh_info.shard_process_group) for g in groups],
-            "gathered": ["k" if g.post_forward_mesh_info is None else "r" for g in groups],
-            "prefetch": [(len(s._states_to_forward_prefetch), len(s._states_to_backward_prefetch)) for s in states],
-            "collectives": [(type(g._all_gather_comm).__name__, type(g._reduce_scatter_comm).__name__)
-                            for g in groups],
-            "streams": [ctx.all_gather_stream.priority, ctx.reduce_scatter_stream.priority]}
 
 
 def main() -> None:
@@ -97,7 +81,7 @@ def main() -> None:
     kept_before = kept()
     # what of the trials is left once a policy is kept: the model's FSDP2 state beside the plain
     # copy's (the same mesh, so the same group), and torch's global knobs the policies touch
-    state, plain_state = fsdp_state(model), fsdp_state(plain)
+    state, plain_state = settings(model), settings(plain)
     left = dict(report["held"], nccl_groups=report["nccl_memory"]["alive"],
                 carveout=torch._C._get_sm_carveout_experimental(),
                 blas_restored=torch.backends.cuda.preferred_blas_library() == blas)

@@ -363,6 +363,13 @@ def test_bench_torch_in_turn_times_every_way_in_blocks_beside_a_plain_job_and_re
         assert 0 < turn["ratio"] < 100 and turn["plain_ms"] > 0 and turn["way_ms"] > 0, (name, turn)
         # one untimed step before each of the way's 4 blocks, no --warmup in this mode
         assert e["untimed_steps"] == 4, (name, e)
+        # the caching allocator over the timed steps: what the ranks reserve, and the GPU's free memory
+        memory = e["allocator"]
+        assert memory["retries"] >= 0 and memory["reserved_gib"] > 0 and memory["device_free_gib"] > 0, (name, e)
+    # each way's model against the plain one beside it: plain DDP's is as plain's; priority's moved
+    # group (DDP) or streams and groups (FSDP2), while it ran
+    assert ways["plain DDP"]["unlike_plain"] == [] and ways["plain DDP again"]["unlike_plain"] == [], ways
+    assert set(ways["priority"]["unlike_plain"]) == ({"groups", "streams"} if fsdp else {"group"}), ways["priority"]
     # the same weights and batches as plain's, step for step: within a different kernel's rounding
     assert ways["priority"]["loss_max_diff"] < 1e-2 and ways["plain DDP again"]["loss_max_diff"] < 1e-2, ways
     said = "in turn: each way in 2 rounds of 2-step blocks"
