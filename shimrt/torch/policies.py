@@ -287,7 +287,8 @@ class Auto:
     ``Auto()``): ``sms``, the SMs its partition and carveout candidates keep for NCCL;
     ``trial_steps``, the rounds of its search and of its confirmation (a round: one warm-up step
     and one timed step per candidate); ``margin``, how much faster than plain DDP its pick must
-    be (beyond the trials' noise, which it also asks); ``check_steps``, the rounds of the check
+    be (beyond the trials' noise, which it also asks; a block check holds a pick at one speed
+    beside a plain DDP at two without it: :mod:`shimrt.torch.trials`); ``check_steps``, the rounds of the check
     that a pick other than plain DDP must pass once the others' resources are gone (a round: a
     warm-up and a timed step of plain DDP, then of the pick; 0: no check); ``check_block``, timed
     steps per visit of the check (above 1: the check runs in blocks, as the job will, and decides

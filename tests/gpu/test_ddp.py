@@ -151,7 +151,8 @@ def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_t
     # even when the trials put plain DDP first, and a held check overrules the trials), else in the trials;
     # a tie the trials broke at most Auto()'s margin above plain DDP in the check.
     c = re.search(r"auto's check of (\S+) alone beside plain DDP, mean step ms: (.+) "
-                  r"\((held(?: by its bound| as a tie the trials broke| alone)?|plain DDP kept|gave way alone)\)$",
+                  r"\((held(?: by its bound| by its steadiness| as a tie the trials broke| alone)?"
+                  r"|plain DDP kept|gave way alone)\)$",
                   out, re.M)
     if c and c.group(3) == "held alone":  # the check gave way; alone, the pick beat plain DDP alone
         a = re.search(r"plain DDP alone after it, \d+ steps ([0-9.]+) ms .*; \S+ alone then, \d+ steps ([0-9.]+) ms",
