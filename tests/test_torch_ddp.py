@@ -1022,10 +1022,29 @@ def test_steadiness_holds_no_pick_beside_a_steady_reference_nor_one_with_a_visit
     t, _ = _to_check(check=4, **LEVEL_TRIALS)
     run(t, _visits({"ddp": [47.9, 47.8, 48.1, 47.9], "a": [47.7, 47.6, 47.8, 47.7]}))
     assert t.decide().name == "ddp" and t.report()["check"]["held_by"] is None
-    # plain DDP at two speeds, the pick steady but one visit slower than plain DDP's mean (48.72)
+    # plain DDP at two speeds (two visits at each), the pick steady (within 0.5%) and faster than plain
+    # DDP's slow visits, but slower than plain DDP's mean (48.13) in two visits
     t, _ = _to_check(check=4, **LEVEL_TRIALS)
-    run(t, _visits({"ddp": BALANCED_BE4344C["ddp"][:4], "a": [48.3, 48.5, 48.8, 48.4]}))
+    run(t, _visits({"ddp": [46.0, 46.0, 50.0, 50.5], "a": [48.1, 48.2, 48.3, 48.3]}))
     assert t.decide().name == "ddp" and t.report()["check"]["held_by"] is None
+    # plain DDP slower than the steady pick in one visit only: a stall, maybe, not a second speed
+    t, _ = _to_check(check=4, **LEVEL_TRIALS)
+    run(t, _visits({"ddp": [10.0, 10.0, 10.0, 30.0], "a": [13.0] * 4}))
+    assert t.decide().name == "ddp" and t.report()["check"]["held_by"] is None
+
+
+def test_steadiness_is_taken_against_the_slowest_ranks_mean_not_only_each_visits_slowest_rank():
+    """Plain DDP slow in a different visit on each rank: each visit's slowest rank reads 16, 16, 10,
+    10 (mean 13), but each rank's own mean, and so the check's agreed one, is 11.5; a pick at 12.5 on
+    every visit is slower than that and is not held by its steadiness."""
+    t, _ = _to_check(check=4, **LEVEL_TRIALS)
+    run(t, _visits({"ddp": [10.0, 16.0, 10.0, 10.0], "a": [12.5] * 4}))
+    other = {(10.0, 16.0, 10.0, 10.0): [16.0, 10.0, 10.0, 10.0]}  # plain DDP's visits on the other rank
+    agreed = lambda values: [max(v, w) for v, w in zip(values, other.get(tuple(values), values), strict=True)]  # noqa: E731
+    assert t.decide(agreed).name == "ddp"
+    check = t.report()["check"]
+    assert check["held_by"] is None and check["means_ms"]["ddp"] == pytest.approx(11.5)
+    assert check["visit_means_ms"]["ddp"] == [10.0, 16.0, 10.0, 10.0]  # this rank's own visits
     # every visit ahead of plain DDP's mean, but the pick's own visits 2% apart: at two speeds itself
     t, _ = _to_check(check=4, **LEVEL_TRIALS)
     run(t, _visits({"ddp": BALANCED_BE4344C["ddp"][:4], "a": [47.5, 48.4, 47.5, 48.4]}))

@@ -55,9 +55,10 @@ said by both) and the slowest step, and ``--json`` every timed step's (the slowe
 step), so a way whose steps run at two speeds shows it (the tables and goals:
 :mod:`.torch_ddp_report`). Hidden: (compute alone + all-reduces alone - step) / all-reduces alone.
 Losses are set against plain DDP's, step for step, from the same weights and batches. Each way's
-JSON row says what torch's caching allocator did over its timed steps (``allocator``: its retries,
-each a device-wide wait, said in the table where there were any; memory reserved; the device's
-least free memory), the ranks' worst. Rank 0 prints;
+JSON row says what torch's caching allocator did over its warm-up and timed steps (with
+``--in-turn``, its blocks and the plain job's beside them: ``allocator``, its retries, each a
+device-wide wait, said in the table where there were any; memory reserved at the end; the
+device's least free memory), the ranks' worst. Rank 0 prints;
 ``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0. ``--profile DIR``:
 after each way's timed steps, 3 more under torch.profiler; every rank's Chrome trace in DIR, and
 where rank 0's step went (collectives' kernels and blocks, FSDP2's copies, the communication
@@ -232,8 +233,9 @@ def _plain_beside(r: _Rank, size: Any) -> tuple[Callable[[int], Any], Any]:
 
 
 def _allocator(r: _Rank, mark: tuple[int, int]) -> dict:
-    """The caching allocator over a way's timed steps (:func:`~.torch_measure.allocator_since`), the
-    ranks' worst: the most retries and memory reserved, the least free memory of the device."""
+    """The caching allocator over a way's warm-up and timed steps, or its blocks in turn
+    (:func:`~.torch_measure.allocator_since`), the ranks' worst: the most retries and memory
+    reserved, the least free memory of the device."""
     seen = allocator_since(r.torch, r.device, mark)
     retries, reserved, least_free = r.slowest([seen["retries"], seen["reserved"], -seen["device_free"]])
     return {"retries": int(retries), "reserved_gib": reserved / 2**30, "device_free_gib": -least_free / 2**30}

@@ -391,8 +391,8 @@ def allocator_since(torch: Any, device: Any, mark: tuple[int, int]) -> dict:
     """What the caching allocator did on ``device`` since ``mark`` (:func:`allocator_mark`): its
     retries (a cudaMalloc that failed, every cached block freed and the call made again, each a
     device-wide wait: a step that runs them is slower for it, not for its policy), what it
-    reserves now, and the least free memory of the device's at the two ends (every process's, NCCL's
-    buffers included), in bytes."""
+    reserves at the end (not its peak), and the least free memory of the device's at the two ends
+    (every process's, NCCL's buffers included), in bytes."""
     retries, free = allocator_mark(torch, device)
     return {"retries": retries - mark[0], "reserved": int(torch.cuda.memory_reserved(device)),
             "device_free": min(free, mark[1])}

@@ -198,10 +198,13 @@ def settings(model: Any) -> dict:
     states = [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
     ctx = groups[0].comm_ctx if groups else None
     streams = [getattr(getattr(ctx, n, None), "priority", None) for n in ("all_gather_stream", "reduce_scatter_stream")]
-    return {"groups": [id(g.mesh_info.shard_process_group) for g in groups],
-            "gathered": "".join("k" if g.post_forward_mesh_info is None else "r" for g in groups),
-            "prefetch": [[len(s._states_to_forward_prefetch), len(s._states_to_backward_prefetch)] for s in states],
-            "collectives": [[type(g._all_gather_comm).__name__, type(g._reduce_scatter_comm).__name__]
+    # getattr throughout: a torch without custom collectives (or prefetch lists) still compares
+    return {"groups": [id(getattr(getattr(g, "mesh_info", None), "shard_process_group", None)) for g in groups],
+            "gathered": "".join("k" if getattr(g, "post_forward_mesh_info", None) is None else "r" for g in groups),
+            "prefetch": [[len(getattr(s, name, ())) for name in ("_states_to_forward_prefetch",
+                                                                  "_states_to_backward_prefetch")] for s in states],
+            "collectives": [[type(getattr(g, name, None)).__name__ for name in ("_all_gather_comm",
+                                                                                 "_reduce_scatter_comm")]
                             for g in groups],
             "streams": streams}
 
