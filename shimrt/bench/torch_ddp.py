@@ -64,9 +64,9 @@ after each way's timed steps, 3 more under torch.profiler; every rank's Chrome t
 where rank 0's step went (collectives' kernels and blocks, FSDP2's copies, the communication
 exposed: :mod:`.torch_timeline`) under the table.
 
-About 430 lines, past the house's 400: one configuration's measurement is one function over the
+About 450 lines, past the house's 400: one configuration's measurement is one function over the
 ways' shared state (compute alone, the reference's losses, the plain job beside them), and its
-helpers (steady windows, blocks in turn, the profiler) sit beside it.
+helpers (steady windows, blocks in turn, the allocator's record, the profiler) sit beside it.
 """
 
 from __future__ import annotations
