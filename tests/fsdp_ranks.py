@@ -150,7 +150,7 @@ def main() -> None:
                 resharding = keep_gathered(below_root(user))
             else:
                 reshard_again(resharding)
-            lists.append("".join("k" if g.post_forward_mesh_info is None else "r" for g in groups))
+            lists.append(settings(user)["gathered"])
         if step in depths:
             if depths[step] is None:
                 restore_prefetch(own)
@@ -176,7 +176,7 @@ def main() -> None:
         lists.append("restored " + ",".join(sorted(kinds)))
     if resharding is not None:  # the end: FSDP2's own resharding back
         reshard_again(resharding)
-        lists.append("".join("k" if g.post_forward_mesh_info is None else "r" for g in groups))
+        lists.append(settings(user)["gathered"])
     if depths:  # the end: the user's lists back
         restore_prefetch(own)
         held_lists()

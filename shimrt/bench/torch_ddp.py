@@ -364,8 +364,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             else:
                 ms, entry["in_turn"] = _in_turn(r, beside, going)
                 # what of the way's model differs from the plain one's beside it (a kept plain job: nothing)
-                mine, theirs = (fsdp_settings(ddp), fsdp_settings(plain)) if args.fsdp else \
-                    (ddp_settings(ddp), ddp_settings(plain))
+                settings = fsdp_settings if args.fsdp else ddp_settings
+                mine, theirs = settings(ddp), settings(plain)
                 entry["unlike_plain"] = sorted(k for k in mine if mine[k] != theirs[k])
             entry["allocator"] = _allocator(r, memory)
             losses = [float(x) for x in torch.stack(seen).tolist()]

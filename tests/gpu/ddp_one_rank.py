@@ -42,6 +42,15 @@ def decided(ov) -> bool:
     return ov.report()["policy"] is not None
 
 
+def left_behind(report: dict, blas, device: torch.device) -> dict:
+    """What of the trials is left once a policy is kept (``ov.report()``'s ``report``), beside
+    torch's global knobs they touch: ``blas``, the BLAS library preferred before overlap()."""
+    return dict(report["held"], nccl_groups=report["nccl_memory"]["alive"],
+                carveout=torch._C._get_sm_carveout_experimental(),
+                blas_restored=torch.backends.cuda.preferred_blas_library() == blas,
+                reserved_mib=torch.cuda.memory_reserved(device) / 2**20)
+
+
 def main() -> None:
     policy, margin, steps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
     second, mixed = sys.argv[4:] == ["second"], sys.argv[4:] == ["mixed"]
@@ -81,11 +90,7 @@ def main() -> None:
     report = ov.report()
     group = model.process_group
     high = group._get_backend(device).options.is_high_priority_stream
-    # what of the trials is left once a policy is kept, beside torch's global knobs they touch
-    left = dict(report["held"], nccl_groups=report["nccl_memory"]["alive"],
-                carveout=torch._C._get_sm_carveout_experimental(),
-                blas_restored=torch.backends.cuda.preferred_blas_library() == blas,
-                reserved_mib=torch.cuda.memory_reserved(device) / 2**20)
+    left = left_behind(report, blas, device)
     seconds = []
     if second:
         # torch 2.11 named a group made by some ranks by the count of groups alive: with A's group

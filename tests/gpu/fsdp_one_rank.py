@@ -14,7 +14,12 @@ import sys
 
 import torch
 import torch.distributed as dist
-from ddp_one_rank import KEPT_STEPS, MOST_STEPS, decided  # a sibling script (this one's folder is on sys.path)
+from ddp_one_rank import (  # a sibling script (this one's folder is on sys.path)
+    KEPT_STEPS,
+    MOST_STEPS,
+    decided,
+    left_behind,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -74,23 +79,18 @@ def main() -> None:
             return g.mesh_info.shard_process_group is own
         return gather.group is own
     on_own_before = on_own()
-    groups = param_groups(model)  # the root's (no parameters of its own) is not among them
 
-    def kept() -> str:  # each block's: k, kept all-gathered after forward (no post-forward mesh); r, resharded
-        return "".join("k" if x.post_forward_mesh_info is None else "r" for x in groups)
-    kept_before = kept()
     # what of the trials is left once a policy is kept: the model's FSDP2 state beside the plain
-    # copy's (the same mesh, so the same group), and torch's global knobs the policies touch
+    # copy's (the same mesh, so the same group; its "gathered": each block k, kept all-gathered
+    # after forward, or r, resharded), and torch's global knobs the policies touch
     state, plain_state = settings(model), settings(plain)
-    left = dict(report["held"], nccl_groups=report["nccl_memory"]["alive"],
-                carveout=torch._C._get_sm_carveout_experimental(),
-                blas_restored=torch.backends.cuda.preferred_blas_library() == blas)
+    left = left_behind(report, blas, device)
     ov.close()
     print(json.dumps({"policy": report["policy"], "process_group": report["process_group"], "own_group": on_own_before,
                       "stream_priority": stream.priority, "least": max(torch.cuda.Stream.priority_range()),
                       "own_group_after_close": on_own(),
                       "mesh_untouched": g.mesh_info.shard_process_group is own,
-                      "gathered": kept_before, "gathered_after_close": kept(),
+                      "gathered": state["gathered"], "gathered_after_close": settings(model)["gathered"],
                       "reference": report["reference"], "host_us": report["host_us"],
                       "dropped": report["dropped"], "diff": diff, "state": state, "plain_state": plain_state,
                       "left": left, "trials": report["trials"]}), flush=True)
