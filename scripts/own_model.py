@@ -22,6 +22,9 @@ the slowest rank; the ratio is taken per round and averaged, so a drift of the h
 speed over the run (an H100 at 8d31cd5 ran the same FSDP2 steps with up to 29% more CPU time per
 step from one window to the next, docs/ddp.md) weighs on both alike.
 
+``--against kept`` sets auto, once it has decided, against a fresh model under the policy it kept,
+fixed, in the same blocks in turn: a kept policy should read 1.00x its fixed self.
+
     torchrun --standalone --nproc-per-node 2 scripts/own_model.py --steps 60
 """
 
@@ -112,6 +115,10 @@ def main() -> None:
                    help="time each policy against plain DDP/FSDP2 in blocks of N steps in turn (plain, policy, "
                         "policy, plain per round), both models alive, in place of the phases one after the other")
     p.add_argument("--rounds", type=int, default=6, help="with --alternate: rounds of four blocks")
+    p.add_argument("--against", choices=("plain", "kept"), default="plain",
+                   help="with --alternate: the model beside each policy's, plain DDP/FSDP2 (default) or, for auto, "
+                        "a fresh model under the policy auto kept, fixed, made once auto has decided: whether a kept "
+                        "policy runs at its fixed speed, read in turn (a drift of the host's speed cancels)")
     p.add_argument("--diagnose", action="store_true",
                    help="per window: the process's and the main thread's CPU seconds, its threads, Python's "
                         "collector time, the caching allocator's retries and cudaMalloc/cudaFree counts, BLAS and FSDP2"
@@ -123,6 +130,8 @@ def main() -> None:
         p.error(f"--alternate must be 0 or more and --rounds 1 or more, not {args.alternate} and {args.rounds}")
     if args.alternate and args.diagnose:
         p.error("--diagnose reads the phases one after the other; --alternate runs none: give one of them")
+    if args.against == "kept" and not args.alternate:
+        p.error("--against kept sets auto against its kept policy in blocks in turn: give --alternate N too")
     policies = [name.strip() for name in args.policy.split(",")]
     for name in policies:  # a name refused here, not after the first phase
         if name != "auto":
@@ -264,22 +273,34 @@ def main() -> None:
                     nccl_memory=report["nccl_memory"])
 
     def in_turn(name: str) -> dict:
-        """``name`` against plain in blocks of --alternate steps, plain, policy, policy, plain per round."""
-        plain_step, step = Stepper(*fresh(None)), Stepper(*fresh(name))
-        warm(plain_step)
-        done = warm(step)
-        runs = {"plain": plain_step, "way": step}
+        """``name`` against plain (``--against kept``: against the policy auto kept, fixed) in blocks of
+        --alternate steps, beside, policy, policy, beside per round ("plain" in the reading)."""
+        if args.against == "plain":
+            beside_step, step = Stepper(*fresh(None)), Stepper(*fresh(name))
+            warm(beside_step)
+            done = warm(step)
+            beside = plain
+        else:  # the fixed model is made once auto has decided: it runs what auto kept
+            step = Stepper(*fresh(name))
+            done = warm(step)
+            kept = step.ov.report()["policy"]
+            beside_step = Stepper(*fresh(kept))
+            warm(beside_step)
+            beside = f"fixed {kept}"
+        runs = {"plain": beside_step, "way": step}
         blocks = run_rounds(lambda which: timed(runs[which], args.alternate), args.rounds)
-        out = {"way": f"{name} in turn with {plain}", "block": args.alternate, "rounds": args.rounds,
+        out = {"way": f"{name} in turn with {beside}", "block": args.alternate, "rounds": args.rounds,
                "trial_steps": done, **blocks_reading(blocks, slowest), **kept_of(step.ov)}
-        step.ov.close()
+        for ov in (step.ov, beside_step.ov):
+            if ov is not None:
+                ov.close()
         runs.clear()
-        del plain_step, step  # both models and their optimizers, before the next policy's pair
+        del beside_step, step  # both models and their optimizers, before the next policy's pair
         gc.collect()
         torch.cuda.empty_cache()
         if rank == 0:
             print(json.dumps(out), flush=True)
-            print(f"{name} in turn with {plain} ({args.rounds} rounds of blocks of {args.alternate} steps): {plain} "
+            print(f"{name} in turn with {beside} ({args.rounds} rounds of blocks of {args.alternate} steps): {beside} "
                   f"{out['plain_ms']:.2f} ms (+-{out['plain_standard_error_ms']:.2f}), {name} {out['way_ms']:.2f} "
                   f"(+-{out['way_standard_error_ms']:.2f}, kept {out['kept']}): {out['ratio']:.3f}x "
                   f"(+-{out['ratio_standard_error']:.3f}, by rounds)", flush=True)

@@ -14,7 +14,8 @@ def test_a_negative_block_or_no_round_is_refused_before_any_gpu_or_rank_is_touch
     pytest.importorskip("torch")
     counts = "--alternate must be 0 or more and --rounds 1 or more"
     for flags, said in ((["--alternate", "-1"], counts), (["--alternate", "10", "--rounds", "0"], counts),
-                        (["--alternate", "10", "--diagnose"], "--diagnose reads the phases one after the other")):
+                        (["--alternate", "10", "--diagnose"], "--diagnose reads the phases one after the other"),
+                        (["--against", "kept"], "--against kept sets auto against its kept policy in blocks in turn")):
         done = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
         assert said in done.stderr
