@@ -1370,3 +1370,18 @@ def test_ddps_order_bounds_the_step_by_the_forward_then_the_all_reduces_and_the_
     r["order_bound"] = order_bound(18.0, 6.6, 12.5, 4.0)
     assert ("; DDP's order allows 18.00 ms at best (the all-reduces alone after the forward's 4.00 ms): at most "
             "100.0% of them can hide") in report("balanced", r).splitlines()[0]
+
+
+def test_the_host_cost_of_the_policy_in_force_leaves_autos_trial_steps_out():
+    """ov.report()'s ``kept_host_us``: ``ov.step()``'s host time of the steps after auto's decision
+    alone, where ``host_us`` per policy counts every step under it, trials among them (auto's
+    kept policy read 215-245 us/step at 0e79d59 against 130-180 fixed, its trial steps in it)."""
+    from shimrt.torch.cost import HostCost
+    cost = HostCost()
+    assert cost.kept_report() == {"step_us": None, "steps": 0}  # auto still trying
+    for name, ns in (("ddp", 10_000), ("priority", 400_000), ("priority", 300_000), ("ddp", 20_000)):
+        cost.add(name, ns, kept=False)
+    for ns in (100_000, 200_000):
+        cost.add("priority", ns, kept=True)
+    assert cost.report() == {"ddp": {"step_us": 15.0, "steps": 2}, "priority": {"step_us": 250.0, "steps": 4}}
+    assert cost.kept_report() == {"step_us": 150.0, "steps": 2}

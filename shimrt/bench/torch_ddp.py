@@ -18,6 +18,8 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   first and again last, and the two set the run's noise;
 - DDP with ``shimrt.torch.overlap`` under each fixed policy of ``--policies`` and auto (its trial
   steps counted apart, what it kept reported), with ``ov.step()``'s host microseconds per step
+  of the policy in force (auto's after its decision alone, ``ov.report()["kept_host_us"]``; the
+  runs in docs/data up to 0e79d59 counted auto's trial steps under its kept policy in too)
   (``priority`` is DDP on a process group of high-priority streams, what a user could make with
   ``pg_options``); with auto, also ``ddp`` (plain DDP under ``overlap(policy="ddp")``), so that
   whatever auto kept has its fixed row in the same run: the table's last lines set them side by
@@ -377,7 +379,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             if ov is not None:
                 report = ov.report()
                 entry.update(kept=report["policy"], choice=report["describe"], dropped=report["dropped"],
-                             process_group=report["process_group"], host_us=report["host_us"].get(report["policy"]))
+                             process_group=report["process_group"], host_us=report["kept_host_us"])
                 ov.close()
         except (ShimrtError, RuntimeError) as exc:  # one way that cannot run here: said, the rest go on
             entry["failed"] = f"{type(exc).__name__}: {exc}"

@@ -16,22 +16,35 @@ now = time.perf_counter_ns
 
 
 class HostCost:
-    """Host time per policy: ``counters(name)`` is a list the step adds to in place:
-    [ns, steps]."""
+    """Host time per policy, [ns, steps] each, and the same of the steps under the policy in force
+    (after auto's decision, or a fixed policy's every step), counted apart: a kept policy's cost
+    per step is then set against a fixed one's without auto's trial steps in it."""
 
     def __init__(self) -> None:
         self.by_policy: dict[str, list[int]] = {}
+        self.kept = [0, 0]
 
-    def counters(self, name: str) -> list[int]:
-        found = self.by_policy.get(name)
-        if found is None:
-            found = self.by_policy[name] = [0, 0]
-        return found
+    def add(self, name: str, ns: int, kept: bool) -> None:
+        """One step of policy ``name`` took ``ns`` of ``ov.step()``'s own host time; ``kept``: a
+        step of the policy in force, not a trial's."""
+        counts = self.by_policy.setdefault(name, [0, 0])
+        counts[0] += ns
+        counts[1] += 1
+        if kept:
+            self.kept[0] += ns
+            self.kept[1] += 1
 
     def report(self) -> dict[str, dict[str, float | None]]:
         """Per policy: ``ov.step()``'s own host microseconds per step, and the steps counted."""
-        return {name: {"step_us": ns / steps / 1e3 if steps else None, "steps": steps}
-                for name, (ns, steps) in self.by_policy.items()}
+        return {name: _per_step(ns, steps) for name, (ns, steps) in self.by_policy.items()}
+
+    def kept_report(self) -> dict[str, float | None]:
+        """The same of the steps under the policy in force alone (none while auto tries)."""
+        return _per_step(*self.kept)
+
+
+def _per_step(ns: int, steps: int) -> dict[str, float | None]:
+    return {"step_us": ns / steps / 1e3 if steps else None, "steps": steps}
 
 
 class StepTimer:

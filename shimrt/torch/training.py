@@ -260,13 +260,11 @@ class Overlap:
         if self._active is not None:
             raise UsageError("ov.step() blocks do not nest")
         policy = self.trials.current()
-        counts = self.cost.counters(policy.name)
         timed = self.trials.picked is None
         if not timed:  # a trial's step sets the model up in _use() below
             self.model.before_step()
         if policy.plain and not timed:  # plain DDP kept: nothing to do (paced: but wait at the end)
-            counts[0] += now() - start
-            counts[1] += 1
+            self.cost.add(policy.name, now() - start, kept=True)
             yield policy
             if policy.pace:  # the host's wait, as a loop's reading its loss is: not ov.step()'s own cost
                 self._torch.cuda.current_stream(self.torch_device).synchronize()
@@ -285,7 +283,7 @@ class Overlap:
         self.window.aim(policy.carveout if policy.window else None)
         with contextlib.ExitStack() as inside:
             inside.enter_context(self.resources.context(policy))
-            counts[0] += now() - start
+            spent = now() - start
             try:
                 yield policy
             finally:
@@ -296,8 +294,7 @@ class Overlap:
                     current.wait_stream(torch_stream(part))
         if timed:
             self.timer.end(current, begun, self.trials.done(synced))
-        counts[0] += now() - start
-        counts[1] += 1
+        self.cost.add(policy.name, spent + now() - start, kept=not timed)
         if policy.pace:  # after the timer's end mark and the count: a wait, not ov.step()'s own cost
             current.synchronize()
         if timed and self.trials.exhausted:  # auto's decision: once, not a step's own cost
@@ -347,7 +344,9 @@ class Overlap:
     def report(self) -> dict:
         """The policy in force (None while auto tries), its process group, auto's trials and its
         reference (plain DDP, timed in the same rounds), ``ov.step()``'s host time per step per
-        policy, candidates dropped and why."""
+        policy (``host_us``: every step under it, auto's trials among them) and of the policy in
+        force's steps alone (``kept_host_us``: after auto's decision, or every step of a fixed
+        policy), candidates dropped and why."""
         policy = self.trials.picked
         means = self.trials.means if self.auto else {}
         return {"policy": None if policy is None else policy.name,
@@ -357,6 +356,8 @@ class Overlap:
                               "mean_ms": means.get("ddp")} if self.auto else None,
                 "trials": self.trials.report() if self.auto else None,
                 "host_us": self.cost.report(),
+                # the policy in force's steps alone (after auto's decision): what the job pays from there
+                "kept_host_us": self.cost.kept_report(),
                 # what the policies' NCCL communicators took of the GPU's memory, outside torch's stats
                 "nccl_memory": self.placement.groups.report(),
                 # what the policies hold now: once plain DDP is kept, no group, Interposer or hook
