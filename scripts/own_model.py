@@ -23,7 +23,10 @@ speed over the run (an H100 at 8d31cd5 ran the same FSDP2 steps with up to 29% m
 step from one window to the next, docs/ddp.md) weighs on both alike.
 
 ``--against kept`` sets auto, once it has decided, against a fresh model under the policy it kept,
-fixed, in the same blocks in turn: a kept policy should read 1.00x its fixed self.
+fixed, in the same blocks in turn: a kept policy should read 1.00x its fixed self. ``--before
+P1,P2`` runs a pair per policy whose measured model first runs ``--before-steps`` steps under it
+(its overlap() then closed): with a fixed ``--policy X --against kept``, X after each P against X
+fresh, what one policy leaves on a model for the next.
 
     torchrun --standalone --nproc-per-node 2 scripts/own_model.py --steps 60
 """
@@ -115,6 +118,11 @@ def main() -> None:
                    help="time each policy against plain DDP/FSDP2 in blocks of N steps in turn (plain, policy, "
                         "policy, plain per round), both models alive, in place of the phases one after the other")
     p.add_argument("--rounds", type=int, default=6, help="with --alternate: rounds of four blocks")
+    p.add_argument("--before", default=None, metavar="POLICIES",
+                   help="with --alternate: for each of these policies (comma-separated), a pair of its own whose "
+                        "measured model first runs --before-steps steps under it, its overlap() then closed, before "
+                        "the policy measured: what one policy leaves on a model for the next")
+    p.add_argument("--before-steps", type=int, default=30, metavar="N", help="with --before: its steps (default 30)")
     p.add_argument("--against", choices=("plain", "kept"), default="plain",
                    help="with --alternate: the model beside each policy's, plain DDP/FSDP2 (default) or, for auto, "
                         "a fresh model under the policy auto kept, fixed, made once auto has decided: whether a kept "
@@ -132,8 +140,12 @@ def main() -> None:
         p.error("--diagnose reads the phases one after the other; --alternate runs none: give one of them")
     if args.against == "kept" and not args.alternate:
         p.error("--against kept sets auto against its kept policy in blocks in turn: give --alternate N too")
+    if args.before is not None and (not args.alternate or args.before_steps < 1):
+        p.error(f"--before runs pairs in blocks in turn: give --alternate N too, and --before-steps 1 or more "
+                f"(not {args.before_steps})")
+    befores: list[str | None] = [None] if args.before is None else [b.strip() for b in args.before.split(",")]
     policies = [name.strip() for name in args.policy.split(",")]
-    for name in policies:  # a name refused here, not after the first phase
+    for name in policies + [b for b in befores if b is not None]:  # a name refused here, not after the first phase
         if name != "auto":
             try:
                 shimrt.torch.policies.parse(name)
@@ -217,13 +229,19 @@ def main() -> None:
         counted = ("gc_s", "gc_gen2", "cpu_s", "main_thread_cpu_s", "alloc_retries", "device_allocs", "device_frees")
         return {k: (round(after[k] - before[k], 4) if k in counted else after[k]) for k in after}
 
-    def fresh(policy: str | None):
-        """A model of the same weights, its optimizer, and overlap() under ``policy`` (None: plain)."""
+    def fresh(policy: str | None, before: str | None = None):
+        """A model of the same weights, its optimizer, and overlap() under ``policy`` (None: plain);
+        ``before``: the model first runs --before-steps steps under that policy, its overlap() closed."""
         torch.manual_seed(0)
         model = wrapped()
         opt = optimizer(model.parameters())
-        ov = shimrt.torch.overlap(model, policy=policy, fsdp_route=args.fsdp_route if args.fsdp else "mesh") \
-            if policy else None
+        route = args.fsdp_route if args.fsdp else "mesh"
+        if before is not None:
+            first = Stepper(model, opt, shimrt.torch.overlap(model, policy=before, fsdp_route=route))
+            for i in range(args.before_steps):
+                first(i)
+            first.ov.close()
+        ov = shimrt.torch.overlap(model, policy=policy, fsdp_route=route) if policy else None
         return model, opt, ov
 
     def warm(step) -> int:
@@ -272,16 +290,17 @@ def main() -> None:
         return dict(kept=report["policy"], check=trials.get("check"), means=trials.get("means_ms"),
                     nccl_memory=report["nccl_memory"])
 
-    def in_turn(name: str) -> dict:
+    def in_turn(name: str, before: str | None = None) -> dict:
         """``name`` against plain (``--against kept``: against the policy auto kept, fixed) in blocks of
-        --alternate steps, beside, policy, policy, beside per round ("plain" in the reading)."""
+        --alternate steps, beside, policy, policy, beside per round ("plain" in the reading);
+        ``before``: the measured model runs that policy first (:func:`fresh`)."""
         if args.against == "plain":
-            beside_step, step = Stepper(*fresh(None)), Stepper(*fresh(name))
+            beside_step, step = Stepper(*fresh(None)), Stepper(*fresh(name, before))
             warm(beside_step)
             done = warm(step)
             beside = plain
         else:  # the fixed model is made once auto has decided: it runs what auto kept
-            step = Stepper(*fresh(name))
+            step = Stepper(*fresh(name, before))
             done = warm(step)
             kept = step.ov.report()["policy"]
             beside_step = Stepper(*fresh(kept))
@@ -289,7 +308,8 @@ def main() -> None:
             beside = f"fixed {kept}"
         runs = {"plain": beside_step, "way": step}
         blocks = run_rounds(lambda which: timed(runs[which], args.alternate), args.rounds)
-        out = {"way": f"{name} in turn with {beside}", "block": args.alternate, "rounds": args.rounds,
+        way = name if before is None else f"{name} after {args.before_steps} steps of {before}"
+        out = {"way": f"{way} in turn with {beside}", "block": args.alternate, "rounds": args.rounds,
                "trial_steps": done, **blocks_reading(blocks, slowest), **kept_of(step.ov)}
         for ov in (step.ov, beside_step.ov):
             if ov is not None:
@@ -300,7 +320,7 @@ def main() -> None:
         torch.cuda.empty_cache()
         if rank == 0:
             print(json.dumps(out), flush=True)
-            print(f"{name} in turn with {beside} ({args.rounds} rounds of blocks of {args.alternate} steps): {beside} "
+            print(f"{way} in turn with {beside} ({args.rounds} rounds of blocks of {args.alternate} steps): {beside} "
                   f"{out['plain_ms']:.2f} ms (+-{out['plain_standard_error_ms']:.2f}), {name} {out['way_ms']:.2f} "
                   f"(+-{out['way_standard_error_ms']:.2f}, kept {out['kept']}): {out['ratio']:.3f}x "
                   f"(+-{out['ratio_standard_error']:.3f}, by rounds)", flush=True)
@@ -340,7 +360,7 @@ def main() -> None:
         return out
 
     if args.alternate:
-        runs = [in_turn(name) for name in policies]
+        runs = [in_turn(name, before) for name in policies for before in befores]
         if rank == 0 and args.json:
             with open(args.json, "w") as f:
                 json.dump(runs, f)
