@@ -140,9 +140,10 @@ def main() -> None:
         p.error("--diagnose reads the phases one after the other; --alternate runs none: give one of them")
     if args.against == "kept" and not args.alternate:
         p.error("--against kept sets auto against its kept policy in blocks in turn: give --alternate N too")
-    if args.before is not None and (not args.alternate or args.before_steps < 1):
-        p.error(f"--before runs pairs in blocks in turn: give --alternate N too, and --before-steps 1 or more "
-                f"(not {args.before_steps})")
+    if args.before_steps < 1:
+        p.error(f"--before-steps must be 1 or more (not {args.before_steps})")
+    if args.before is not None and not args.alternate:
+        p.error("--before runs pairs in blocks in turn: give --alternate N too")
     befores: list[str | None] = [None] if args.before is None else [b.strip() for b in args.before.split(",")]
     policies = [name.strip() for name in args.policy.split(",")]
     for name in policies + [b for b in befores if b is not None]:  # a name refused here, not after the first phase

@@ -18,7 +18,8 @@ def test_a_negative_block_or_no_round_is_refused_before_any_gpu_or_rank_is_touch
                         (["--against", "kept"], "--against kept sets auto against its kept policy in blocks in turn"),
                         (["--before", "partition:32"], "--before runs pairs in blocks in turn: give --alternate N"),
                         (["--alternate", "6", "--before", "partition:32", "--before-steps", "0"],
-                         "--before-steps 1 or more (not 0)"),
+                         "--before-steps must be 1 or more (not 0)"),
+                        (["--before-steps", "-3"], "--before-steps must be 1 or more (not -3)"),
                         (["--alternate", "6", "--before", "partition:32,bogus:3"], "policy must be")):
         done = subprocess.run([sys.executable, str(SCRIPT), *flags], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
