@@ -150,3 +150,28 @@ def test_a_zero_sm_group_asks_nccl_for_its_cta_policy_zero_and_no_channel_count(
     assert options(dist, "high", 8).config.cta_policy != zero  # NCCL's default policy elsewhere
     with pytest.raises(UsageError, match="CTA policy ZERO takes no channel count, not ctas=8"):
         options(dist, "high", 8, zero_sm=True)
+
+
+def test_a_groups_options_carry_the_timeout_it_is_made_with_so_torch_has_none_to_warn_of():
+    """torch warns ("backend_options._timeout was specified ...") where a new group's options
+    carry another timeout than the group's: a policy's group carries overlap()'s; a bad timeout
+    is refused by name before anything is made."""
+    torch = pytest.importorskip("torch")
+    import datetime
+
+    import torch.distributed as dist
+
+    from shimrt.torch import process_group_options
+    from shimrt.torch.groups import options
+    if not dist.is_available() or not dist.is_nccl_available():
+        pytest.skip(f"torch {torch.__version__} has no NCCL process group")
+    fresh = dist.ProcessGroupNCCL.Options()
+    if not hasattr(fresh, "_timeout"):
+        pytest.skip(f"torch {torch.__version__}'s ProcessGroupNCCL.Options carry no timeout")
+    short = datetime.timedelta(seconds=42)
+    assert options(dist, "high", 8, timeout=short)._timeout == short
+    assert options(dist, "low", None)._timeout == fresh._timeout  # none given: the options' own
+    assert process_group_options(ctas=4, timeout=short)._timeout == short
+    for bad in (42, datetime.timedelta(0), "1m"):
+        with pytest.raises(UsageError, match="timeout must be a positive datetime.timedelta or None, not"):
+            options(dist, "high", None, timeout=bad)

@@ -687,3 +687,25 @@ def test_releasing_torchs_cache_where_cuda_never_started_starts_nothing():
         pytest.skip("CUDA is initialised in this process already")
     release_cached()
     assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_accumulation_across_streams_turns_torchs_warning_off_inside_and_back_as_it_was_after(before):
+    """partition:K's compute runs beside DDP's accumulators on another stream: torch's warning
+    that DDP should be made on the forwards' stream is off inside the block (a user of partition:K
+    cannot act on it) and set back after, as the user had it, also when the block raises."""
+    torch = pytest.importorskip("torch")
+    from shimrt.torch.interop import accumulation_across_streams
+    getter = getattr(torch._C, "_warn_on_accumulate_grad_stream_mismatch", None)
+    if getter is None:
+        pytest.skip(f"torch {torch.__version__} cannot say whether it warns (the block leaves it as it is)")
+    torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(before)
+    try:
+        with accumulation_across_streams():
+            assert getter() is False
+        assert getter() is before
+        with pytest.raises(KeyError), accumulation_across_streams():
+            raise KeyError("a step that fails")
+        assert getter() is before
+    finally:
+        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(True)  # torch's default

@@ -31,19 +31,26 @@ __all__ = ["options", "require_nccl", "one_cuda_device", "subgroup_refusal", "Gr
 Key = tuple[str, "int | None", bool]
 
 
-def options(dist: Any, priority: str, ctas: int | None, zero_sm: bool = False) -> Any:
+def options(dist: Any, priority: str, ctas: int | None, zero_sm: bool = False,
+            timeout: datetime.timedelta | None = None) -> Any:
     """ProcessGroupNCCL's options for streams of ``priority`` ("high": the greatest) and NCCL
-    held to ``ctas`` channels (None: NCCL's choice), or (``zero_sm``) of NCCL's CTA policy ZERO.
-    UsageError where this torch cannot say it."""
+    held to ``ctas`` channels (None: NCCL's choice), or (``zero_sm``) of NCCL's CTA policy ZERO,
+    carrying ``timeout`` (None: the options' own), the one the group is made with: torch warns,
+    once per group, where the options' timeout and the group's differ. UsageError where this
+    torch cannot say it."""
     validate.one_of(priority, "priority", PRIORITIES)
     if ctas is not None:
         ctas = validate.integer(ctas, "ctas", least=1, most=64)
     if validate.boolean(zero_sm, "zero_sm") and ctas is not None:
         raise UsageError(f"a group of NCCL's CTA policy ZERO takes no channel count, not ctas={ctas}")
+    if timeout is not None and (not isinstance(timeout, datetime.timedelta) or timeout.total_seconds() <= 0):
+        raise UsageError(f"timeout must be a positive datetime.timedelta or None, not {validate.shown(timeout)}")
     if not dist.is_available() or not dist.is_nccl_available():
         raise UsageError("this torch has no NCCL process group (torch.distributed with NCCL)")
     made = dist.ProcessGroupNCCL.Options()
     made.is_high_priority_stream = priority == "high"
+    if timeout is not None and hasattr(made, "_timeout"):  # absent: torch has no second timeout to differ
+        made._timeout = timeout
     config = getattr(made, "config", None)
     if ctas is not None:
         if config is None or not hasattr(config, "max_ctas"):
@@ -131,7 +138,8 @@ class Groups:
             before = comm_memory(torch, self.device) if self.device is not None else 0
             try:
                 pg = self.dist.new_group(self.ranks, timeout=self.timeout, backend="nccl",
-                                         pg_options=options(self.dist, *key), use_local_synchronization=self.local)
+                                         pg_options=options(self.dist, *key, timeout=self.timeout),
+                                         use_local_synchronization=self.local)
             except ValueError as exc:
                 if "already been created" not in str(exc):
                     raise

@@ -6,13 +6,15 @@ torch is imported when a function is called, never at import."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 from typing import Any, Iterator
 
 from .. import validate
 from ..errors import UsageError
 from ..targets import MAX_SMS
 
-__all__ = ["require_torch", "stream", "sm_carveout", "process_group_options", "release_cached"]
+__all__ = ["require_torch", "stream", "sm_carveout", "accumulation_across_streams", "process_group_options",
+           "release_cached"]
 
 
 def require_torch() -> Any:
@@ -62,17 +64,43 @@ def sm_carveout(sms: int | None) -> Iterator[None]:
             prefer(previous_blas)
 
 
-def process_group_options(high_priority: bool = True, ctas: int | None = None) -> Any:
+@contextlib.contextmanager
+def accumulation_across_streams() -> Iterator[None]:
+    """A backward inside the block may run on another stream than its parameters' gradient
+    accumulators (a partition's compute under DDP, whose reducer keeps each parameter's
+    AccumulateGrad node from its construction, on the stream current then): torch then has each
+    accumulation wait on the producing stream and run on the accumulator's, which is correct,
+    and warns once that DDP should be made on the stream of the forwards, which a user of
+    ``partition:K`` cannot do. The warning is off inside the block and set back as it was after;
+    where this torch cannot say how it was set, it stays as torch has it."""
+    torch = require_torch()
+    getter = getattr(torch._C, "_warn_on_accumulate_grad_stream_mismatch", None)  # private; absent: warned
+    setter = getattr(torch._C, "_set_warn_on_accumulate_grad_stream_mismatch", None)
+    if getter is None or setter is None:
+        yield
+        return
+    previous = bool(getter())
+    setter(False)
+    try:
+        yield
+    finally:
+        setter(previous)
+
+
+def process_group_options(high_priority: bool = True, ctas: int | None = None,
+                          timeout: datetime.timedelta | None = None) -> Any:
     """Options for ``torch.distributed.init_process_group("nccl", pg_options=...)`` (or
     ``new_group``) that put ProcessGroupNCCL's collectives on streams of the greatest priority
     (its ``is_high_priority_stream``), as shimrt's Communicator does by default, and hold NCCL to
-    ``ctas`` channels (None: NCCL's choice), as a policy's process group under DDP does."""
+    ``ctas`` channels (None: NCCL's choice), as a policy's process group under DDP does. Give the
+    ``timeout`` the group is made with, if not torch's default: the options carry one of their
+    own, and torch warns where the two differ (the group's is used)."""
     require_torch()
     high_priority = validate.boolean(high_priority, "high_priority")
     import torch.distributed as dist
 
     from .groups import options
-    return options(dist, "high" if high_priority else "low", ctas)
+    return options(dist, "high" if high_priority else "low", ctas, timeout=timeout)
 
 
 def release_cached() -> None:

@@ -29,7 +29,7 @@ from ..errors import DriverError, UsageError
 from ..lifetime import close_each
 from ..stream import Stream
 from ..targets import MAX_SMS
-from .interop import sm_carveout
+from .interop import accumulation_across_streams, sm_carveout
 from .interop import stream as torch_stream
 from .policies import Policy
 
@@ -177,6 +177,7 @@ def compute_context(policy: Policy, interposer: Interposer | None = None,
             if partition_stream is None:
                 raise UsageError(f"policy {policy.name!r} needs the partition's stream")
             stack.enter_context(torch.cuda.stream(torch_stream(partition_stream)))
+            stack.enter_context(accumulation_across_streams())  # DDP's accumulators stay on their stream
         if policy.carveout is not None and not policy.window:  # a window: Window holds it (below)
             stack.enter_context(sm_carveout(policy.carveout))
         if policy.cap is not None:

@@ -43,10 +43,11 @@ def _two_ranks(device) -> tuple:
     return lib, ["0", "0"]
 
 
-def _launch(device, *args, timeout=280, refused=False, target=None):
+def _launch(device, *args, timeout=280, refused=False, target=None, stderr=False):
     """The example (or ``target``, the launcher's arguments for another program) on two ranks
-    (two GPUs, else both on GPU 0 under MPS); its output. A policy that cannot run here is
-    skipped with the reason, or with ``refused`` its output returned."""
+    (two GPUs, else both on GPU 0 under MPS); its output (with ``stderr``, its standard error
+    after it). A policy that cannot run here is skipped with the reason, or with ``refused`` its
+    output returned."""
     lib, indices = _two_ranks(device)
     flags = ["--devices", ",".join(indices)]
     if indices == ["0", "0"]:
@@ -64,7 +65,7 @@ def _launch(device, *args, timeout=280, refused=False, target=None):
             return run.stdout + run.stderr
         pytest.skip("; ".join(set(re.findall(r"cannot run here: [^\n]*", run.stdout + run.stderr))))
     assert run.returncode == 0, _failure(run.stdout + run.stderr)
-    return run.stdout
+    return run.stdout + run.stderr if stderr else run.stdout
 
 
 def _failure(text: str) -> str:
@@ -126,12 +127,17 @@ def test_priority_on_its_process_group_gives_plain_ddps_parameters_bit_for_bit(d
 @pytest.mark.parametrize("policy", ["shaping:2", "carveout:32", "windowed-carveout:32", "partition:32"])
 def test_every_compute_policy_trains_as_plain_ddp_within_a_different_kernels_rounding(device, policy):
     """A policy that changes torch's kernels (a carveout changes cuBLAS's choice) may round
-    differently: within 1e-5 of plain DDP's fp32 parameters after 12 steps."""
+    differently: within 1e-5 of plain DDP's fp32 parameters after 12 steps. And torch says nothing
+    a user could not act on: no warning that a policy group's options carry another timeout than
+    the group, nor (partition:32, whose backward runs on the partition's stream beside DDP's
+    gradient accumulators) that DDP should be made on the forwards' stream."""
     out = _launch(device, "--policy", policy, "--compare", "--steps", "12", "--width", "512", "--layers", "2",
-                  "--tokens", "256", "--dtype", "fp32")
+                  "--tokens", "256", "--dtype", "fp32", stderr=True)
     diff, _ = _diff(out)
     assert diff <= 1e-5, out[-2000:]
     assert f"policy: {policy}" in out
+    for warned in ("backend_options._timeout was specified", "AccumulateGrad node's stream does not match"):
+        assert warned not in out, _failure(out)
 
 
 # auto's log lists means as 'name[*] ms, ...' (* a finalist; inf a way that never ran)
