@@ -1385,3 +1385,36 @@ def test_the_host_cost_of_the_policy_in_force_leaves_autos_trial_steps_out():
         cost.add("priority", ns, kept=True)
     assert cost.report() == {"ddp": {"step_us": 15.0, "steps": 2}, "priority": {"step_us": 250.0, "steps": 4}}
     assert cost.kept_report() == {"step_us": 150.0, "steps": 2}
+
+
+def test_each_stage_of_auto_says_what_its_steps_do_and_how_many_are_left():
+    """The progress line rank 0 logs as each stage begins: the search, the finalists, the check
+    in blocks (its rounds, and again when more are scheduled), the guards alone, what was kept."""
+    t = Trials([P("ddp"), P("a"), P("b")], steps=2, warmup=1, finalists=1, reference="ddp", check=2,
+               check_block=3, check_most=4, guard=4, guard_lead=2)
+    assert t.stage() == "3 candidates, 2 rounds: 12 steps"
+    t.done(True)
+    assert t.stage() == "3 candidates, 2 rounds: 11 steps"
+    run(t, {"ddp": 10.0, "a": 8.0, "b": 9.0})
+    assert t.decide() is None and t.stage() == "the finalists ddp, a again, 2 rounds: 8 steps"
+    run(t, {"ddp": 10.0, "a": 8.0})
+    assert t.decide() is None
+    # 2 rounds of 4 visits, each a warm-up and 3 timed steps
+    assert t.stage() == "a checked beside ddp in blocks of 3 steps, rounds 1-2 of at most 4: 16 steps"
+    run(t, {"ddp": [9.0] * 3 + [11.0] * 3, "a": [9.8] * 6})  # a leads, within plain DDP's noise
+    assert t.decide() is None
+    assert t.stage() == "a checked beside ddp in blocks of 3 steps, rounds 3-4 of at most 4: 16 steps"
+    run(t, {"ddp": [8.5] * 6, "a": [9.9] * 6})
+    assert t.decide() is None and t.guard_role == "reference"
+    assert t.stage() == "ddp alone, its guard (the check gave way on a pick the trials had faster): 6 steps"
+    run(t, {"ddp": [11.0] * 4})
+    assert t.decide() is None
+    assert t.stage() == "a alone, its guard (the reference ran slower alone than the pick in the check): 6 steps"
+    run(t, {"a": [8.0] * 4})
+    assert t.decide().name == "a" and t.stage() == "kept a"
+    one = Trials([P("ddp"), P("a")], steps=1, warmup=0, finalists=0, reference="ddp", check=3)
+    run(one, {"ddp": 10.0, "a": 8.0})
+    assert one.decide() is None and one.stage() == "a checked beside ddp, a step each in turn, 3 rounds: 6 steps"
+    assert Trials.settled(P("ddp")).stage() == "kept ddp"
+    led = Trials([P("ddp"), P("a")], steps=1, warmup=0, reference="ddp", lead=2)
+    assert led.stage() == "2 candidates, 1 round, after 2 steps of ddp: 4 steps"

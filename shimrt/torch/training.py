@@ -196,6 +196,8 @@ class Overlap:
                 self.placement.hook_window(self.window)
             if not self.auto:
                 self.placement.use(self.trials.current())
+            else:
+                self._progress()
         except BaseException:
             with contextlib.suppress(Exception):  # the error that matters is the one raised
                 self._close_parts()
@@ -313,6 +315,7 @@ class Overlap:
             # What the coming steps cannot use goes now (each trial step puts the model on its own
             # policy's group): the next stage runs as the job will.
             self._release(self.trials.staying)
+            self._progress()
             return
         self.placement.use(picked)
         self._release([picked])
@@ -330,6 +333,11 @@ class Overlap:
                          "plain " + self.model.kind + " kept")
                 if alone := alone_said(check, "plain " + self.model.kind):
                     log.info("auto's steps alone after its check: %s", alone)
+
+    def _progress(self) -> None:
+        """auto's stage as it begins, logged at INFO by rank 0 (``Trials.stage``)."""
+        if self.rank == 0 and log.isEnabledFor(logging.INFO):
+            log.info("auto, from trial step %d: %s", self.trials.position, self.trials.stage())
 
     def _release(self, staying: list[Policy]) -> None:
         """Only ``staying`` (and plain DDP, whose group is the model's own) run from the next

@@ -106,8 +106,9 @@ rank switches at the same step; the decisions take the times agreed over the ran
 rank's, through ``agree``), so every rank picks the same finalists and keeps the same policy. No
 GPU here: the caller times the steps and hands them in.
 
-About 530 lines, a third of them this docstring: the schedule and the rules that read it (search,
-confirmation, check, guards) are one state machine over one schedule, read together.
+About 560 lines, a third of them this docstring: the schedule and the rules that read it (search,
+confirmation, check, guards), and what each stage says it does, are one state machine over one
+schedule, read together.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class Trials:
         self.finalists = validate.integer(finalists, "finalists", least=0, most=1000)
         self.margin = validate.number(margin, "margin", least=0, most=0.5)
         self.check_rounds = validate.integer(check, "check rounds", least=0, most=1000)
-        lead = validate.integer(lead, "lead-in steps", least=0, most=1000)
+        self.lead = lead = validate.integer(lead, "lead-in steps", least=0, most=1000)
         self.check_block = validate.integer(check_block, "check block", least=1, most=1000)
         self.check_always = validate.boolean(check_always, "check_always")
         if self.check_block > 1 and self.check_rounds == 1:
@@ -407,6 +408,30 @@ class Trials:
         self.picked = policy if held else self._named(reference)
         return self.picked
 
+    def stage(self) -> str:
+        """What the steps scheduled now do, in words, and how many of them are left: the
+        search, the finalists again, the check (in blocks: the rounds scheduled and the most it
+        may run), a guard alone, or what was kept. A progress line: a search, a check and its
+        guards can take hundreds of steps, some slower than the reference's."""
+        steps, rounds = _count(len(self.schedule) - self.position, "step"), _count(self.rounds, "round")
+        if self.picked is not None:
+            return f"kept {self.picked.name}"
+        if self.guarding is not None:
+            why = {"pick": "the check held it", "reference": "the check gave way on a pick the trials had faster",
+                   "pick after reference": "the reference ran slower alone than the pick in the check"}
+            return f"{self.guarding.name} alone, its guard ({why[str(self.guard_role)]}): {steps}"
+        if self.checking is not None:
+            beside = f"{self.checking.name} checked beside {self.reference}"
+            if self.check_block == 1:
+                return f"{beside}, a step each in turn, {_count(self.check_rounds, 'round')}: {steps}"
+            start = self._check_done - self.check_rounds + 1
+            return (f"{beside} in blocks of {self.check_block} steps, rounds {start}-{self._check_done} of at most "
+                    f"{self.check_most}: {steps}")
+        if self.final:
+            return f"the finalists {', '.join(p.name for p in self.final)} again, {rounds}: {steps}"
+        first = f", after {_count(self.lead, 'step')} of {self.reference}" if self.position < self.lead else ""
+        return f"{len(self.candidates)} candidates, {rounds}{first}: {steps}"
+
     @property
     def staying(self) -> list[Any]:
         """The policies the coming trial steps run besides the reference: the pick checked (or
@@ -492,6 +517,10 @@ class Trials:
                 "finalists": [c.name for c in self.final], "picked": None if self.picked is None else self.picked.name,
                 "check": dict(self.check) or None, "reference": self.reference, "margin": self.margin,
                 "trial_steps": len(self.schedule)}
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _noise(errors: dict[str, float], a: str, b: str) -> float:

@@ -171,6 +171,11 @@ def test_auto_confirms_its_finalists_beside_ddp_and_keeps_one_no_slower_in_its_t
     else:
         assert kept[0] <= ddp[0], out[-2000:]
     assert f"policy: {m.group(1)} (" in out, out[-2000:]  # the steps after the trials ran under it
+    # rank 0's progress, a line as each stage begins: the search from the first step, then the check
+    assert re.search(r"auto, from trial step 0: \d+ candidates, 3 rounds, after \d+ steps of ddp: \d+ steps", out), \
+        out[-3000:]
+    assert re.search(r"auto, from trial step \d+: \S+ checked beside ddp in blocks of 6 steps, rounds 1-4 of at "
+                     r"most \d+: \d+ steps", out), out[-3000:]
 
 
 @pytest.mark.timeout(200)
