@@ -325,6 +325,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     reference = None
     ways = ways_of(args, kinds)
     timed = 2 * args.rounds * args.in_turn if args.in_turn else args.steps  # each way's timed steps
+    settings = fsdp_settings if args.fsdp else ddp_settings  # a model's settings, to set a way's beside plain's
     for count, (way, policy, route) in enumerate(ways, 1):
         if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
@@ -366,7 +367,6 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
             else:
                 ms, entry["in_turn"] = _in_turn(r, beside, going)
                 # what of the way's model differs from the plain one's beside it (a kept plain job: nothing)
-                settings = fsdp_settings if args.fsdp else ddp_settings
                 mine, theirs = settings(ddp), settings(plain)
                 entry["unlike_plain"] = sorted(k for k in mine if mine[k] != theirs[k])
             entry["allocator"] = _allocator(r, memory)
