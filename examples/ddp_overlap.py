@@ -57,8 +57,8 @@ def main() -> None:
     p.add_argument("--policy", default="auto",
                    help="auto, ddp, priority, ctas:8, shaping:2, partition:48, carveout:48, ...")
     p.add_argument("--steps", type=positive(int), default=600,
-                   help="training steps (default 600: auto's default trials take up to 453, a check that "
-                        "cannot tell running to its 24 rounds)")
+                   help="training steps (default 600: auto's default trials take up to 471, a check that "
+                        "cannot tell running to its 24 rounds, then both guards)")
     p.add_argument("--width", type=positive(int), default=2048)
     p.add_argument("--layers", type=positive(int), default=4)
     p.add_argument("--tokens", type=positive(int), default=1024, help="tokens per rank per step")

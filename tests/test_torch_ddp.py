@@ -1418,3 +1418,6 @@ def test_each_stage_of_auto_says_what_its_steps_do_and_how_many_are_left():
     assert Trials.settled(P("ddp")).stage() == "kept ddp"
     led = Trials([P("ddp"), P("a")], steps=1, warmup=0, reference="ddp", lead=2)
     assert led.stage() == "2 candidates, 1 round, after 2 steps of ddp: 4 steps"
+    assert Trials([P("ddp")], steps=2, warmup=0).stage() == "1 candidate, 2 rounds: 2 steps"
+    held = _to_guard(guard_lead=2)  # the check held a (8 ms against plain DDP's 10)
+    assert held.stage() == "a alone, its guard (the check held it): 6 steps"

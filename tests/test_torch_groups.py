@@ -58,6 +58,21 @@ def test_groups_check_their_timeout(gloo):
             Groups(dist, dist.group.WORLD, bad)
 
 
+def test_groups_keep_their_timeout_in_whole_milliseconds_as_nccls_options_do(gloo):
+    """ProcessGroupNCCL's options keep a timeout in whole milliseconds; a group made with more
+    digits than that would differ from its options, and torch warn of it: the groups' timeout is
+    the nearest whole millisecond (at least one), which the options then carry unchanged."""
+    import torch
+    import torch.distributed as dist
+
+    from shimrt.torch.groups import Groups, options
+    for given, kept in ((1.2345678, 1235), (12.0, 12000), (0.0001, 1)):
+        groups = Groups(dist, dist.group.WORLD, datetime.timedelta(seconds=given))
+        assert groups.timeout == datetime.timedelta(milliseconds=kept)
+        if dist.is_nccl_available() and hasattr(dist.ProcessGroupNCCL.Options(), "_timeout"):
+            assert options(dist, "high", None, timeout=groups.timeout)._timeout == groups.timeout, torch.__version__
+
+
 @pytest.mark.parametrize("ctas", [0, 65, 1.5, True])
 def test_process_group_options_check_ctas_before_anything_else(ctas):
     """A bad NCCL channel count is named whether or not this torch has NCCL."""

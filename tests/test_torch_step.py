@@ -699,6 +699,7 @@ def test_accumulation_across_streams_turns_torchs_warning_off_inside_and_back_as
     getter = getattr(torch._C, "_warn_on_accumulate_grad_stream_mismatch", None)
     if getter is None:
         pytest.skip(f"torch {torch.__version__} cannot say whether it warns (the block leaves it as it is)")
+    found = getter()
     torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(before)
     try:
         with accumulation_across_streams():
@@ -708,4 +709,4 @@ def test_accumulation_across_streams_turns_torchs_warning_off_inside_and_back_as
             raise KeyError("a step that fails")
         assert getter() is before
     finally:
-        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(True)  # torch's default
+        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(found)

@@ -36,8 +36,8 @@ def options(dist: Any, priority: str, ctas: int | None, zero_sm: bool = False,
     """ProcessGroupNCCL's options for streams of ``priority`` ("high": the greatest) and NCCL
     held to ``ctas`` channels (None: NCCL's choice), or (``zero_sm``) of NCCL's CTA policy ZERO,
     carrying ``timeout`` (None: the options' own), the one the group is made with: torch warns,
-    once per group, where the options' timeout and the group's differ. UsageError where this
-    torch cannot say it."""
+    once per group, where the options' timeout and the group's differ (the options keep whole
+    milliseconds: give the group one of those). UsageError where this torch cannot say it."""
     validate.one_of(priority, "priority", PRIORITIES)
     if ctas is not None:
         ctas = validate.integer(ctas, "ctas", least=1, most=64)
@@ -124,7 +124,9 @@ class Groups:
         self.dist, self.parent, self.device = dist, group, device
         self.ranks = dist.get_process_group_ranks(group)
         self.local = dist.get_world_size(group) != dist.get_world_size()
-        self.timeout = timeout
+        # in whole milliseconds, as ProcessGroupNCCL's options keep it: the group's and the options'
+        # then agree, and torch has no difference to warn of
+        self.timeout = datetime.timedelta(milliseconds=max(1, round(timeout.total_seconds() * 1000)))
         self.made: dict[Key, Any] = {}
         #: key -> bytes of device memory its communicator took (on a GPU shared by several ranks,
         #: all of theirs, made at the same time), for each group made, alive or not

@@ -71,15 +71,16 @@ def accumulation_across_streams() -> Iterator[None]:
     AccumulateGrad node from its construction, on the stream current then): torch then has each
     accumulation wait on the producing stream and run on the accumulator's, which is correct,
     and warns once that DDP should be made on the stream of the forwards, which a user of
-    ``partition:K`` cannot do. The warning is off inside the block and set back as it was after;
-    where this torch cannot say how it was set, it stays as torch has it."""
+    ``partition:K`` cannot do. The warning is off inside the block and set back as it was after
+    (where this torch cannot say how it was set, to torch's default: on); a torch without the
+    switch warns as it does."""
     torch = require_torch()
-    getter = getattr(torch._C, "_warn_on_accumulate_grad_stream_mismatch", None)  # private; absent: warned
     setter = getattr(torch._C, "_set_warn_on_accumulate_grad_stream_mismatch", None)
-    if getter is None or setter is None:
+    if setter is None:
         yield
         return
-    previous = bool(getter())
+    getter = getattr(torch._C, "_warn_on_accumulate_grad_stream_mismatch", None)  # private, as the setter
+    previous = bool(getter()) if getter is not None else True
     setter(False)
     try:
         yield

@@ -430,7 +430,7 @@ class Trials:
         if self.final:
             return f"the finalists {', '.join(p.name for p in self.final)} again, {rounds}: {steps}"
         first = f", after {_count(self.lead, 'step')} of {self.reference}" if self.position < self.lead else ""
-        return f"{len(self.candidates)} candidates, {rounds}{first}: {steps}"
+        return f"{_count(len(self.candidates), 'candidate')}, {rounds}{first}: {steps}"
 
     @property
     def staying(self) -> list[Any]:
