@@ -15,6 +15,7 @@ def test_blocks_in_turn_give_each_ways_mean_and_the_ratio_per_round():
     assert out["ratios"] == pytest.approx([0.9, 0.9]) and out["ratio"] == pytest.approx(0.9)
     assert out["ratio_standard_error"] == pytest.approx(0.0)
     assert out["plain_ms"] == pytest.approx(110.0) and out["way_ms"] == pytest.approx(99.0)
+    assert out["plain_blocks_ms"] == plain and out["way_blocks_ms"] == way  # each block, as it came
     # the standard error over the blocks: stdev 11.547 over sqrt(4)
     assert out["plain_standard_error_ms"] == pytest.approx(5.7735, rel=1e-4)
     # a ratio that moves between rounds: 0.9 and 1.0, mean 0.95, standard error 0.05

@@ -33,7 +33,8 @@ def reading(plain_ms: list[float], way_ms: list[float]) -> dict:
     """Blocks timed in turn (ms per step of each block, each way's in the order it ran them, two
     of each per round): each way's mean and the standard error over its blocks, and the way's
     ratio to plain taken per round (its two blocks' mean over plain's two), their mean and
-    standard error."""
+    standard error; and each way's blocks as they came (a level that both ways left at once is
+    the process's, not the way's)."""
     if len(plain_ms) != len(way_ms) or not plain_ms or len(plain_ms) % 2:
         raise ValueError(f"two blocks of each way per round, not {len(plain_ms)} and {len(way_ms)}")
 
@@ -41,7 +42,8 @@ def reading(plain_ms: list[float], way_ms: list[float]) -> dict:
     ratios = [(way_ms[i] + way_ms[i + 1]) / (plain_ms[i] + plain_ms[i + 1]) for i in range(0, len(plain_ms), 2)]
     return {"plain_ms": statistics.fmean(plain_ms), "plain_standard_error_ms": spread(plain_ms),
             "way_ms": statistics.fmean(way_ms), "way_standard_error_ms": spread(way_ms),
-            "ratios": ratios, "ratio": statistics.fmean(ratios), "ratio_standard_error": spread(ratios)}
+            "ratios": ratios, "ratio": statistics.fmean(ratios), "ratio_standard_error": spread(ratios),
+            "plain_blocks_ms": list(plain_ms), "way_blocks_ms": list(way_ms)}
 
 
 def blocks_reading(blocks: list[tuple[str, float]],
