@@ -6,7 +6,7 @@
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
-#   example out); ddp-turn: bench torch --in-turn 6 --rounds 6 under DDP (each way in blocks in turn with a plain DDP of
+#   example out; DDP_ARGS more flags, e.g. --one-bucket: plain DDP with its all-reduces after backward beside it); ddp-turn: bench torch --in-turn 6 --rounds 6 under DDP (each way in blocks in turn with a plain DDP of
 #   its own, the ratio per round, as fsdp-turn below; DDP_TURN_ARGS in place of the default --configs
 #   balanced-1024,comm-heavy-1024 --policies carveout,windowed-carveout,partition,auto); levels: plain DDP's two
 #   speeds against the host's loss reads (docs/ddp.md): bench torch's compute-heavy, balanced and balanced-1024:
@@ -164,7 +164,7 @@ if [ "$part" = all ] || [ "$part" = nccl ] || [ "$part" = latency ] || [ "$part"
     # DDP_EXAMPLE=0 leaves the example out (a call short of device time: the bench alone).
     ddp_steps=()
     [ "${DDP_EXAMPLE:-1}" = 0 ] || ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 150 examples/ddp_overlap.py --policy auto --compare --steps 480")
-    ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 440 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 430 --json $OUT/torch_ddp.json --plots $OUT/plots")
+    ddp_steps+=("shimrt.launch --nproc 2 --devices 0,0 $mpsflag --timeout 440 -m shimrt.bench torch --steps 24 --settle 30 --sms 32 --optimizer adamw --loss-every 10 --timeout 430 ${DDP_ARGS:-} --json $OUT/torch_ddp.json --plots $OUT/plots")
     case $part in
       latency) steps=("${latency_steps[@]}") ;;
       ddp) steps=("${ddp_steps[@]}") ;;

@@ -125,8 +125,9 @@ def test_bench_torch_without_torch_says_how_to_get_it(capsys):
     assert "bench torch needs PyTorch" in err and "shimrt[torch]" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag", [["--bucket-view"], ["--loss-every", "10"], ["--optimizer", "adamw"], ["--fsdp"],
-                                  ["--settle", "4"], ["--steady", "8"], ["--profile", "/tmp"], ["--in-turn", "6"]])
+@pytest.mark.parametrize("flag", [["--bucket-view"], ["--one-bucket"], ["--loss-every", "10"], ["--optimizer", "adamw"],
+                                  ["--fsdp"], ["--settle", "4"], ["--steady", "8"], ["--profile", "/tmp"],
+                                  ["--in-turn", "6"]])
 def test_the_ddp_only_options_are_refused_with_ranks_in_one_process(capsys, monkeypatch, flag):
     pytest.importorskip("torch")
     from shimrt.bench.__main__ import main
@@ -161,7 +162,7 @@ def test_zero_sm_is_refused_without_fsdp2s_custom_route_and_added_with_it(capsys
         err = capsys.readouterr().err
         assert "zero-sm is FSDP2's over its custom collectives" in err and "--fsdp --fsdp-route custom" in err, err
     base = dict(plots=None, trial_steps=None, in_turn=0, rounds=None, configs=["balanced"],
-                width=None, layers=None, batch=None, seq=None)
+                width=None, layers=None, batch=None, seq=None, one_bucket=False)
     custom = argparse.Namespace(**base, fsdp=True, fsdp_route="custom", policies=None)
     check(custom)
     assert "zero-sm" in custom.policies and "prefetch" in custom.policies
@@ -183,7 +184,7 @@ def test_paced_is_in_the_default_of_one_process_per_rank_and_refused_asked_for_i
     assert "paced waits at the end of each rank's ov.step(), which needs one process per rank" in err, err
     base = dict(plots=None, trial_steps=None, in_turn=0, rounds=None, configs=["balanced"],
                 width=None, layers=None, batch=None, seq=None,
-                fsdp=False, fsdp_route="mesh")
+                fsdp=False, fsdp_route="mesh", one_bucket=False)
     default = argparse.Namespace(**base, policies=None)
     check(default)
     assert "paced" in default.policies and not default.paced_asked
@@ -622,6 +623,27 @@ def test_ctas_ways_run_under_fsdp2_or_when_named():
         torch_step.check(args)
     args = p.parse_args(["--configs", "balanced", "--policies", "priority,no-reshard"])
     with pytest.raises(UsageError, match="no-reshard is FSDP2's"):
+        torch_step.check(args)
+
+
+def test_one_bucket_adds_plain_ddp_in_one_bucket_after_plain_ddp_and_is_refused_under_fsdp():
+    import argparse
+
+    from shimrt.bench.torch_ddp import ways_of
+    from shimrt.bench.torch_ddp_report import ONE_BUCKET_WAY
+    p = argparse.ArgumentParser()
+    torch_step.add_arguments(p)
+    argv = ["--configs", "balanced", "--sms", "32", "--policies", "priority"]
+    args = p.parse_args([*argv, "--one-bucket"])
+    torch_step.check(args)
+    assert ways_of(args, list(args.policies)) == [
+        ("plain DDP", None, "mesh"), (ONE_BUCKET_WAY, None, "mesh"), ("priority", "priority", "mesh"),
+        ("plain DDP again", None, "mesh")]
+    args = p.parse_args(argv)
+    torch_step.check(args)
+    assert ONE_BUCKET_WAY not in [w for w, _, _ in ways_of(args, list(args.policies))]
+    args = p.parse_args([*argv, "--one-bucket", "--fsdp"])
+    with pytest.raises(UsageError, match="--one-bucket is DDP's"):
         torch_step.check(args)
 
 

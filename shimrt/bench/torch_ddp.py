@@ -51,7 +51,8 @@ plain FSDP2 the reference (said so in the table; its JSON rows keep plain DDP's 
 2-8 GPUs, run so far with two ranks on one H100 (docs/ddp.md). The loop is a user's: ``--optimizer``
 (fused SGD or fused AdamW), the loss read on the host every ``--loss-every`` steps (1: the host
 waits for each step's end), ``--bucket-mb`` (DDP's ``bucket_cap_mb``), ``--bucket-view``
-(``gradient_as_bucket_view=True``). A step's time is the median of per-step CUDA events after the
+(``gradient_as_bucket_view=True``); ``--one-bucket`` adds plain DDP with every gradient in one
+bucket, its all-reduce after backward (no overlap), set against plain DDP and said beside the goals. A step's time is the median of per-step CUDA events after the
 warm-up; the table gives the slowest rank's, the mean of the slowest rank's steps (the goals are
 said by both) and the slowest step, and ``--json`` every timed step's (the slowest rank's, step by
 step), so a way whose steps run at two speeds shows it (the tables and goals:
@@ -87,7 +88,7 @@ from ..errors import ShimrtError, UsageError
 from ..torch.ddp import settings as ddp_settings
 from ..torch.fsdp import settings as fsdp_settings
 from .in_turn import blocks_reading, run_rounds
-from .torch_ddp_report import AUTOS, CUSTOM_WAY, bars_png, report
+from .torch_ddp_report import AUTOS, CUSTOM_WAY, ONE_BUCKET_WAY, bars_png, report
 from .torch_measure import ComputeSpans, allocator_mark, allocator_since, comm_hidden, order_bound, step_times_ms
 
 __all__ = ["run"]
@@ -140,13 +141,15 @@ class _Rank:
             optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, fused=fused)
         return model, batch(size, self.device, seed=1 + self.rank), optimizer
 
-    def job(self, size: Any) -> tuple[Any, Any, Any, Any]:
+    def job(self, size: Any, bucket_mb: int | None = None) -> tuple[Any, Any, Any, Any]:
         """(model, the model as the job trains it, its batch, its optimizer): :meth:`fresh`, then
-        DDP with --bucket-mb and --bucket-view, or FSDP2 (--fsdp: the model is its own root)."""
+        DDP with --bucket-mb (``bucket_mb`` in its place where given) and --bucket-view, or FSDP2
+        (--fsdp: the model is its own root)."""
         from torch.nn.parallel import DistributedDataParallel as DDP
         args = self.args
         model, data, opt = self.fresh(size, shard=args.fsdp)
-        wrapped = model if args.fsdp else DDP(model, device_ids=[self.device.index], bucket_cap_mb=args.bucket_mb,
+        wrapped = model if args.fsdp else DDP(model, device_ids=[self.device.index],
+                                              bucket_cap_mb=bucket_mb or args.bucket_mb,
                                               gradient_as_bucket_view=args.bucket_view)
         return model, wrapped, data, opt
 
@@ -261,7 +264,8 @@ def _in_turn(r: _Rank, plain: Callable[[int], Any], way: Callable[[int], Any]) -
 
 def ways_of(args: Any, kinds: list[str]) -> list[tuple[str, str | None, str]]:
     """The ways of a configuration, in order: (its name, the policy overlap() is given, None for
-    the plain job; the FSDP2 route). Plain DDP first and last (the run's noise), each fixed policy
+    the plain job; the FSDP2 route). Plain DDP first and last (the run's noise), under
+    ``--one-bucket`` plain DDP in one bucket (:data:`ONE_BUCKET_WAY`) after the first, each fixed policy
     of ``kinds`` (FSDP2 marks no window; ``paced`` is plain, waiting), ``priority`` again over FSDP2's
     custom collectives under ``--fsdp-route both`` (:data:`CUSTOM_WAY`), and with auto, plain DDP
     through overlap() (``ddp``: what auto keeps when nothing wins) and each of :data:`AUTOS`."""
@@ -271,6 +275,8 @@ def ways_of(args: Any, kinds: list[str]) -> list[tuple[str, str | None, str]]:
              and not (args.fsdp and p.window)]
     # by name: overlap() sizes each policy's channels by the ranks per GPU
     ways: list[tuple[str, str | None, str]] = [("plain DDP", None, route)]
+    if args.one_bucket:
+        ways.append((ONE_BUCKET_WAY, None, route))
     ways += [(p.name, p.name, route) for p in fixed]
     if args.fsdp_route == "both":
         ways.append((CUSTOM_WAY, "priority", "custom"))
@@ -322,6 +328,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     steps["comm"], _ = step_times_ms(torch, comm, args.warmup, args.steps)
     buckets.clear()  # their memory back before the models
     out["gradient_bytes"] = grad_bytes
+    whole_mb = -(-grad_bytes // 2**20)  # --one-bucket's bucket_cap_mb: every gradient in one bucket
     reference = None
     ways = ways_of(args, kinds)
     timed = 2 * args.rounds * args.in_turn if args.in_turn else args.steps  # each way's timed steps
@@ -329,8 +336,9 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     for count, (way, policy, route) in enumerate(ways, 1):
         if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
-        model, ddp, data, opt = r.job(size)
-        entry: dict = {}
+        bucket_mb = whole_mb if way == ONE_BUCKET_WAY else None
+        model, ddp, data, opt = r.job(size, bucket_mb)
+        entry: dict = {} if bucket_mb is None else {"bucket_mb": bucket_mb}
         ov = step = going = beside = plain = None
         marks = None if args.in_turn else spanned(model)  # in turn: its untimed steps between blocks
         try:

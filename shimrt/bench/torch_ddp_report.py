@@ -14,7 +14,8 @@ from ..choose import standard_error
 from ..torch.policies import FIXED_ONLY
 from ..torch.trials import alone_said, how_held
 
-__all__ = ["AUTOS", "REFERENCES", "CUSTOM_WAY", "report", "bars_png", "noise", "in_turn_noise", "block_noise"]
+__all__ = ["AUTOS", "REFERENCES", "CUSTOM_WAY", "ONE_BUCKET_WAY", "report", "bars_png", "noise", "in_turn_noise",
+           "block_noise"]
 
 #: The goals of the DDP benchmark: auto at least this much below plain DDP on these configurations,
 #: never above it (a miss by less than the run's noise, plain DDP's first and last runs apart, is
@@ -32,6 +33,13 @@ REFERENCES = ("plain DDP", "plain DDP again", "ddp")
 #: collectives rather than its groups' mesh (what each route costs per step, side by side); no auto
 #: runs on it, so it is no fixed way of auto's either.
 CUSTOM_WAY = "priority (custom route)"
+#: Under ``--one-bucket``: plain DDP with a ``bucket_cap_mb`` that holds every gradient, so that its
+#: all-reduce runs once backward has ended (no overlap; DDP's first bucket keeps its 1 MiB): what a
+#: user can run without shimrt where overlapping costs more than it hides. No policy: no fixed way of
+#: auto's either, said beside the goals as the ways no auto tries are.
+ONE_BUCKET_WAY = "plain DDP, one bucket"
+#: The ways said beside the goals, not as the best fixed way: no auto tries them.
+UNTRIED = (*FIXED_ONLY, ONE_BUCKET_WAY)
 
 
 def noise(r: dict) -> float:
@@ -111,6 +119,10 @@ def report(name: str, r: dict) -> str:
         from .torch_timeline import describe
         lines += ["where rank 0's steps went (torch.profiler, 3 steps after the timed ones):"]
         lines += ["  " + describe(way, e["timeline"]) for way, e in ways.items() if "timeline" in e]
+    if ONE_BUCKET_WAY in ways:
+        lines.append(f"its all-reduces after backward, by the means: {ONE_BUCKET_WAY} {means[ONE_BUCKET_WAY]:.2f} ms, "
+                     f"{means[ONE_BUCKET_WAY] / means['plain DDP']:.3f}x plain DDP; compute alone and the "
+                     f"all-reduces alone add up to {r['compute_ms'] + r['comm_ms']:.2f}")
     if CUSTOM_WAY in ways and "priority" in ways:
         lines.append(f"the two routes, by the means: priority {means['priority']:.2f} ms over FSDP2's groups' mesh, "
                      f"{means[CUSTOM_WAY]:.2f} over its custom collectives "
@@ -187,10 +199,10 @@ def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "a
     failed) for ``way`` (one of :data:`AUTOS`): never above plain DDP (a miss within ``slack``, the
     run's noise, is said as one) and, where the configuration has one, a goal below it (a noise as
     large as that goal makes it no reading). The best fixed way is of those auto tries; a
-    fixed-only way (``paced``, ``zero-sm``: no auto tries them) is said beside it, as what auto
-    leaves untried. ``unit`` follows each way's figure ("x" for ratios in turn)."""
+    fixed-only way (``paced``, ``zero-sm``) or plain DDP in one bucket (no auto tries them) is said
+    beside it, as what auto leaves untried. ``unit`` follows each way's figure ("x" for ratios in turn)."""
     auto, base = ms[way], ms["plain DDP"]
-    best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES, *FIXED_ONLY, CUSTOM_WAY)
+    best = min((w for w, t in ms.items() if w not in (*AUTOS, *REFERENCES, *UNTRIED, CUSTOM_WAY)
                 and not math.isnan(t)),
                key=ms.__getitem__, default=None)
     below = 1 - auto / base
@@ -205,7 +217,7 @@ def _goals(name: str, by: str, ms: dict[str, float], slack: float, way: str = "a
     if best is not None:
         said.append(f"within {GOAL_BEST:.0%} of the best fixed way ({best}, {shown(ms[best])}): "
                     f"{'met' if auto <= ms[best] * (1 + GOAL_BEST) else 'NOT met'}")
-    said += [f"{w}, which no auto tries, {shown(ms[w])} ({way} {auto / ms[w]:.3f}x)" for w in FIXED_ONLY
+    said += [f"{w}, which no auto tries, {shown(ms[w])} ({way} {auto / ms[w]:.3f}x)" for w in UNTRIED
              if w in ms and not math.isnan(ms[w])]
     return "; ".join(said)
 

@@ -120,6 +120,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-view", action="store_true",
                    help="one process per rank: every DDP with gradient_as_bucket_view=True (gradients are views "
                         "of DDP's buckets: no copy between them)")
+    p.add_argument("--one-bucket", action="store_true",
+                   help="one process per rank, DDP: also plain DDP with every gradient in one bucket (its "
+                        "all-reduce after backward, no overlap), after plain DDP: what a user can run without "
+                        "shimrt where overlapping costs more than it hides")
     p.add_argument("--fsdp", action="store_true",
                    help="one process per rank: FSDP2 (fully_shard of every block and the model) in place of DDP; "
                         "plain FSDP2 is the reference")
@@ -171,6 +175,8 @@ def check(args: argparse.Namespace) -> None:
     configuration was measured)."""
     if args.plots is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plots needs matplotlib: pip install 'shimrt[plot]' (or leave --plots out)")
+    if args.one_bucket and args.fsdp:
+        raise UsageError("--one-bucket is DDP's (FSDP2 has no buckets): leave out --one-bucket or --fsdp")
     if args.fsdp_route != "mesh" and not args.fsdp:
         raise UsageError("--fsdp-route applies with --fsdp (FSDP2's collectives): add --fsdp or leave it out")
     args.paced_asked = args.policies is not None and "paced" in args.policies  # refused with one process (run)
@@ -462,8 +468,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "paced_asked", False):
         raise UsageError("paced waits at the end of each rank's ov.step(), which needs one process per rank (DDP): run "
                          "under torchrun or python -m shimrt.launch --nproc N, or leave paced out of --policies")
-    for flag, default in (("bucket_view", False), ("loss_every", 0), ("optimizer", "sgd"), ("fsdp", False),
-                          ("settle", 0), ("steady", 0), ("fsdp_route", "mesh"), ("profile", None),
+    for flag, default in (("bucket_view", False), ("one_bucket", False), ("loss_every", 0), ("optimizer", "sgd"),
+                          ("fsdp", False), ("settle", 0), ("steady", 0), ("fsdp_route", "mesh"), ("profile", None),
                           ("in_turn", 0)):
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag.replace('_', '-')} applies to one process per rank (DDP): run under torchrun "

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shimrt import CollectiveError
+from shimrt.bench.torch_ddp_report import ONE_BUCKET_WAY
 from shimrt.launch import mps
 from shimrt.nccl import library
 from shimrt.nccl.config import check_shared_gpu
@@ -356,17 +357,18 @@ def test_fsdp2_under_a_policy_trains_as_plain_fsdp2_with_two_ranks(device, polic
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
 def test_bench_torch_in_turn_times_every_way_in_blocks_beside_a_plain_job_and_reads_it(device, tmp_path, fsdp):
     """bench torch --in-turn with one process per rank, on a small model: each way (plain, priority,
-    plain again) is timed in 2 rounds of 2-step blocks beside a plain job of its own; every way has
-    its 8 timed steps, a ratio per round, losses that follow plain's, and the table says the
-    noise in turn."""
+    plain again; under DDP plain DDP in one bucket too) is timed in 2 rounds of 2-step blocks beside
+    a plain job of its own; every way has its 8 timed steps, a ratio per round, losses that follow
+    plain's, and the table says the noise in turn."""
     import json
     out = tmp_path / "in_turn.json"
-    text = _launch(device, "torch", *(["--fsdp"] if fsdp else []), "--configs", "balanced", "--width", "256",
-                   "--layers", "2", "--seq", "128", "--policies", "priority", "--in-turn", "2", "--rounds", "2",
-                   "--steps", "2", "--sms", "32", "--optimizer", "adamw", "--timeout", "220", "--json", str(out),
-                   timeout=280, target=["-m", "shimrt.bench"])
+    one = ONE_BUCKET_WAY
+    text = _launch(device, "torch", *(["--fsdp"] if fsdp else ["--one-bucket"]), "--configs", "balanced",
+                   "--width", "256", "--layers", "2", "--seq", "128", "--policies", "priority", "--in-turn", "2",
+                   "--rounds", "2", "--steps", "2", "--sms", "32", "--optimizer", "adamw", "--timeout", "220",
+                   "--json", str(out), timeout=280, target=["-m", "shimrt.bench"])
     ways = json.loads(out.read_text())["configs"]["balanced"]["ways"]
-    assert list(ways) == ["plain DDP", "priority", "plain DDP again"], text[-2000:]
+    assert list(ways) == ["plain DDP", *([] if fsdp else [one]), "priority", "plain DDP again"], text[-2000:]
     for name, e in ways.items():
         assert "failed" not in e, (name, e)
         assert len(e["steps_ms"]) == 8 and all(0 < t < 10_000 for t in e["steps_ms"]), (name, e)
@@ -384,5 +386,8 @@ def test_bench_torch_in_turn_times_every_way_in_blocks_beside_a_plain_job_and_re
     assert set(ways["priority"]["unlike_plain"]) == ({"groups", "streams"} if fsdp else {"group"}), ways["priority"]
     # the same weights and batches as plain's, step for step: within a different kernel's rounding
     assert ways["priority"]["loss_max_diff"] < 1e-2 and ways["plain DDP again"]["loss_max_diff"] < 1e-2, ways
+    if not fsdp:  # plain DDP whose gradients fill one bucket (DDP's 1 MiB first aside): a plain job's model
+        assert ways[one]["unlike_plain"] == [] and ways[one]["loss_max_diff"] < 1e-2, ways[one]
+        assert ways[one]["bucket_mb"] >= 1 and "its all-reduces after backward, by the means" in text, text[-3000:]
     said = "in turn: each way in 2 rounds of 2-step blocks"
     assert said in text and "noise: plain against plain" in text, text[-3000:]
