@@ -391,6 +391,24 @@ def test_two_ddps_over_one_group_have_the_same_settings_until_one_is_moved_to_an
     assert settings(a) != settings(b) and settings(a)["comm_hooks"] == 1
 
 
+def test_bucket_bytes_says_what_ddps_reducer_made_of_bucket_cap_mb(gloo):
+    """shimrt.torch.ddp.bucket_bytes, what bench torch records of each DDP way (--one-bucket's among
+    them): real DDPs over gloo on the CPU; one rank builds its buckets once, at construction (a
+    first step with all parameters in one bucket), and does not rebuild them."""
+    from types import SimpleNamespace
+
+    from shimrt.torch.ddp import bucket_bytes
+    layers = [gloo.nn.Linear(256, 256) for _ in range(4)]  # 4 x 65792 floats: 1052672 bytes
+    ddp = gloo.nn.parallel.DistributedDataParallel(gloo.nn.Sequential(*layers), bucket_cap_mb=1)
+    ddp(gloo.ones(2, 256)).sum().backward()
+    assert bucket_bytes(ddp) == [4 * 65792 * 4], bucket_bytes(ddp)
+    assert bucket_bytes(SimpleNamespace()) is None  # no logging data: nothing said
+    for said in ({}, {"bucket_sizes": "1, two"}):
+        assert bucket_bytes(SimpleNamespace(_get_ddp_logging_data=lambda said=said: said)) is None
+    logged = {"bucket_sizes": "100", "rebuilt_bucket_sizes": "60, 40"}  # rebuilt after a first step: those
+    assert bucket_bytes(SimpleNamespace(_get_ddp_logging_data=lambda: logged)) == [60, 40]
+
+
 def _ddp_result():
     way = lambda ms, **more: dict(step_ms=ms, steps_ms=[ms, ms + 1.5, ms - 0.5], hidden=0.5, **more)  # noqa: E731
     host = {"step_us": 20.4, "steps": 16}
@@ -548,6 +566,10 @@ def test_plain_ddp_in_one_bucket_is_set_against_plain_ddp_and_said_beside_the_go
             "compute alone and the all-reduces alone add up to 24.60") in lines, lines
     assert "within 2% of the best fixed way (priority, 22.00 ms): met" in lines[-2], lines[-2]
     assert lines[-2].endswith("; plain DDP, one bucket, which no auto tries, 20.00 ms (auto 1.050x)"), lines[-2]
+    r["ways"][ONE_BUCKET_WAY] = dict(step_ms=float("nan"), steps_ms=[float("nan")] * 3, hidden=float("nan"),
+                                     failed="RuntimeError: x")  # failed: no line of it but its row
+    text = report("comm-heavy-1024", r)
+    assert "RuntimeError: x" in text and "its all-reduces after backward" not in text, text
 
 
 def test_the_custom_routes_priority_is_set_beside_the_meshs_and_is_no_fixed_way_of_autos():

@@ -52,22 +52,23 @@ plain FSDP2 the reference (said so in the table; its JSON rows keep plain DDP's 
 (fused SGD or fused AdamW), the loss read on the host every ``--loss-every`` steps (1: the host
 waits for each step's end), ``--bucket-mb`` (DDP's ``bucket_cap_mb``), ``--bucket-view``
 (``gradient_as_bucket_view=True``); ``--one-bucket`` adds plain DDP with every gradient in one
-bucket, its all-reduce after backward (no overlap), set against plain DDP and said beside the goals. A step's time is the median of per-step CUDA events after the
-warm-up; the table gives the slowest rank's, the mean of the slowest rank's steps (the goals are
-said by both) and the slowest step, and ``--json`` every timed step's (the slowest rank's, step by
-step), so a way whose steps run at two speeds shows it (the tables and goals:
-:mod:`.torch_ddp_report`). Hidden: (compute alone + all-reduces alone - step) / all-reduces alone.
-Losses are set against plain DDP's, step for step, from the same weights and batches. Each way's
-JSON row says what torch's caching allocator did over its warm-up and timed steps (with
-``--in-turn``, its blocks and the plain job's beside them: ``allocator``, its retries, each a
-device-wide wait, said in the table where there were any; memory reserved at the end; the
-device's least free memory), the ranks' worst. Rank 0 prints;
-``--json`` and ``--plots`` (a bar chart per configuration) are written by rank 0. ``--profile DIR``:
-after each way's timed steps, 3 more under torch.profiler; every rank's Chrome trace in DIR, and
-where rank 0's step went (collectives' kernels and blocks, FSDP2's copies, the communication
-exposed: :mod:`.torch_timeline`) under the table.
+bucket, its all-reduce after backward (no overlap), set against plain DDP and said beside the goals;
+each DDP way's JSON row has ``bucket_bytes``, the buckets DDP's reducer made. A step's time is the
+median of per-step CUDA events after the warm-up; the table gives the slowest rank's, the mean of
+the slowest rank's steps (the goals are said by both) and the slowest step, and ``--json`` every
+timed step's (the slowest rank's, step by step), so a way whose steps run at two speeds shows it
+(the tables and goals: :mod:`.torch_ddp_report`). Hidden: (compute alone + all-reduces alone - step)
+/ all-reduces alone. Losses are set against plain DDP's, step for step, from the same weights and
+batches. Each way's JSON row says what torch's caching allocator did over its warm-up and timed
+steps (with ``--in-turn``, its blocks and the plain job's beside them: ``allocator``, its retries,
+each a device-wide wait, said in the table where there were any; memory reserved at the end; the
+device's least free memory), the ranks' worst. Rank 0 prints; ``--json`` and ``--plots`` (a bar
+chart per configuration) are written by rank 0. ``--profile DIR``: after each way's timed steps, 3
+more under torch.profiler; every rank's Chrome trace in DIR, and where rank 0's step went
+(collectives' kernels and blocks, FSDP2's copies, the communication exposed: :mod:`.torch_timeline`)
+under the table.
 
-About 450 lines, past the house's 400: one configuration's measurement is one function over the
+About 470 lines, past the house's 400: one configuration's measurement is one function over the
 ways' shared state (compute alone, the reference's losses, the plain job beside them), and its
 helpers (steady windows, blocks in turn, the allocator's record, the profiler) sit beside it.
 """
@@ -85,6 +86,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
+from ..torch.ddp import bucket_bytes
 from ..torch.ddp import settings as ddp_settings
 from ..torch.fsdp import settings as fsdp_settings
 from .in_turn import blocks_reading, run_rounds
@@ -378,6 +380,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
                 mine, theirs = settings(ddp), settings(plain)
                 entry["unlike_plain"] = sorted(k for k in mine if mine[k] != theirs[k])
             entry["allocator"] = _allocator(r, memory)
+            if not args.fsdp:  # what DDP's reducer made of --bucket-mb (or of --one-bucket's size)
+                entry["bucket_bytes"] = bucket_bytes(ddp)
             losses = [float(x) for x in torch.stack(seen).tolist()]
             if marks is not None:
                 spans[way] = marks.ms(args.steps)

@@ -34,7 +34,8 @@ REFERENCES = ("plain DDP", "plain DDP again", "ddp")
 #: runs on it, so it is no fixed way of auto's either.
 CUSTOM_WAY = "priority (custom route)"
 #: Under ``--one-bucket``: plain DDP with a ``bucket_cap_mb`` that holds every gradient, so that its
-#: all-reduce runs once backward has ended (no overlap; DDP's first bucket keeps its 1 MiB): what a
+#: all-reduce runs once backward has ended (no overlap; a ``bucket_cap_mb`` given caps DDP's first
+#: bucket too, so one bucket in all: its JSON row's ``bucket_bytes`` says what DDP made): what a
 #: user can run without shimrt where overlapping costs more than it hides. No policy: no fixed way of
 #: auto's either, said beside the goals as the ways no auto tries are.
 ONE_BUCKET_WAY = "plain DDP, one bucket"
@@ -119,7 +120,7 @@ def report(name: str, r: dict) -> str:
         from .torch_timeline import describe
         lines += ["where rank 0's steps went (torch.profiler, 3 steps after the timed ones):"]
         lines += ["  " + describe(way, e["timeline"]) for way, e in ways.items() if "timeline" in e]
-    if ONE_BUCKET_WAY in ways:
+    if ONE_BUCKET_WAY in ways and not any(math.isnan(means[w]) for w in (ONE_BUCKET_WAY, "plain DDP")):
         lines.append(f"its all-reduces after backward, by the means: {ONE_BUCKET_WAY} {means[ONE_BUCKET_WAY]:.2f} ms, "
                      f"{means[ONE_BUCKET_WAY] / means['plain DDP']:.3f}x plain DDP; compute alone and the "
                      f"all-reduces alone add up to {r['compute_ms'] + r['comm_ms']:.2f}")

@@ -16,7 +16,8 @@ whose parameters span devices, and, for any policy but ``ddp``, one whose all-re
 it) or whose ranks are a sub-group of a device-bound world (:func:`shimrt.torch.groups.subgroup_refusal`).
 
 torch internals touched: ``DDP.reducer._update_process_group`` and ``DDP.process_group`` (the
-move), ``DDP._comm_hooks`` and ``DDP._get_ddp_logging_data()["comm_hook"]`` (hooks),
+move), ``DDP._comm_hooks`` and ``DDP._get_ddp_logging_data()["comm_hook"]`` (hooks; its
+``rebuilt_bucket_sizes``, what bench torch records of a DDP's buckets: :func:`bucket_bytes`),
 ``DDP._join_config`` (Join), ``DDP._use_python_reducer`` and ``_delay_all_reduce_params``, and the
 default group's ``bound_device_id``.
 """
@@ -29,7 +30,7 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["Ddp", "settings"]
+__all__ = ["Ddp", "settings", "bucket_bytes"]
 
 
 class Ddp:
@@ -163,3 +164,16 @@ def settings(ddp: Any) -> dict:
     group, neither under a policy, compare equal): its process group (its id; the reducer's follows
     it, :func:`use`) and how many comm hooks it has (a policy registers none)."""
     return {"group": id(ddp.process_group), "comm_hooks": len(getattr(ddp, "_comm_hooks", ()))}
+
+
+def bucket_bytes(ddp: Any) -> list[int] | None:
+    """The bytes of each of ``ddp``'s gradient buckets as its reducer built them after its first
+    step (DDP's logging data), or as it made them at construction where it has not rebuilt them
+    (one rank); None where this torch does not say."""
+    logged = getattr(ddp, "_get_ddp_logging_data", None)
+    data = (logged() or {}) if callable(logged) else {}
+    said = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+    try:
+        return [int(x) for x in str(said).split(",")] if said else None
+    except ValueError:  # another torch's format: not a list of sizes
+        return None
