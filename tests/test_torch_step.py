@@ -626,6 +626,18 @@ def test_ctas_ways_run_under_fsdp2_or_when_named():
         torch_step.check(args)
 
 
+def test_bucket_mb_leaves_ddp_its_own_buckets_unless_given():
+    """Unset, DDP is made as DDP(model) makes it (torch's 25 MiB buckets after a 1 MiB first one: a
+    bucket_cap_mb given caps the first bucket too); the all-reduces alone are cut at 25 MiB then."""
+    import argparse
+    p = argparse.ArgumentParser()
+    torch_step.add_arguments(p)
+    assert p.parse_args([]).bucket_mb is None and torch_step.DDP_BUCKET_MB == 25
+    assert p.parse_args(["--bucket-mb", "40"]).bucket_mb == 40
+    with pytest.raises(SystemExit):
+        p.parse_args(["--bucket-mb", "0"])
+
+
 def test_one_bucket_adds_plain_ddp_in_one_bucket_after_plain_ddp_and_is_refused_under_fsdp():
     import argparse
 

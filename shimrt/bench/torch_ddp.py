@@ -92,6 +92,7 @@ from ..torch.fsdp import settings as fsdp_settings
 from .in_turn import blocks_reading, run_rounds
 from .torch_ddp_report import AUTOS, CUSTOM_WAY, ONE_BUCKET_WAY, bars_png, report
 from .torch_measure import ComputeSpans, allocator_mark, allocator_since, comm_hidden, order_bound, step_times_ms
+from .torch_step import DDP_BUCKET_MB
 
 __all__ = ["run"]
 
@@ -318,7 +319,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     finally:
         if marks is not None:
             marks.close()
-    chunk = (args.bucket_mb << 20) // grad_dtype.itemsize
+    chunk = ((args.bucket_mb or DDP_BUCKET_MB) << 20) // grad_dtype.itemsize
     buckets = [torch.zeros(min(chunk, (grad_bytes - i) // grad_dtype.itemsize), dtype=grad_dtype, device=r.device)
                for i in range(0, grad_bytes, chunk * grad_dtype.itemsize)]
     del compute, model, opt  # the step's closure holds the bare model too

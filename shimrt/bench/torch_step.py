@@ -45,7 +45,7 @@ from .progress import Progress
 from .torch_measure import comm_hidden, finish, interposer_cost, is_nccl, timed_steps
 from .torch_report import report, timelines_png
 
-__all__ = ["CONFIGS", "add_arguments", "run"]
+__all__ = ["CONFIGS", "DDP_BUCKET_MB", "add_arguments", "run"]
 
 if TYPE_CHECKING:
     from ..torch.step import GradientBuckets
@@ -81,6 +81,9 @@ LINKED = ("link-balanced", "link-comm-heavy", "link-compute-heavy")  # the goals
 WIDE = ("compute-heavy", "balanced", "comm-heavy")
 #: What a step's optimizer is (both fused: one pass over weights, gradients and state).
 OPTIMIZERS = ("sgd", "adamw")
+#: DDP's own bucket_cap_mb where none is given (--bucket-mb's default): the size the all-reduces
+#: alone and the single-process way cut the gradients into.
+DDP_BUCKET_MB = 25
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,11 +103,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                        ("--warmup", 2, 1, "untimed steps before them (the first teaches the "
                                                           "interposer the kernels)"),
                                        ("--trial-steps", None, 1, "steps auto times each choice for, with auto in "
-                                                                  "--policies (default 3)"),
-                                       ("--bucket-mb", 25, 1, "gradient bucket size in MiB (DDP's default: 25)")):
+                                                                  "--policies (default 3)")):
         p.add_argument(flag, metavar="N", default=default,
                        type=cli.count(flag, least),
                        help=f"{what}, at least {least}" + (f" (default {default})" if default is not None else ""))
+    p.add_argument("--bucket-mb", metavar="N", default=None, type=cli.count("--bucket-mb", 1),
+                   help=f"DDP's bucket_cap_mb, at least 1 (default: DDP's own, {DDP_BUCKET_MB} MiB buckets after a "
+                        "first one of 1 MiB, as DDP(model) makes them; a size given is the first bucket's too)")
     p.add_argument("--sms", default="32,48,64", type=cli.distinct(validate.integer, "--sms", **policies_mod.SMS_BOUNDS),
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
     p.add_argument("--policies", default=None,
@@ -306,7 +311,7 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     size = model_size(name, args)
     where = torch.device("cuda", dev.index)
     model = build(size, where)
-    buckets = GradientBuckets(model, args.bucket_mb << 20)
+    buckets = GradientBuckets(model, (args.bucket_mb or DDP_BUCKET_MB) << 20)
     trainer = Trainer(model, batch(size, where), buckets)
     ranks_per_gpu = sum(d.index == dev.index for d in bench.devices)
     fixed = policies(args.sms, ranks_per_gpu, args.policies)

@@ -386,7 +386,7 @@ def test_bench_torch_in_turn_times_every_way_in_blocks_beside_a_plain_job_and_re
     assert set(ways["priority"]["unlike_plain"]) == ({"groups", "streams"} if fsdp else {"group"}), ways["priority"]
     # the same weights and batches as plain's, step for step: within a different kernel's rounding
     assert ways["priority"]["loss_max_diff"] < 1e-2 and ways["plain DDP again"]["loss_max_diff"] < 1e-2, ways
-    if not fsdp:  # plain DDP whose gradients DDP's reducer put in one bucket, plain DDP's in 25 MiB ones
+    if not fsdp:  # plain DDP whose gradients DDP's reducer put in one bucket, plain DDP's as DDP(model) does
         assert ways[one]["unlike_plain"] == [] and ways[one]["loss_max_diff"] < 1e-2, ways[one]
         plain, whole = ways["plain DDP"]["bucket_bytes"], ways[one]["bucket_bytes"]
         assert len(whole) == 1 and sum(whole) == sum(plain) and (len(plain) > 1 or sum(plain) <= 25 << 20), \
