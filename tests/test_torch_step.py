@@ -632,7 +632,8 @@ def test_bucket_mb_leaves_ddp_its_own_buckets_unless_given():
     import argparse
     p = argparse.ArgumentParser()
     torch_step.add_arguments(p)
-    assert p.parse_args([]).bucket_mb is None and torch_step.DDP_BUCKET_MB == 25
+    from shimrt.torch.ddp import DEFAULT_BUCKET_MB
+    assert p.parse_args([]).bucket_mb is None and DEFAULT_BUCKET_MB == 25
     assert p.parse_args(["--bucket-mb", "40"]).bucket_mb == 40
     with pytest.raises(SystemExit):
         p.parse_args(["--bucket-mb", "0"])

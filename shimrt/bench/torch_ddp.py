@@ -86,13 +86,13 @@ import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
+from ..torch.ddp import DEFAULT_BUCKET_MB as DDP_BUCKET_MB
 from ..torch.ddp import bucket_bytes
 from ..torch.ddp import settings as ddp_settings
 from ..torch.fsdp import settings as fsdp_settings
 from .in_turn import blocks_reading, run_rounds
 from .torch_ddp_report import AUTOS, CUSTOM_WAY, ONE_BUCKET_WAY, bars_png, report
 from .torch_measure import ComputeSpans, allocator_mark, allocator_since, comm_hidden, order_bound, step_times_ms
-from .torch_step import DDP_BUCKET_MB
 
 __all__ = ["run"]
 

@@ -39,13 +39,14 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
 from ..torch import policies as policies_mod
+from ..torch.ddp import DEFAULT_BUCKET_MB as DDP_BUCKET_MB
 from ..torch.fsdp import ROUTES
 from . import torch_measure
 from .progress import Progress
 from .torch_measure import comm_hidden, finish, interposer_cost, is_nccl, timed_steps
 from .torch_report import report, timelines_png
 
-__all__ = ["CONFIGS", "DDP_BUCKET_MB", "add_arguments", "run"]
+__all__ = ["CONFIGS", "add_arguments", "run"]
 
 if TYPE_CHECKING:
     from ..torch.step import GradientBuckets
@@ -81,9 +82,6 @@ LINKED = ("link-balanced", "link-comm-heavy", "link-compute-heavy")  # the goals
 WIDE = ("compute-heavy", "balanced", "comm-heavy")
 #: What a step's optimizer is (both fused: one pass over weights, gradients and state).
 OPTIMIZERS = ("sgd", "adamw")
-#: DDP's own bucket_cap_mb where none is given (--bucket-mb's default): the size the all-reduces
-#: alone and the single-process way cut the gradients into.
-DDP_BUCKET_MB = 25
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,11 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["Ddp", "settings", "bucket_bytes"]
+__all__ = ["Ddp", "settings", "bucket_bytes", "DEFAULT_BUCKET_MB"]
+
+#: DDP's own bucket_cap_mb where none is given (it then makes the first bucket 1 MiB): what bench
+#: torch cuts the gradients into where it builds its buckets itself.
+DEFAULT_BUCKET_MB = 25
 
 
 class Ddp:
