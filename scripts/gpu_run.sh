@@ -6,8 +6,9 @@
 #   pointing at nvidia-nccl-cu13 2.32's library: ../shared/tools/nccl-multirank.sh); latency: the nccl part's
 #   host-cost and latency runs alone; ddp: the README's DDP example and bench torch with one process per rank
 #   (its five configurations, a user's loop: fused AdamW, the loss read every 10 steps; DDP_EXAMPLE=0 leaves the
-#   example out; DDP_ARGS more flags, e.g. --one-bucket: plain DDP with its all-reduces after backward beside it); ddp-turn: bench torch --in-turn 6 --rounds 6 under DDP (each way in blocks in turn with a plain DDP of
-#   its own, the ratio per round, as fsdp-turn below; DDP_TURN_ARGS in place of the default --configs
+#   example out; DDP_ARGS more flags, e.g. --one-bucket: plain DDP with its all-reduces after backward beside it);
+#   ddp-turn: bench torch --in-turn 6 --rounds 6 under DDP (each way in blocks in turn with a plain DDP of its own,
+#   the ratio per round, as fsdp-turn below; DDP_TURN_ARGS in place of the default --configs
 #   balanced-1024,comm-heavy-1024 --policies carveout,windowed-carveout,partition,auto); levels: plain DDP's two
 #   speeds against the host's loss reads (docs/ddp.md): bench torch's compute-heavy, balanced and balanced-1024:
 #   plain DDP, priority, paced and carveout:32 (which held plain DDP's fast level at b0f05c9), the loss read never,
