@@ -558,8 +558,7 @@ def test_a_way_no_auto_tries_is_said_beside_the_goals_not_as_the_best_fixed_way(
 def test_plain_ddp_in_one_bucket_is_set_against_plain_ddp_and_said_beside_the_goals_not_as_the_best():
     from shimrt.bench.torch_ddp_report import ONE_BUCKET_WAY, report
     r = _ddp_result()
-    r["ways"][ONE_BUCKET_WAY] = dict(step_ms=20.0, steps_ms=[20.0, 20.0, 23.0], hidden=0.5, loss_max_diff=0.0,
-                                     bucket_mb=2048)
+    r["ways"][ONE_BUCKET_WAY] = dict(step_ms=20.0, steps_ms=[20.0, 20.0, 23.0], hidden=0.5, loss_max_diff=0.0)
     lines = report("comm-heavy-1024", r).splitlines()
     # plain DDP's mean 25.33 ms, compute alone 18.00 and the all-reduces alone 6.60
     assert ("its all-reduces after backward, by the means: plain DDP, one bucket 21.00 ms, 0.829x plain DDP; "

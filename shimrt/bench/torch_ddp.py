@@ -86,8 +86,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ShimrtError, UsageError
-from ..torch.ddp import DEFAULT_BUCKET_MB as DDP_BUCKET_MB
-from ..torch.ddp import bucket_bytes
+from ..torch.ddp import DEFAULT_BUCKET_MB, bucket_bytes
 from ..torch.ddp import settings as ddp_settings
 from ..torch.fsdp import settings as fsdp_settings
 from .in_turn import blocks_reading, run_rounds
@@ -319,7 +318,7 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     finally:
         if marks is not None:
             marks.close()
-    chunk = ((args.bucket_mb or DDP_BUCKET_MB) << 20) // grad_dtype.itemsize
+    chunk = ((args.bucket_mb or DEFAULT_BUCKET_MB) << 20) // grad_dtype.itemsize
     buckets = [torch.zeros(min(chunk, (grad_bytes - i) // grad_dtype.itemsize), dtype=grad_dtype, device=r.device)
                for i in range(0, grad_bytes, chunk * grad_dtype.itemsize)]
     del compute, model, opt  # the step's closure holds the bare model too
@@ -339,9 +338,8 @@ def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
     for count, (way, policy, route) in enumerate(ways, 1):
         if r.rank == 0 and not args.quiet:  # a line per way: a configuration can take minutes
             print(f"{name}: {way} [{count}/{len(ways)}]", flush=True)
-        bucket_mb = whole_mb if way == ONE_BUCKET_WAY else None
-        model, ddp, data, opt = r.job(size, bucket_mb)
-        entry: dict = {} if bucket_mb is None else {"bucket_mb": bucket_mb}
+        model, ddp, data, opt = r.job(size, whole_mb if way == ONE_BUCKET_WAY else None)
+        entry: dict = {}
         ov = step = going = beside = plain = None
         marks = None if args.in_turn else spanned(model)  # in turn: its untimed steps between blocks
         try:

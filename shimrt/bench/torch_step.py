@@ -39,7 +39,7 @@ from ..device import Device
 from ..errors import ShimrtError, UsageError
 from ..lifetime import close_each
 from ..torch import policies as policies_mod
-from ..torch.ddp import DEFAULT_BUCKET_MB as DDP_BUCKET_MB
+from ..torch.ddp import DEFAULT_BUCKET_MB
 from ..torch.fsdp import ROUTES
 from . import torch_measure
 from .progress import Progress
@@ -106,7 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        type=cli.count(flag, least),
                        help=f"{what}, at least {least}" + (f" (default {default})" if default is not None else ""))
     p.add_argument("--bucket-mb", metavar="N", default=None, type=cli.count("--bucket-mb", 1),
-                   help=f"DDP's bucket_cap_mb, at least 1 (default: DDP's own, {DDP_BUCKET_MB} MiB buckets after a "
+                   help=f"DDP's bucket_cap_mb, at least 1 (default: DDP's own, {DEFAULT_BUCKET_MB} MiB buckets after a "
                         "first one of 1 MiB, as DDP(model) makes them; a size given is the first bucket's too)")
     p.add_argument("--sms", default="32,48,64", type=cli.distinct(validate.integer, "--sms", **policies_mod.SMS_BOUNDS),
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
@@ -309,7 +309,7 @@ def run_config(bench: Bench, name: str, args: argparse.Namespace, progress: Prog
     size = model_size(name, args)
     where = torch.device("cuda", dev.index)
     model = build(size, where)
-    buckets = GradientBuckets(model, (args.bucket_mb or DDP_BUCKET_MB) << 20)
+    buckets = GradientBuckets(model, (args.bucket_mb or DEFAULT_BUCKET_MB) << 20)
     trainer = Trainer(model, batch(size, where), buckets)
     ranks_per_gpu = sum(d.index == dev.index for d in bench.devices)
     fixed = policies(args.sms, ranks_per_gpu, args.policies)

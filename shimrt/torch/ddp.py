@@ -126,8 +126,7 @@ def hook_refusal(ddp: Any) -> str | None:
     for hook, _state in getattr(ddp, "_comm_hooks", None) or []:
         if (getattr(hook, "__module__", None), getattr(hook, "__qualname__", None)) != MIXED_PRECISION_HOOK:
             return f"a comm hook ({getattr(hook, '__qualname__', hook)!s:.80}, register_comm_hook)"
-    logged = getattr(ddp, "_get_ddp_logging_data", None)
-    named = (logged() or {}).get("comm_hook") if callable(logged) else None
+    named = _logging_data(ddp).get("comm_hook")
     if named and not getattr(ddp, "_comm_hooks", None):
         return f"a built-in comm hook ({named}, _register_builtin_comm_hook)"
     return None
@@ -174,10 +173,15 @@ def bucket_bytes(ddp: Any) -> list[int] | None:
     """The bytes of each of ``ddp``'s gradient buckets as its reducer built them after its first
     step (DDP's logging data), or as it made them at construction where it has not rebuilt them
     (one rank); None where this torch does not say."""
-    logged = getattr(ddp, "_get_ddp_logging_data", None)
-    data = (logged() or {}) if callable(logged) else {}
+    data = _logging_data(ddp)
     said = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
     try:
         return [int(x) for x in str(said).split(",")] if said else None
     except ValueError:  # another torch's format: not a list of sizes
         return None
+
+
+def _logging_data(ddp: Any) -> dict:
+    """DDP's logging data (its comm hook's name, its buckets' sizes), {} where this torch has none."""
+    logged = getattr(ddp, "_get_ddp_logging_data", None)
+    return (logged() or {}) if callable(logged) else {}
