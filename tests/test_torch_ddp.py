@@ -99,6 +99,22 @@ def test_autos_candidates_start_with_plain_ddp_and_size_nccl_by_the_ranks_on_a_g
     assert [p.name for p in policies.candidates([32], kinds=["ctas"], ctas=[2, 16])] == ["ctas:2", "ctas:16"]
 
 
+def test_ddps_auto_tries_nccls_channels_and_fsdp2s_also_its_own_kinds():
+    """ctas:N under DDP too (ctas:8 ran 0.78x plain DDP where DDP's auto, without it, kept 0.85x:
+    H200, e41cccb); prefetch and no-reshard are FSDP2's alone; bench torch's sequential, the plain
+    job's own streams again (low-priority) and the fixed-only kinds never."""
+    from shimrt.torch.training import auto_kinds
+    ddp = [p.name for p in policies.candidates([32], kinds=auto_kinds("DDP", Auto()))]
+    assert ddp == ["ddp", "priority", "ctas:4", "ctas:8", "shaping:2", "shaping:1", "partition:32", "carveout:32",
+                   "windowed-carveout:32"]
+    assert auto_kinds("FSDP2", Auto()) == ["ddp", "priority", "ctas", "prefetch", "no-reshard", "shaping",
+                                           "partition", "carveout", "windowed-carveout"]
+    assert "no-reshard" not in auto_kinds("FSDP2", Auto(no_reshard=False))
+    assert auto_kinds("DDP", Auto(no_reshard=False)) == auto_kinds("DDP", Auto())
+    with pytest.raises(UsageError, match="kind must be one of"):
+        auto_kinds("FSDP", Auto())
+
+
 def test_prefetch_tells_fsdp2_how_many_modules_to_all_gather_ahead():
     p = policies.parse("prefetch:2")
     assert (p.name, p.priority, p.compute, p.ctas, p.prefetch) == ("prefetch:2", "high", None, None, 2)

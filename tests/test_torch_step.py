@@ -603,18 +603,17 @@ def test_steady_is_an_option_of_one_process_per_rank():
         p.parse_args(["--steady", "-1"])
 
 
-def test_ctas_ways_run_under_fsdp2_or_when_named():
+def test_ctas_ways_run_under_ddp_and_fsdp2_and_fsdp2s_own_kinds_under_fsdp2_alone():
     import argparse
     p = argparse.ArgumentParser()
     torch_step.add_arguments(p)
-    for argv, has_ctas in (([], False), (["--fsdp"], True), (["--policies", "priority,ctas,auto"], True)):
+    for argv, has_ctas in (([], True), (["--fsdp"], True), (["--policies", "priority,auto"], False)):
         args = p.parse_args(["--configs", "balanced", *argv])
         torch_step.check(args)
         assert ("ctas" in args.policies) == has_ctas, argv
     args = p.parse_args(["--configs", "balanced"])
     torch_step.check(args)
-    assert list(args.policies) == [k for k in torch_step.KINDS if k not in ("ctas", "prefetch", "no-reshard",
-                                                                            "zero-sm")]
+    assert list(args.policies) == [k for k in torch_step.KINDS if k not in ("prefetch", "no-reshard", "zero-sm")]
     args = p.parse_args(["--configs", "balanced", "--fsdp"])
     torch_step.check(args)
     assert "prefetch" in args.policies and "ctas" in args.policies and "no-reshard" in args.policies

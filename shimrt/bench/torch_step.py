@@ -112,8 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="SMs kept for NCCL by the partition and carveout policies, comma-separated (default 32,48,64)")
     p.add_argument("--policies", default=None,
                    type=cli.distinct(validate.one_of, "--policies", allowed=KINDS),
-                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all but ctas, prefetch "
-                        "and no-reshard, which --fsdp adds: FSDP2's auto tries them, DDP's does not, and zero-sm, "
+                   help=f"policies, comma-separated, of {', '.join(KINDS)} (default: all but prefetch and "
+                        "no-reshard, which --fsdp adds: FSDP2's auto tries them, DDP's does not, and zero-sm, "
                         "which --fsdp --fsdp-route custom adds; paced runs with one process per rank only; the first "
                         "is the reference the others' losses and gradients are compared with)")
     cli.add_timeout(p, 1800)
@@ -183,7 +183,7 @@ def check(args: argparse.Namespace) -> None:
     if args.fsdp_route != "mesh" and not args.fsdp:
         raise UsageError("--fsdp-route applies with --fsdp (FSDP2's collectives): add --fsdp or leave it out")
     args.paced_asked = args.policies is not None and "paced" in args.policies  # refused with one process (run)
-    if args.policies is None:  # ctas:N, prefetch:N and no-reshard are FSDP2's candidates (shimrt.torch.training)
+    if args.policies is None:  # prefetch:N and no-reshard are FSDP2's candidates alone (shimrt.torch.training)
         args.policies = [k for k in KINDS if (k not in policies_mod.FSDP_KINDS or args.fsdp)
                          and (k != "zero-sm" or (args.fsdp and args.fsdp_route == "custom"))]
     for kind, what in (("prefetch", "prefetch:N is FSDP2's (it all-gathers parameters ahead)"),

@@ -258,9 +258,10 @@ ENGINE_POLICY: dict[str, str | None] = {
     "prefetch": None, "no-reshard": None, "zero-sm": None, "paced": None,
     "shaping": "shaping+priority", "partition": "partition", "carveout": None, "windowed-carveout": None,
     "auto": "auto"}
-#: Kinds that FSDP2's auto tries and DDP's does not (an FSDP2 step is set by its collectives; a
-#: DDP has no parameters to prefetch), and bench torch runs by default under --fsdp only.
-FSDP_KINDS = (Kind.CTAS.value, Kind.PREFETCH.value, Kind.NO_RESHARD.value)
+#: Kinds of FSDP2's alone (a DDP has no parameters to all-gather ahead or to keep gathered): its
+#: auto tries them, DDP's does not, and bench torch runs them under --fsdp only. ``ctas`` is both's:
+#: under DDP, ctas:8 ran 0.78x plain DDP where auto without it kept 0.85x (H200, e41cccb, docs/ddp.md).
+FSDP_KINDS = (Kind.PREFETCH.value, Kind.NO_RESHARD.value)
 #: Kinds no auto tries: ``zero-sm`` needs FSDP2's custom collectives, a torch and NCCL that offer
 #: the CTA policy ZERO, and one rank per GPU, and has not yet run on a GPU where it can; ``paced``
 #: waits at each step's end, and a step after a wait ran faster whatever its policy (docs/ddp.md):
@@ -306,7 +307,7 @@ class Auto:
     configuration whose plain DDP ran at one speed, they kept carveout:32 (0.959x plain DDP, the
     best fixed way 0.957x) while the alternating check kept plain DDP; ``ctas``, the NCCL channel
     counts of its ``ctas:N`` candidates and ``prefetch``, the depths of its ``prefetch:N`` ones
-    (both FSDP2's only); ``no_reshard``, whether FSDP2's auto tries ``no-reshard`` (where the
+    (FSDP2's only); ``no_reshard``, whether FSDP2's auto tries ``no-reshard`` (where the
     parameters it keeps unsharded take at most a quarter of the GPU's free memory);
     ``guard_steps``, once a check has held a pick, that many steps of it alone (after
     ``check_block`` untimed ones), kept only if their mean is below plain DDP's in the check (a

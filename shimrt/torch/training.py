@@ -72,7 +72,7 @@ from .policies import FIXED_ONLY, FSDP_KINDS, KINDS, Auto, Policy, candidates, p
 from .resources import Resources, Window
 from .trials import Trials, alone_said, how_held
 
-__all__ = ["overlap", "Overlap", "no_room", "auto_trials"]
+__all__ = ["overlap", "Overlap", "no_room", "auto_kinds", "auto_trials"]
 
 #: Where auto says what it kept (INFO, rank 0).
 log = logging.getLogger("shimrt.torch")
@@ -104,6 +104,17 @@ def no_room(need: int, free: int) -> str | None:
     return (f"it would hold {need / 2**20:.0f} MiB of parameters all-gathered, more than a quarter of the "
             f"{free / 2**20:.0f} MiB free on the GPU: policy='no-reshard' runs it, Auto(no_reshard=False) leaves it "
             "out unsaid")
+
+
+def auto_kinds(kind: str, auto: Auto) -> list[str]:
+    """The kinds of policy auto tries on a model of ``kind`` ("DDP" or "FSDP2") under ``auto``'s
+    options, plain DDP (``ddp``) first: not ``sequential`` (bench torch's), ``low-priority`` (under
+    a DDP or FSDP2, the model's own streams and channels again) or the fixed-only kinds; FSDP2's own
+    kinds for FSDP2 alone, ``no-reshard`` only where ``auto.no_reshard``."""
+    validate.one_of(kind, "kind", ("DDP", "FSDP2"))
+    skip = ("sequential", "auto", "low-priority", *FIXED_ONLY) + (() if kind == "FSDP2" else FSDP_KINDS) + \
+        (() if auto.no_reshard else ("no-reshard",))
+    return [k for k in KINDS if k not in skip]
 
 
 def auto_trials(auto: Auto, candidates: list[Policy]) -> Trials:
@@ -179,11 +190,7 @@ class Overlap:
         self.closed = False
         try:
             if auto is not None:
-                # low-priority under DDP would be plain DDP's own streams and channels again; NCCL's
-                # channels alone (ctas) are FSDP2's, whose steps its collectives set (issue 42).
-                skip = ("sequential", "auto", "low-priority", *FIXED_ONLY) + \
-                    (() if self.model.kind == "FSDP2" else FSDP_KINDS) + (() if auto.no_reshard else ("no-reshard",))
-                usable = self._usable(candidates(auto.sms, [k for k in KINDS if k not in skip], auto.ctas,
+                usable = self._usable(candidates(auto.sms, auto_kinds(self.model.kind, auto), auto.ctas,
                                                  auto.prefetch), auto=True)
                 self.auto, self.trials = True, auto_trials(auto, usable)
             elif named is not None:  # a fixed policy: parsed above
