@@ -119,3 +119,17 @@ def test_zero_sm_is_refused_with_the_reason_where_ranks_share_a_gpu():
     assert Fsdp.refusal(custom, zero, 1) == symmetric_refusal()
     assert "fsdp_route='custom'" in Fsdp.refusal(SimpleNamespace(route="mesh"), zero, 2)
     assert Fsdp.refusal(custom, policies.parse("priority"), 2) is None
+
+
+def test_fsdp2_refuses_sequential_which_is_a_ddps():
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from shimrt import UsageError
+    from shimrt.torch import policies
+    from shimrt.torch.fsdp import Fsdp
+    said = "sequential all-reduces a DDP's gradients after backward; FSDP2 reduce-scatters each module's as"
+    assert Fsdp.refusal(SimpleNamespace(route="mesh"), policies.parse("sequential"), 1).startswith(said)
+    Fsdp.after_backward(None, False)  # nothing to put back
+    with pytest.raises(UsageError, match=said):
+        Fsdp.after_backward(None, True)

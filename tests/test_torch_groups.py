@@ -20,6 +20,70 @@ def test_a_ddp_moved_between_groups_trains_as_plain_ddp_bit_for_bit(view, gloo_r
         assert line == f"rank {rank}: diff 0.0 moveable None on-second True", line
 
 
+def test_sequential_all_reduces_after_backward_and_trains_as_plain_ddp_bit_for_bit(gloo_ranks):
+    """Two ranks: a DDP whose reducer sits out every synced step (AfterBackward all-reduces its
+    gradients once backward ends), through an evaluation without grad and a no_sync() step whose
+    gradients are all-reduced with the next step's, then back on its reducer after close(); its
+    parameters and BatchNorm's buffers (DDP broadcasts them at each synced forward) end as a
+    plain DDP copy's, bit for bit, and DDP's no_sync switch is as the user left it after every
+    forward."""
+    lines = gloo_ranks("after_backward_ranks.py")
+    for rank, line in enumerate(lines):
+        assert line == (f"rank {rank}: diff 0.0 buffers 0.0 ranks apart 0.0 sync flags [False, True] "
+                        "no_sync kept [False, False]"), line
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda t, DDP: DDP(t.nn.Linear(4, 4), find_unused_parameters=True), "its find_unused_parameters"),
+    (lambda t, DDP: DDP(t.nn.Linear(4, 4), static_graph=True), "its static_graph"),
+    (lambda t, DDP: DDP(t.nn.Sequential(t.nn.Embedding(8, 4, sparse=True), t.nn.Linear(4, 4))),
+     "an embedding with sparse gradients"),
+    (lambda t, DDP: DDP(t.nn.Linear(4, 4)), None)])
+def test_sequential_says_which_ddps_it_cannot_take(gloo, make, says):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch.ddp import after_backward_refusal
+    why = after_backward_refusal(make(gloo, DDP))
+    assert (why is None) if says is None else why.startswith(says), why
+
+
+def test_sequential_refuses_a_ddp_that_join_was_made_for_and_one_without_its_reducer(gloo):
+    from torch.distributed.algorithms import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch.ddp import after_backward_refusal
+    ddp = DDP(gloo.nn.Linear(4, 4))
+    with Join([ddp]):
+        pass
+    assert after_backward_refusal(ddp).startswith("a Join made for it")
+    ddp = DDP(gloo.nn.Linear(4, 4))
+    ddp._use_python_reducer = True  # torch.compile's compiled autograd
+    assert after_backward_refusal(ddp).startswith("its all-reduces are not all its reducer's")
+
+
+def test_sequential_refuses_an_output_without_a_tensor_that_requires_grad_and_close_lets_the_reducer_back(gloo):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch.ddp import AfterBackward
+
+    class Boxed(gloo.nn.Module):  # its output: an object, not a tuple, list or dict
+        def __init__(self):
+            super().__init__()
+            self.lin = gloo.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return type("Out", (), {"y": self.lin(x)})()
+
+    ddp = DDP(Boxed())
+    deferred = AfterBackward(ddp)
+    with pytest.raises(UsageError, match="holds no tensor that requires grad in a tuple, list or dict"):
+        ddp(gloo.ones(2, 4))
+    assert ddp.require_backward_grad_sync  # put back though the forward hook raised
+    deferred.close()
+    ddp(gloo.ones(2, 4)).y.sum().backward()  # the reducer's own step again
+    assert ddp.require_forward_param_sync
+
+
 def test_a_ddp_whose_all_reduces_cannot_move_is_said_why(gloo):
     from torch.nn.parallel import DistributedDataParallel as DDP
 

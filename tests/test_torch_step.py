@@ -659,6 +659,25 @@ def test_one_bucket_adds_plain_ddp_in_one_bucket_after_plain_ddp_and_is_refused_
         torch_step.check(args)
 
 
+def test_sequential_is_a_way_of_ddp_and_refused_under_fsdp_where_named():
+    import argparse
+
+    from shimrt.bench.torch_ddp import ways_of
+    p = argparse.ArgumentParser()
+    torch_step.add_arguments(p)
+    args = p.parse_args(["--configs", "balanced", "--sms", "32", "--policies", "sequential,priority"])
+    torch_step.check(args)
+    assert ways_of(args, list(args.policies)) == [
+        ("plain DDP", None, "mesh"), ("sequential", "sequential", "mesh"), ("priority", "priority", "mesh"),
+        ("plain DDP again", None, "mesh")]
+    args = p.parse_args(["--configs", "balanced", "--sms", "32", "--fsdp"])  # the default list: left out
+    torch_step.check(args)
+    assert "sequential" not in [w for w, _, _ in ways_of(args, list(args.policies))]
+    args = p.parse_args(["--configs", "balanced", "--fsdp", "--policies", "sequential,priority"])
+    with pytest.raises(UsageError, match="sequential all-reduces a DDP's gradients after backward"):
+        torch_step.check(args)
+
+
 def test_fsdp_route_both_runs_priority_over_the_custom_route_beside_the_mesh():
     import argparse
 

@@ -267,14 +267,15 @@ def _in_turn(r: _Rank, plain: Callable[[int], Any], way: Callable[[int], Any]) -
 def ways_of(args: Any, kinds: list[str]) -> list[tuple[str, str | None, str]]:
     """The ways of a configuration, in order: (its name, the policy overlap() is given, None for
     the plain job; the FSDP2 route). Plain DDP first and last (the run's noise), under
-    ``--one-bucket`` plain DDP in one bucket (:data:`ONE_BUCKET_WAY`) after the first, each fixed policy
-    of ``kinds`` (FSDP2 marks no window; ``paced`` is plain, waiting), ``priority`` again over FSDP2's
-    custom collectives under ``--fsdp-route both`` (:data:`CUSTOM_WAY`), and with auto, plain DDP
-    through overlap() (``ddp``: what auto keeps when nothing wins) and each of :data:`AUTOS`."""
+    ``--one-bucket`` plain DDP in one bucket (:data:`ONE_BUCKET_WAY`) after the first, each fixed
+    policy of ``kinds`` (FSDP2 marks no window and has no ``sequential``; ``paced`` is plain,
+    waiting), ``priority`` again over FSDP2's custom collectives under ``--fsdp-route both``
+    (:data:`CUSTOM_WAY`), and with auto, plain DDP through overlap() (``ddp``: what auto keeps
+    when nothing wins) and each of :data:`AUTOS`."""
     from ..torch import policies as vocabulary
     route = "mesh" if args.fsdp_route == "both" else args.fsdp_route
-    fixed = [p for p in vocabulary.candidates(args.sms, kinds) if (p.baseline is None or p.pace)
-             and not (args.fsdp and p.window)]
+    fixed = [p for p in vocabulary.candidates(args.sms, kinds)
+             if (p.baseline is None or p.pace or (p.sequential and not args.fsdp)) and not (args.fsdp and p.window)]
     # by name: overlap() sizes each policy's channels by the ranks per GPU
     ways: list[tuple[str, str | None, str]] = [("plain DDP", None, route)]
     if args.one_bucket:
@@ -288,8 +289,8 @@ def ways_of(args: Any, kinds: list[str]) -> list[tuple[str, str | None, str]]:
 
 
 def run_config(r: _Rank, name: str, size: Any, kinds: list[str]) -> dict:
-    """Every way of configuration ``name`` (``kinds``: --policies; ``sequential`` has no place
-    under DDP and is left out) on this rank; times are the slowest rank's."""
+    """Every way of configuration ``name`` (``kinds``: --policies; ``sequential`` is DDP's, left out
+    under FSDP2) on this rank; times are the slowest rank's."""
     from ..torch import Auto, overlap
     torch, args = r.torch, r.args
     out: dict = {"model": size.record(), "ways": {}, "gradient_as_bucket_view": args.bucket_view, "fsdp": args.fsdp,

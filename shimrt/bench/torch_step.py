@@ -183,6 +183,9 @@ def check(args: argparse.Namespace) -> None:
     if args.fsdp_route != "mesh" and not args.fsdp:
         raise UsageError("--fsdp-route applies with --fsdp (FSDP2's collectives): add --fsdp or leave it out")
     args.paced_asked = args.policies is not None and "paced" in args.policies  # refused with one process (run)
+    if args.fsdp and args.policies is not None and "sequential" in args.policies:
+        raise UsageError("sequential all-reduces a DDP's gradients after backward; FSDP2 has none to: leave "
+                         "sequential out of --policies or --fsdp out")
     if args.policies is None:  # prefetch:N and no-reshard are FSDP2's candidates alone (shimrt.torch.training)
         args.policies = [k for k in KINDS if (k not in policies_mod.FSDP_KINDS or args.fsdp)
                          and (k != "zero-sm" or (args.fsdp and args.fsdp_route == "custom"))]

@@ -8,7 +8,11 @@ held to the SMs the policy keeps for it; :mod:`shimrt.torch.groups`). No comm ho
 so DDP keeps its C++ path, its gradient scaling into the buckets, and its host cost. ``no_sync()``
 steps, DDP's bucket rebuild, ``gradient_as_bucket_view`` and sparse gradients are DDP's own and
 need nothing more; ``mixed_precision``'s comm hook is DDP's own too, and all-reduces through the
-reducer's process group, so it follows the move. Refused, with the reason: a DDP with any other
+reducer's process group, so it follows the move. ``sequential`` (no overlap) leaves the reducer
+out of a step instead: DDP's own ``no_sync`` switch, turned off for the forward of each synced
+step and back on after it, and the gradients all-reduced on the DDP's process group once backward
+has ended, one flat all-reduce per dtype, divided by the ranks first as DDP's are
+(:class:`AfterBackward`). Refused, with the reason: a DDP with any other
 comm hook, Python (``register_comm_hook``) or built-in (``_register_builtin_comm_hook``; its
 all-reduces run in the hook, out of a group's reach), one over another backend than NCCL, one
 whose parameters span devices, and, for any policy but ``ddp``, one whose all-reduces cannot move
@@ -19,7 +23,10 @@ torch internals touched: ``DDP.reducer._update_process_group`` and ``DDP.process
 move), ``DDP._comm_hooks`` and ``DDP._get_ddp_logging_data()["comm_hook"]`` (hooks; its
 ``rebuilt_bucket_sizes``, what bench torch records of a DDP's buckets: :func:`bucket_bytes`),
 ``DDP._join_config`` (Join), ``DDP._use_python_reducer`` and ``_delay_all_reduce_params``, and the
-default group's ``bound_device_id``.
+default group's ``bound_device_id``; under ``sequential``, ``DDP.require_backward_grad_sync`` and
+``require_forward_param_sync`` (``no_sync``'s switch, and DDP's note to broadcast its buffers at
+the next forward, set as a synced step leaves it), ``DDP.parameters_to_ignore``, and the autograd
+engine's ``queue_callback`` (what DDP's and FSDP's own end-of-backward work is queued with).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["Ddp", "settings", "bucket_bytes", "DEFAULT_BUCKET_MB"]
+__all__ = ["Ddp", "AfterBackward", "settings", "bucket_bytes", "DEFAULT_BUCKET_MB"]
 
 #: DDP's own bucket_cap_mb where none is given (it then makes the first bucket 1 MiB): what bench
 #: torch cuts the gradients into where it builds its buckets itself.
@@ -48,6 +55,7 @@ class Ddp:
         import torch.distributed as dist
         self.index = _check_ddp(torch, dist, ddp)
         self.ddp, self.group = ddp, ddp.process_group
+        self.deferred: AfterBackward | None = None  # while sequential is in force
 
     def moveable(self) -> str | None:
         return moveable(self.ddp)
@@ -71,7 +79,16 @@ class Ddp:
                 self.last_parameter()
             except UsageError as exc:
                 return str(exc)
+        if policy.sequential:
+            return after_backward_refusal(self.ddp)
         return None
+
+    def after_backward(self, on: bool) -> None:
+        if validate.boolean(on, "on") and self.deferred is None:
+            self.deferred = AfterBackward(self.ddp)
+        elif not on and self.deferred is not None:
+            deferred, self.deferred = self.deferred, None
+            deferred.close()
 
     def prefetch(self, depth: int | None) -> None:
         if depth is not None:
@@ -97,6 +114,112 @@ class Ddp:
         if not params:
             raise UsageError("this DDP's module has no parameter with requires_grad=True")
         return params[-1]
+
+
+class AfterBackward:
+    """``ddp``'s gradients all-reduced after backward, on ``ddp.process_group`` as it is then, in
+    place of its reducer's all-reduces per bucket during backward: the ``sequential`` policy, no
+    overlap (two ranks sharing a GPU ran plain DDP with one bucket 0.78-0.96x plain DDP, about as
+    fast as the best policy: H200, e41cccb, docs/ddp.md). A step is taken where DDP would reduce
+    (grad enabled, not in the user's own ``no_sync()``): its forward runs with DDP's ``no_sync``
+    switch off, a hook on each of the forward's output tensors queues the all-reduce at the end of
+    the backward that reaches it, and the gradients (zeros for a parameter without one, as DDP's
+    buckets hold) are divided by the ranks and summed in one flat buffer per dtype, then copied
+    back. Gradients accumulated over the user's ``no_sync()`` steps are reduced at the synced step,
+    as DDP does. :func:`after_backward_refusal` says which DDPs it cannot take. ``close()``
+    removes its hooks: the reducer all-reduces again from the next forward."""
+
+    def __init__(self, ddp: Any):
+        import torch
+        import torch.distributed as dist
+        self._torch, self._dist, self.ddp = torch, dist, ddp
+        ignored = set(getattr(ddp, "parameters_to_ignore", None) or ())
+        self.params = [p for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignored]
+        self._queued = False  # the coming backward's all-reduce is queued
+        self._hooks = [ddp.register_forward_pre_hook(self._before),
+                       ddp.register_forward_hook(self._after, always_call=True)]
+        self._taken = False  # this forward is one DDP would have reduced after
+
+    def _before(self, module: Any, args: Any) -> None:
+        self._taken = self._torch.is_grad_enabled() and bool(self.ddp.require_backward_grad_sync)
+        if self._taken:
+            self.ddp.require_backward_grad_sync = False
+
+    def _after(self, module: Any, args: Any, output: Any) -> None:
+        if not self._taken:
+            return
+        self._taken = False
+        # As a synced step leaves them: syncing on, and the buffers broadcast at the next forward.
+        self.ddp.require_backward_grad_sync = True
+        self.ddp.require_forward_param_sync = True
+        tensors = [t for t in _tensors(output) if t.requires_grad]
+        if not tensors:
+            raise UsageError("policy 'sequential' all-reduces after the backward that reaches the DDP's output, and "
+                             "this output holds no tensor that requires grad in a tuple, list or dict")
+        for t in tensors:
+            t.register_hook(self._reached)
+
+    def _reached(self, grad: Any) -> None:
+        if not self._queued:
+            self._queued = True
+            self._torch.autograd.Variable._execution_engine.queue_callback(self._reduce)
+
+    def _reduce(self) -> None:
+        """At backward's end (the autograd engine has synced the caller's stream with the
+        gradients'): every gradient divided by the ranks and summed across them, one all-reduce
+        per dtype."""
+        self._queued = False
+        torch, group = self._torch, self.ddp.process_group
+        size = self._dist.get_world_size(group)
+        by_dtype: dict[Any, list[Any]] = {}
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+        for grads in by_dtype.values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat.div_(size)
+            self._dist.all_reduce(flat, group=group)
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def _tensors(value: Any) -> list[Any]:
+    """The tensors in ``value``: itself, or those in its tuples, lists and dicts' values."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def after_backward_refusal(ddp: Any) -> str | None:
+    """Why ``ddp`` cannot all-reduce after backward (:class:`AfterBackward`; None: it can)."""
+    import torch
+    if getattr(ddp, "reducer", None) is None or getattr(ddp, "_use_python_reducer", False) or \
+            getattr(ddp, "_delay_all_reduce_params", None):
+        return "its all-reduces are not all its reducer's (torch.compile's Python reducer, or delayed all-reduces)"
+    if getattr(ddp, "find_unused_parameters", False):
+        return ("its find_unused_parameters (DDP leaves a gradient no rank made untouched; one all-reduce of every "
+                "gradient would not)")
+    if getattr(ddp, "static_graph", False):
+        return "its static_graph (DDP counts its synced steps to learn the graph)"
+    if getattr(getattr(ddp, "_join_config", None), "enable", False):
+        return "a Join made for it (Join's joined ranks shadow the reducer's all-reduces, not one after backward)"
+    sparse = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    if any(isinstance(m, sparse) and m.sparse for m in ddp.module.modules()):
+        return "an embedding with sparse gradients (one flat all-reduce takes dense gradients only)"
+    return None
 
 
 def _check_ddp(torch: Any, dist: Any, ddp: Any) -> int:

@@ -63,6 +63,9 @@ __all__ = ["ROUTES", "is_fsdp", "param_groups", "moveable", "Fsdp", "GroupAllGat
 
 #: How a policy's process group reaches FSDP2's collectives (see the module's docstring).
 ROUTES = ("mesh", "custom")
+#: Why FSDP2 takes no ``sequential`` policy.
+NO_SEQUENTIAL = ("sequential all-reduces a DDP's gradients after backward; FSDP2 reduce-scatters each module's as its "
+                 "backward ends")
 
 
 def is_fsdp(model: Any) -> bool:
@@ -415,6 +418,8 @@ class Fsdp:
         self.streams()
 
     def refusal(self, policy: Any, ranks_per_gpu: int) -> str | None:
+        if policy.sequential:
+            return NO_SEQUENTIAL
         if policy.window:
             return "FSDP2 gives no gradient hook to open the window at"
         if policy.no_reshard and not resharding(self.below):
@@ -451,6 +456,10 @@ class Fsdp:
 
     def gathered_bytes(self) -> int:
         return gathered_bytes(self.below)
+
+    def after_backward(self, on: bool) -> None:
+        if validate.boolean(on, "on"):
+            raise UsageError(NO_SEQUENTIAL)
 
     def before_step(self) -> None:
         self.streams()

@@ -54,6 +54,11 @@ class Wrapped(Protocol):
     def gathered_bytes(self) -> int:
         """The bytes that keeping the parameters all-gathered holds beyond the model's own (0: DDP)."""
 
+    def after_backward(self, on: bool) -> None:
+        """DDP: its gradients all-reduced after backward (``on``: the ``sequential`` policy, no
+        overlap) from the next step, or by its reducer during backward; UsageError for ``on`` where
+        the collectives are not all-reduces of gradients (FSDP2)."""
+
     def before_step(self) -> None:
         """What the policy in force needs done at each step's start (FSDP2: its streams, which
         it makes at its first forward)."""
@@ -79,7 +84,7 @@ class Placement:
 
     def group_of(self, policy: Policy) -> Any:
         """The process group ``policy``'s collectives run on (made on first asking)."""
-        if policy.plain:
+        if policy.plain or policy.sequential:  # sequential: the model's own all-reduces, after backward
             return self.model.group
         return self.groups.get((policy.priority, policy.channels(self.ranks_per_gpu), policy.zero_sm))
 
@@ -93,6 +98,7 @@ class Placement:
         self.model.use(group, not policy.plain and policy.priority == "high", policy.zero_sm)
         self.model.prefetch(policy.prefetch)
         self.model.keep_gathered(policy.no_reshard)
+        self.model.after_backward(policy.sequential)
         self.current = group
 
     def hook_window(self, window: Window) -> None:
@@ -119,7 +125,10 @@ class Placement:
                 try:
                     self.model.prefetch(None)
                 finally:
-                    self.model.keep_gathered(False)
+                    try:
+                        self.model.keep_gathered(False)
+                    finally:
+                        self.model.after_backward(False)
         finally:
             try:
                 self._unhook()

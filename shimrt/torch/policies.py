@@ -33,7 +33,9 @@ A policy is a :class:`Policy`. Its name says what it does:
   step does. Two ranks sharing a GPU ran plain DDP at one of two speeds, the faster where the
   host waited each step (docs/ddp.md, "The two speeds"); with one rank per GPU the host's running
   ahead hides its launch time, which a wait gives up. A fixed policy: no auto tries it;
-- ``sequential``: every all-reduce after backward (no overlap; a bench baseline).
+- ``sequential``: every all-reduce after backward (no overlap): under DDP, its reducer sits out
+  the step and the gradients are all-reduced once backward ends (:class:`shimrt.torch.ddp.AfterBackward`),
+  one of DDP's auto's candidates; in bench torch's one-process mode, its baseline.
 
 About 470 lines: the vocabulary is one table (the kinds, the Policy value and its compute sides,
 make, parse, candidates and Auto's options, each checked against the kinds); split, either half

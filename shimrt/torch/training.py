@@ -27,7 +27,8 @@ collective. Its compute side: ``ov.step()`` around the user's forward, backward 
 step (every kernel shaped through the Interposer, torch's compute on an SM partition, or cuBLAS
 leaving SMs free, for the step or, with ``windowed-carveout``, from the first accumulated
 gradient on). ``ddp`` is the plain job: its own groups, and ``ov.step()`` only counts; ``paced``
-the same, with the host waiting for the step's GPU work at the end of ``ov.step()``.
+the same, with the host waiting for the step's GPU work at the end of ``ov.step()``; ``sequential``
+(DDP) its own group too, every gradient all-reduced once backward has ended (no overlap).
 
 ``policy="auto"`` times the plain job beside every candidate in rounds over the first steps,
 then the fastest few again beside it, and chooses the fastest by the slowest rank's mean step
@@ -108,11 +109,12 @@ def no_room(need: int, free: int) -> str | None:
 
 def auto_kinds(kind: str, auto: Auto) -> list[str]:
     """The kinds of policy auto tries on a model of ``kind`` ("DDP" or "FSDP2") under ``auto``'s
-    options, plain DDP (``ddp``) first: not ``sequential`` (bench torch's), ``low-priority`` (under
-    a DDP or FSDP2, the model's own streams and channels again) or the fixed-only kinds; FSDP2's own
-    kinds for FSDP2 alone, ``no-reshard`` only where ``auto.no_reshard``."""
+    options, in :data:`KINDS`' order: not ``low-priority`` (under a DDP or FSDP2, the model's own
+    streams and channels again) or the fixed-only kinds; ``sequential`` (every all-reduce after
+    backward) for DDP alone, FSDP2's own kinds for FSDP2 alone, ``no-reshard`` only where
+    ``auto.no_reshard``."""
     validate.one_of(kind, "kind", ("DDP", "FSDP2"))
-    skip = ("sequential", "auto", "low-priority", *FIXED_ONLY) + (() if kind == "FSDP2" else FSDP_KINDS) + \
+    skip = ("auto", "low-priority", *FIXED_ONLY) + (("sequential",) if kind == "FSDP2" else FSDP_KINDS) + \
         (() if auto.no_reshard else ("no-reshard",))
     return [k for k in KINDS if k not in skip]
 
@@ -166,12 +168,10 @@ class Overlap:
         else:
             # Parsed once, here, before any collective; its channels follow the ranks per GPU (Placement).
             named = parse(policy)
-            if named.sequential:
-                raise UsageError(f"policy {named.name!r} reduces after backward, which DDP and FSDP2 do not do; "
-                                 "the no-overlap reference is 'ddp' (the plain job)")
         self.model = wrap(model, "mesh" if named is not None and named.plain else fsdp_route)  # plain: untouched
         self.group = self.model.group
-        if (named is None or not named.plain) and \
+        # sequential stays on the model's own group (its refusal says what else it needs)
+        if (named is None or not (named.plain or named.sequential)) and \
                 (why := self.model.moveable() or subgroup_refusal(dist, self.group)):
             raise UsageError(f"policy {policy!r} moves this {self.model.kind}'s collectives to process groups of its "
                              f"own, and they cannot move: {why}; policy='ddp' leaves the {self.model.kind} as it is")
@@ -410,6 +410,8 @@ class Overlap:
 def _group_said(policy: Policy, ranks_per_gpu: int) -> str:
     if policy.plain:
         return "the model's own"
+    if policy.sequential:
+        return "the model's own, its gradients all-reduced after backward"
     ctas = policy.channels(ranks_per_gpu)
     channels = "NCCL's own channels" if ctas is None else f"NCCL held to {ctas} channels"
     return f"ProcessGroupNCCL, {policy.priority}-priority streams, {channels}"
