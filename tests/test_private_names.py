@@ -17,7 +17,9 @@ TOP = Path(__file__).resolve().parents[1]
 #: (file, name): a use of an underscore name that is another library's, not shimrt's.
 NOT_SHIMRTS = {("shimrt/hip/check.py", "_handle"): "ctypes.CDLL's handle, what hip-python's loader needs",
                ("tests/test_torch_groups.py", "_timeout"): "torch's ProcessGroupNCCL.Options' own timeout, "
-                                                            "which shimrt.torch.groups sets"}
+                                                            "which shimrt.torch.groups sets",
+               ("shimrt/torch/ddp.py", "_version"): "torch's Tensor._version, the count of its in-place changes, "
+                                                    "which tells a backward that accumulated a gradient"}
 
 
 def _private(name: str) -> bool:

@@ -22,15 +22,17 @@ def test_a_ddp_moved_between_groups_trains_as_plain_ddp_bit_for_bit(view, gloo_r
 
 def test_sequential_all_reduces_after_backward_and_trains_as_plain_ddp_bit_for_bit(gloo_ranks):
     """Two ranks: a DDP whose reducer sits out every synced step (AfterBackward all-reduces its
-    gradients once backward ends), through an evaluation without grad and a no_sync() step whose
-    gradients are all-reduced with the next step's, then back on its reducer after close(); its
-    parameters and BatchNorm's buffers (DDP broadcasts them at each synced forward) end as a
-    plain DDP copy's, bit for bit, and DDP's no_sync switch is as the user left it after every
-    forward."""
+    gradients once backward ends), through an evaluation without grad, a no_sync() step whose
+    gradients are all-reduced with the next step's and a backward that fails below the output,
+    then back on its reducer after close(); its parameters and BatchNorm's buffers (DDP
+    broadcasts them at each synced forward) end as a plain DDP copy's, bit for bit, and DDP's
+    no_sync switch is as the user left it after every forward. DDPs whose output is a dataclass,
+    or an object of no container kind (the parameters' gradients queue the all-reduce), train as
+    plain DDP too, though rank 0 alone takes torch.autograd.grad through one (nothing reduced)."""
     lines = gloo_ranks("after_backward_ranks.py")
     for rank, line in enumerate(lines):
         assert line == (f"rank {rank}: diff 0.0 buffers 0.0 ranks apart 0.0 sync flags [False, True] "
-                        "no_sync kept [False, False]"), line
+                        "no_sync kept [False, False] dataclass, boxed [0.0, 0.0]"), line
 
 
 @pytest.mark.parametrize("make, says", [
@@ -61,26 +63,38 @@ def test_sequential_refuses_a_ddp_that_join_was_made_for_and_one_without_its_red
     assert after_backward_refusal(ddp).startswith("its all-reduces are not all its reducer's")
 
 
-def test_sequential_refuses_an_output_without_a_tensor_that_requires_grad_and_close_lets_the_reducer_back(gloo):
+def test_sequential_refuses_a_ddp_whose_reducer_has_more_to_do_than_all_reduce(gloo):
+    """A comm hook or an optimizer run in backward runs from DDP's reducer, which sits out a
+    sequential step: refused when AfterBackward is made, saying why."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch.ddp import AfterBackward, after_backward_refusal
+    ddp = DDP(gloo.nn.Linear(4, 4))
+    ddp.register_comm_hook(None, lambda state, bucket: None)
+    assert after_backward_refusal(ddp).startswith("a comm hook")
+    layer = gloo.nn.Linear(4, 4)
+    _apply_optimizer_in_backward(gloo.optim.SGD, layer.parameters(), {"lr": 0.1})
+    ddp = DDP(layer)
+    with pytest.raises(UsageError, match="cannot take this DDP: an optimizer applied in backward"):
+        AfterBackward(ddp)
+
+
+def test_sequential_refuses_at_the_next_forward_a_join_made_since_and_close_gives_the_reducer_back(gloo):
+    from torch.distributed.algorithms import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from shimrt.torch.ddp import AfterBackward
-
-    class Boxed(gloo.nn.Module):  # its output: an object, not a tuple, list or dict
-        def __init__(self):
-            super().__init__()
-            self.lin = gloo.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return type("Out", (), {"y": self.lin(x)})()
-
-    ddp = DDP(Boxed())
+    ddp = DDP(gloo.nn.Linear(4, 4))
     deferred = AfterBackward(ddp)
-    with pytest.raises(UsageError, match="holds no tensor that requires grad in a tuple, list or dict"):
+    ddp(gloo.ones(2, 4)).sum().backward()
+    with Join([ddp]):
+        pass
+    with pytest.raises(UsageError, match="cannot go on with this DDP: a Join made for it"):
         ddp(gloo.ones(2, 4))
-    assert ddp.require_backward_grad_sync  # put back though the forward hook raised
+    assert ddp.require_backward_grad_sync  # as the user left it
     deferred.close()
-    ddp(gloo.ones(2, 4)).y.sum().backward()  # the reducer's own step again
+    ddp(gloo.ones(2, 4)).sum().backward()  # the reducer's own step again
     assert ddp.require_forward_param_sync
 
 

@@ -25,7 +25,8 @@ move), ``DDP._comm_hooks`` and ``DDP._get_ddp_logging_data()["comm_hook"]`` (hoo
 ``DDP._join_config`` (Join), ``DDP._use_python_reducer`` and ``_delay_all_reduce_params``, and the
 default group's ``bound_device_id``; under ``sequential``, ``DDP.require_backward_grad_sync`` and
 ``require_forward_param_sync`` (``no_sync``'s switch, and DDP's note to broadcast its buffers at
-the next forward, set as a synced step leaves it), ``DDP.parameters_to_ignore``, and the autograd
+the next forward, set as a synced step leaves it), ``DDP._module_parameters``, ``mixed_precision``,
+``buffer_hook`` and a parameter's ``_in_backward_optimizers`` (refusals), and the autograd
 engine's ``queue_callback`` (what DDP's and FSDP's own end-of-backward work is queued with).
 """
 
@@ -122,27 +123,41 @@ class AfterBackward:
     overlap (two ranks sharing a GPU ran plain DDP with one bucket 0.78-0.96x plain DDP, about as
     fast as the best policy: H200, e41cccb, docs/ddp.md). A step is taken where DDP would reduce
     (grad enabled, not in the user's own ``no_sync()``): its forward runs with DDP's ``no_sync``
-    switch off, a hook on each of the forward's output tensors queues the all-reduce at the end of
-    the backward that reaches it, and the gradients (zeros for a parameter without one, as DDP's
-    buckets hold) are divided by the ranks and summed in one flat buffer per dtype, then copied
-    back. Gradients accumulated over the user's ``no_sync()`` steps are reduced at the synced step,
-    as DDP does. :func:`after_backward_refusal` says which DDPs it cannot take. ``close()``
-    removes its hooks: the reducer all-reduces again from the next forward."""
+    switch off, a hook on the forward's output tensors (on its parameters' accumulated gradients
+    where the output holds none) queues the all-reduce at the end of the backward that reaches
+    it, and, where that backward accumulated a gradient (not ``torch.autograd.grad``, which plain
+    DDP does not reduce either), the gradients of DDP's parameters (zeros for one without: every
+    rank all-reduces the same sizes) are divided by the ranks and summed in one flat buffer per
+    dtype, then copied back. Gradients accumulated over the user's ``no_sync()`` steps are reduced
+    at the synced step, as DDP does. :func:`after_backward_refusal` says which DDPs it cannot take,
+    checked again at each synced forward. ``close()`` removes its hooks: the reducer all-reduces
+    again from the next forward."""
 
     def __init__(self, ddp: Any):
         import torch
         import torch.distributed as dist
+        if why := after_backward_refusal(ddp):
+            raise UsageError(f"policy 'sequential' cannot take this DDP: {why}")
         self._torch, self._dist, self.ddp = torch, dist, ddp
-        ignored = set(getattr(ddp, "parameters_to_ignore", None) or ())
-        self.params = [p for n, p in ddp.module.named_parameters() if p.requires_grad and n not in ignored]
         self._queued = False  # the coming backward's all-reduce is queued
+        self._taken = False  # this forward is one DDP would have reduced after
+        self._seen: list[tuple[Any, int]] = []  # each gradient and its version at the taken forward
+        self._grad_hooks: list[Any] = []  # where the output held no tensor: on the parameters, this step
         self._hooks = [ddp.register_forward_pre_hook(self._before),
                        ddp.register_forward_hook(self._after, always_call=True)]
-        self._taken = False  # this forward is one DDP would have reduced after
+
+    def params(self) -> list[Any]:
+        """The parameters DDP's reducer all-reduces (its module's, less those it ignores)."""
+        params = getattr(self.ddp, "_module_parameters", None) or list(self.ddp.module.parameters())
+        return [p for p in params if p.requires_grad]
 
     def _before(self, module: Any, args: Any) -> None:
         self._taken = self._torch.is_grad_enabled() and bool(self.ddp.require_backward_grad_sync)
         if self._taken:
+            if why := after_backward_refusal(self.ddp):  # a Join made since, say
+                self._taken = False
+                raise UsageError(f"policy 'sequential' cannot go on with this DDP: {why}; close the Overlap first")
+            self._queued = False  # a backward that failed before its end left it set
             self.ddp.require_backward_grad_sync = False
 
     def _after(self, module: Any, args: Any, output: Any) -> None:
@@ -152,14 +167,15 @@ class AfterBackward:
         # As a synced step leaves them: syncing on, and the buffers broadcast at the next forward.
         self.ddp.require_backward_grad_sync = True
         self.ddp.require_forward_param_sync = True
+        params = self.params()
+        self._seen = [(p.grad, -1 if p.grad is None else p.grad._version) for p in params]
         tensors = [t for t in _tensors(output) if t.requires_grad]
-        if not tensors:
-            raise UsageError("policy 'sequential' all-reduces after the backward that reaches the DDP's output, and "
-                             "this output holds no tensor that requires grad in a tuple, list or dict")
         for t in tensors:
             t.register_hook(self._reached)
+        if not tensors:  # this step only: the first gradient accumulated queues the all-reduce
+            self._grad_hooks = [p.register_post_accumulate_grad_hook(self._reached) for p in params]
 
-    def _reached(self, grad: Any) -> None:
+    def _reached(self, _: Any) -> None:
         if not self._queued:
             self._queued = True
             self._torch.autograd.Variable._execution_engine.queue_callback(self._reduce)
@@ -167,12 +183,21 @@ class AfterBackward:
     def _reduce(self) -> None:
         """At backward's end (the autograd engine has synced the caller's stream with the
         gradients'): every gradient divided by the ranks and summed across them, one all-reduce
-        per dtype."""
+        per dtype, where this backward accumulated any."""
         self._queued = False
+        for hook in self._grad_hooks:
+            hook.remove()
+        self._grad_hooks = []
+        params = self.params()
+        seen = self._seen
+        if len(params) == len(seen) and \
+                all(p.grad is g and (g is None or g._version == v) for p, (g, v) in zip(params, seen, strict=True)):
+            return  # torch.autograd.grad: nothing accumulated, nothing for DDP to reduce
+        self._seen = []  # no gradient held past its step
         torch, group = self._torch, self.ddp.process_group
         size = self._dist.get_world_size(group)
         by_dtype: dict[Any, list[Any]] = {}
-        for p in self.params:
+        for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
@@ -186,13 +211,16 @@ class AfterBackward:
                 offset += g.numel()
 
     def close(self) -> None:
-        for hook in self._hooks:
+        for hook in self._hooks + self._grad_hooks:
             hook.remove()
-        self._hooks = []
+        self._hooks, self._grad_hooks = [], []
 
 
 def _tensors(value: Any) -> list[Any]:
-    """The tensors in ``value``: itself, or those in its tuples, lists and dicts' values."""
+    """The tensors in ``value``: itself, or those in its tuples, lists, dicts' values and
+    dataclasses' fields (as DDP finds its output's)."""
+    import dataclasses
+
     import torch
     if isinstance(value, torch.Tensor):
         return [value]
@@ -200,6 +228,8 @@ def _tensors(value: Any) -> list[Any]:
         return [t for v in value for t in _tensors(v)]
     if isinstance(value, dict):
         return [t for v in value.values() for t in _tensors(v)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [t for f in dataclasses.fields(value) for t in _tensors(getattr(value, f.name))]
     return []
 
 
@@ -216,6 +246,12 @@ def after_backward_refusal(ddp: Any) -> str | None:
         return "its static_graph (DDP counts its synced steps to learn the graph)"
     if getattr(getattr(ddp, "_join_config", None), "enable", False):
         return "a Join made for it (Join's joined ranks shadow the reducer's all-reduces, not one after backward)"
+    if getattr(ddp, "mixed_precision", None) is not None:
+        return "its mixed_precision (its comm hook all-reduces and casts the parameters back, in the reducer)"
+    if getattr(ddp, "_comm_hooks", None) or hasattr(ddp, "buffer_hook"):
+        return "a comm hook (it runs in the reducer, which sits out the step)"
+    if any(hasattr(p, "_in_backward_optimizers") for p in ddp.module.parameters()):
+        return "an optimizer applied in backward (DDP runs it from the reducer, which sits out the step)"
     sparse = (torch.nn.Embedding, torch.nn.EmbeddingBag)
     if any(isinstance(m, sparse) and m.sparse for m in ddp.module.modules()):
         return "an embedding with sparse gradients (one flat all-reduce takes dense gradients only)"
