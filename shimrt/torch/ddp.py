@@ -141,7 +141,8 @@ class AfterBackward:
         self._torch, self._dist, self.ddp = torch, dist, ddp
         self._queued = False  # the coming backward's all-reduce is queued
         self._taken = False  # this forward is one DDP would have reduced after
-        self._seen: list[tuple[Any, int]] = []  # each gradient and its version at the taken forward
+        self._params: list[Any] = []  # DDP's parameters at the taken forward
+        self._seen: list[tuple[Any, int]] = []  # each one's gradient and its version then; [] once reduced
         self._grad_hooks: list[Any] = []  # where the output held no tensor: on the parameters, this step
         self._hooks = [ddp.register_forward_pre_hook(self._before),
                        ddp.register_forward_hook(self._after, always_call=True)]
@@ -154,7 +155,7 @@ class AfterBackward:
     def _before(self, module: Any, args: Any) -> None:
         self._taken = self._torch.is_grad_enabled() and bool(self.ddp.require_backward_grad_sync)
         if self._taken:
-            if why := after_backward_refusal(self.ddp):  # a Join made since, say
+            if why := _later_refusal(self.ddp):  # a Join made since, say
                 self._taken = False
                 raise UsageError(f"policy 'sequential' cannot go on with this DDP: {why}; close the Overlap first")
             self._queued = False  # a backward that failed before its end left it set
@@ -167,7 +168,7 @@ class AfterBackward:
         # As a synced step leaves them: syncing on, and the buffers broadcast at the next forward.
         self.ddp.require_backward_grad_sync = True
         self.ddp.require_forward_param_sync = True
-        params = self.params()
+        params = self._params = self.params()
         self._seen = [(p.grad, -1 if p.grad is None else p.grad._version) for p in params]
         tensors = [t for t in _tensors(output) if t.requires_grad]
         for t in tensors:
@@ -188,10 +189,8 @@ class AfterBackward:
         for hook in self._grad_hooks:
             hook.remove()
         self._grad_hooks = []
-        params = self.params()
-        seen = self._seen
-        if len(params) == len(seen) and \
-                all(p.grad is g and (g is None or g._version == v) for p, (g, v) in zip(params, seen, strict=True)):
+        params, seen = self._params, self._seen
+        if seen and all(p.grad is g and (g is None or g._version == v) for p, (g, v) in zip(params, seen, strict=True)):
             return  # torch.autograd.grad: nothing accumulated, nothing for DDP to reduce
         self._seen = []  # no gradient held past its step
         torch, group = self._torch, self.ddp.process_group
@@ -236,25 +235,34 @@ def _tensors(value: Any) -> list[Any]:
 def after_backward_refusal(ddp: Any) -> str | None:
     """Why ``ddp`` cannot all-reduce after backward (:class:`AfterBackward`; None: it can)."""
     import torch
-    if getattr(ddp, "reducer", None) is None or getattr(ddp, "_use_python_reducer", False) or \
-            getattr(ddp, "_delay_all_reduce_params", None):
+    if why := _later_refusal(ddp):
+        return why
+    if _delayed(ddp):
         return "its all-reduces are not all its reducer's (torch.compile's Python reducer, or delayed all-reduces)"
     if getattr(ddp, "find_unused_parameters", False):
         return ("its find_unused_parameters (DDP leaves a gradient no rank made untouched; one all-reduce of every "
                 "gradient would not)")
     if getattr(ddp, "static_graph", False):
         return "its static_graph (DDP counts its synced steps to learn the graph)"
-    if getattr(getattr(ddp, "_join_config", None), "enable", False):
-        return "a Join made for it (Join's joined ranks shadow the reducer's all-reduces, not one after backward)"
     if getattr(ddp, "mixed_precision", None) is not None:
         return "its mixed_precision (its comm hook all-reduces and casts the parameters back, in the reducer)"
-    if getattr(ddp, "_comm_hooks", None) or hasattr(ddp, "buffer_hook"):
-        return "a comm hook (it runs in the reducer, which sits out the step)"
     if any(hasattr(p, "_in_backward_optimizers") for p in ddp.module.parameters()):
         return "an optimizer applied in backward (DDP runs it from the reducer, which sits out the step)"
     sparse = (torch.nn.Embedding, torch.nn.EmbeddingBag)
     if any(isinstance(m, sparse) and m.sparse for m in ddp.module.modules()):
         return "an embedding with sparse gradients (one flat all-reduce takes dense gradients only)"
+    return None
+
+
+def _later_refusal(ddp: Any) -> str | None:
+    """What of :func:`after_backward_refusal` can come after the DDP was made (a Join, a comm hook,
+    torch.compile's Python reducer): cheap enough to check at each synced forward."""
+    if _no_cpp_reducer(ddp):
+        return "its all-reduces are not all its reducer's (torch.compile's Python reducer, or delayed all-reduces)"
+    if _join_made(ddp):
+        return "a Join made for it (Join's joined ranks shadow the reducer's all-reduces, not one after backward)"
+    if getattr(ddp, "_comm_hooks", None) or hasattr(ddp, "buffer_hook"):
+        return "a comm hook (it runs in the reducer, which sits out the step)"
     return None
 
 
@@ -293,21 +301,33 @@ def hook_refusal(ddp: Any) -> str | None:
 
 def moveable(ddp: Any) -> str | None:
     """Why ``ddp``'s all-reduces cannot be moved to another process group now (None: they can)."""
-    reducer = getattr(ddp, "reducer", None)
-    if reducer is None or getattr(ddp, "_use_python_reducer", False):
+    if _no_cpp_reducer(ddp):
         return "it has no C++ reducer (torch.compile's Python reducer, or every all-reduce delayed)"
-    if not hasattr(reducer, "_update_process_group"):
+    if not hasattr(ddp.reducer, "_update_process_group"):
         return "this torch's reducer cannot change its process group (Reducer._update_process_group)"
-    if getattr(ddp, "_delay_all_reduce_params", None):
+    if _delayed(ddp):
         return "its delay_all_reduce_named_params (those all-reduces run outside the reducer)"
-    if getattr(getattr(ddp, "_join_config", None), "enable", False):
+    if _join_made(ddp):
         # torch's Join keeps the group it found when made, for its joined ranks' shadow all-reduces,
         # while the others follow the DDP's: a move inside its block leaves them waiting on two
-        # groups. DDP keeps Join's config after the block, so a Join made at all counts.
+        # groups.
         return ("a torch.distributed.algorithms.Join was made for it (Join keeps the process group it found; "
                 "moving the DDP inside its block hangs the ranks that ran out of inputs); make the Join after "
                 "auto has decided (ov.report()['policy'] is not None), or use a fixed policy")
     return None
+
+
+def _no_cpp_reducer(ddp: Any) -> bool:
+    return getattr(ddp, "reducer", None) is None or bool(getattr(ddp, "_use_python_reducer", False))
+
+
+def _delayed(ddp: Any) -> bool:
+    return bool(getattr(ddp, "_delay_all_reduce_params", None))
+
+
+def _join_made(ddp: Any) -> bool:
+    # DDP keeps Join's config after the block: a Join made at all counts.
+    return bool(getattr(getattr(ddp, "_join_config", None), "enable", False))
 
 
 def use(ddp: Any, group: Any) -> None:

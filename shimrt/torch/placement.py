@@ -9,6 +9,7 @@ its own group at the end; the model itself is driven through its adapter (:class
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol
 
 from ..errors import UsageError
@@ -117,23 +118,16 @@ class Placement:
     def close(self) -> None:
         """The model back on its own group, the hook removed, every policy group destroyed (each
         whatever the others do)."""
-        try:
-            try:
-                self.model.use(self.model.group, False)
-                self.current = self.model.group
-            finally:  # each put back whatever the others do
-                try:
-                    self.model.prefetch(None)
-                finally:
-                    try:
-                        self.model.keep_gathered(False)
-                    finally:
-                        self.model.after_backward(False)
-        finally:
-            try:
-                self._unhook()
-            finally:
-                self.groups.close()
+        # Each put back whatever the others do: the stack runs every callback (last first), an error
+        # raised on through the rest.
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.groups.close)
+            undo.callback(self._unhook)
+            undo.callback(self.model.after_backward, False)
+            undo.callback(self.model.keep_gathered, False)
+            undo.callback(self.model.prefetch, None)
+            self.model.use(self.model.group, False)
+            self.current = self.model.group
 
     def _unhook(self) -> None:
         hook, self.hook = self.hook, None
