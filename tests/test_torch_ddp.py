@@ -218,6 +218,63 @@ def test_auto_visits_the_candidates_in_rounds_then_confirms_the_finalists_beside
         t.decide()
 
 
+def test_auto_times_each_visit_in_blocks_and_takes_its_noise_between_the_visits():
+    """Three timed steps per visit after its warm-up; the standard error is that of the visits'
+    means (steps of one visit are not independent), not of the steps."""
+    t = Trials([P("ddp"), P("a")], steps=2, warmup=1, block=3, finalists=1, reference="ddp")
+    times = {"ddp": [10.0, 10.0, 10.0, 12.0, 12.0, 12.0], "a": [9.0, 9.5, 10.0, 9.0, 9.5, 10.0]}
+    assert run(t, times) == ["ddp"] * 4 + ["a"] * 4 + ["ddp"] * 4 + ["a"] * 4
+    assert t.decide() is None
+    assert t.means == {"ddp": 11.0, "a": 9.5}
+    # ddp's visits read 10 and 12: a standard error of 1.0; a's both read 9.5: none
+    assert t.errors == {"ddp": pytest.approx(1.0), "a": 0.0}
+    assert t.report()["block"] == 3 and t.report()["dropped"] == []
+    assert t.stage() == "the finalists ddp, a again, 2 rounds: 16 steps"
+
+
+def test_after_the_first_round_a_candidate_far_slower_than_plain_ddp_and_the_median_visits_no_more():
+    t = Trials([P("ddp"), P("a"), P("slow"), P("b")], steps=3, warmup=1, block=2, drop=0.3, finalists=1,
+               reference="ddp", lead=2)
+    assert t.stage() == ("4 candidates, the first of 3 rounds of 2 timed steps each, after 2 steps of ddp (then "
+                         "those more than 30% slower than ddp and the median drop out): 14 steps")
+    times = {"ddp": 10.0, "a": 9.0, "slow": 25.0, "b": 12.5}  # b: 25% above plain DDP, within 30%
+    assert run(t, times) == ["ddp"] * 5 + ["a"] * 3 + ["slow"] * 3 + ["b"] * 3
+    assert t.decide() is None and t.dropped == ["slow"]
+    assert [p.name for p in t.staying] == ["ddp", "a", "b"]  # slow's resources may go now
+    assert t.stage() == "3 candidates left (1 dropped), rounds 2-3 of 2 timed steps each: 18 steps"
+    assert run(t, times) == (["ddp"] * 3 + ["a"] * 3 + ["b"] * 3) * 2
+    assert t.decide() is None and [p.name for p in t.final] == ["ddp", "a"]
+    run(t, times)
+    assert t.decide().name == "a"
+    report = t.report()
+    assert report["dropped"] == ["slow"] and report["drop"] == 0.3 and t.times["slow"] == [25.0] * 2
+
+
+def test_a_first_round_with_plain_ddp_at_a_fast_stretch_drops_no_candidate_level_with_the_others():
+    """Plain DDP's visit at 6 ms, every other at 9-10: the bar is the median's, not plain DDP's."""
+    t = Trials([P("ddp"), P("a"), P("b"), P("c")], steps=2, warmup=0, drop=0.3, finalists=1, reference="ddp")
+    run(t, {"ddp": 6.0, "a": 9.0, "b": 9.5, "c": 10.0})
+    seen = []
+
+    def agree(mine):  # the ranks' slowest: the other rank found c slower still
+        seen.append(list(mine))
+        return [max(x, y) for x, y in zip(mine, [0.0, 0.0, 0.0, 12.0], strict=True)]
+    assert t.decide(agree) is None
+    assert t.dropped == [] and t.means["c"] == 12.0  # within 30% of the median, 9.25 (of 6, 9, 9.5 and 12)
+    t = Trials([P("ddp"), P("a"), P("b"), P("c")], steps=2, warmup=0, drop=0.3, finalists=1, reference="ddp")
+    run(t, {"ddp": 6.0, "a": 9.0, "b": 9.5, "c": 10.0})
+    assert t.decide(lambda m: [max(x, y) for x, y in zip(m, [0.0, 0.0, 0.0, 13.0], strict=True)]) is None
+    assert t.dropped == ["c"]  # 13 is not: above 1.3 x 9.25 (the median of 6, 9, 9.5 and 13)
+
+
+def test_with_one_round_or_no_drop_every_candidate_runs_every_round():
+    t = Trials([P("ddp"), P("slow")], steps=1, warmup=0, drop=0.3, reference="ddp")
+    run(t, {"ddp": 10.0, "slow": 30.0})
+    assert t.decide() is None and t.dropped == [] and [p.name for p in t.final] == ["ddp", "slow"]
+    t = Trials([P("ddp"), P("slow")], steps=2, warmup=0, reference="ddp")
+    assert [p.name for p, _ in t.schedule] == ["ddp", "slow"] * 2
+
+
 def test_auto_judges_by_the_mean_so_a_policy_slow_in_stretches_loses_to_a_steady_one():
     """One slow step in three leaves a median at the fast figure; the mean counts it."""
     t = Trials([P("ddp"), P("fickle"), P("steady")], steps=3, warmup=0, finalists=2, reference="ddp")
@@ -363,6 +420,9 @@ def test_overlaps_arguments_are_checked_before_the_ddp(options, message):
     (dict(trial_steps=0), "Auto.trial_steps must be an int in 1..1000"),
     (dict(check_steps=-1), "Auto.check_steps must be an int in 0..1000"),
     (dict(check_block=0), "Auto.check_block must be an int in 1..1000"),
+    (dict(trial_block=0), "Auto.trial_block must be an int in 1..1000"),
+    (dict(trial_drop=0.0), "Auto.trial_drop must be a finite number in 0.05..10"),
+    (dict(trial_drop="0.3"), "Auto.trial_drop must be a finite number"),
     (dict(check_always=1), "Auto.check_always must be"),
     (dict(margin=-0.1), "Auto.margin must be a finite number in 0..0.5"),
     (dict(margin=float("nan")), "Auto.margin must be a finite number"),
@@ -375,8 +435,9 @@ def test_autos_options_are_checked_where_they_enter(options, message):
 
 def test_auto_keeps_its_options_as_given():
     from shimrt.torch.policies import Auto
-    assert Auto() == Auto(sms=(32, 48, 64), trial_steps=3, margin=0.01, check_steps=4, check_block=6,
-                          check_always=True)
+    assert Auto() == Auto(sms=(32, 48, 64), trial_steps=3, trial_block=3, trial_drop=0.3, margin=0.01, check_steps=4,
+                          check_block=6, check_always=True)
+    assert Auto(trial_drop=None).trial_drop is None
     assert Auto(sms=[64, 32]).sms == (64, 32)
 
 
@@ -626,7 +687,7 @@ def test_a_miss_within_the_noise_is_said_as_one_and_a_gain_no_larger_than_the_no
 
 def test_the_ddp_report_sets_auto_steps_beside_auto_each_with_its_kept_line_and_goals():
     from shimrt.bench.torch_ddp_report import AUTOS, report
-    assert AUTOS["auto-steps"] == {"check_block": 1, "check_always": False}
+    assert AUTOS["auto-steps"] == {"check_block": 1, "check_always": False, "trial_block": 1, "trial_drop": None}
     r = _ddp_result()
     r["ways"]["auto"]["trials"]["check"].update(block=6, rounds_run=8)  # the default's check, in blocks, run on
     r["ways"]["auto-steps"] = dict(step_ms=22.2, steps_ms=[22.2] * 3, hidden=0.5, kept="priority", trial_steps=60,
@@ -942,8 +1003,9 @@ def test_autos_trials_carry_its_options_guard_and_check_alike():
     from shimrt.torch.training import auto_trials
     t = auto_trials(Auto(), [P("ddp"), P("a")])
     assert (t.guard, t.guard_lead, t.check_block, t.check_most, t.check_rounds, t.reference) == (12, 6, 6, 24, 4, "ddp")
-    t = auto_trials(Auto(guard_steps=0, check_block=3), [P("ddp"), P("a")])
-    assert (t.guard, t.guard_lead, t.check_block) == (0, 0, 3)
+    assert (t.block, t.drop, t.rounds) == (3, 0.3, 3)
+    t = auto_trials(Auto(guard_steps=0, check_block=3, trial_block=1, trial_drop=None), [P("ddp"), P("a")])
+    assert (t.guard, t.guard_lead, t.check_block, t.block, t.drop) == (0, 0, 3, 1, None)
 
 
 def test_a_guarded_pick_that_runs_alone_as_in_its_check_is_kept_and_the_agreed_mean_decides():

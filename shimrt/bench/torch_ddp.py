@@ -24,8 +24,9 @@ Under torchrun or ``python -m shimrt.launch`` (2+ ranks; two processes on one GP
   ``pg_options``); with auto, also ``ddp`` (plain DDP under ``overlap(policy="ddp")``), so that
   whatever auto kept has its fixed row in the same run: the table's last lines set them side by
   side; and ``auto-steps`` (always run), auto whose check alternates plain DDP and the pick step by
-  step and is made only where the trials kept another policy (``Auto(check_block=1, check_always=False)``,
-  the default before b0f05c9's run), beside the default (a check in blocks of 6) for comparison.
+  step and is made only where the trials kept another policy, its trials one step per visit, every candidate in
+  every round (``Auto(check_block=1, check_always=False, trial_block=1, trial_drop=None)``, the default before
+  b0f05c9's run), beside the default (visits of 3 timed steps, a check in blocks of 6) for comparison.
 
 Every way runs ``--settle`` untimed steps before its warm-up (auto's trial steps count towards
 them): plain DDP of two ranks sharing a GPU has been seen to run its first twenty or so steps

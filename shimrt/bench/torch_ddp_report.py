@@ -26,7 +26,9 @@ GOAL_BELOW = {"comm-heavy-1024": 0.03, "link-balanced": 0.15}
 GOAL_HIDDEN = {"link-balanced": 0.5}
 GOAL_BEST = 0.02
 #: The autos of a run: the way's name -> its Auto options beyond --sms and --trial-steps.
-AUTOS: dict[str, dict[str, Any]] = {"auto": {}, "auto-steps": {"check_block": 1, "check_always": False}}
+AUTOS: dict[str, dict[str, Any]] = {"auto": {},
+                                     "auto-steps": {"check_block": 1, "check_always": False, "trial_block": 1,
+                                                    "trial_drop": None}}
 #: The ways that are plain DDP (the last under overlap(policy="ddp")): references, set apart in the goals.
 REFERENCES = ("plain DDP", "plain DDP again", "ddp")
 #: Under ``--fsdp-route both``: ``priority`` again, its collectives through FSDP2's public custom

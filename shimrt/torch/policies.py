@@ -289,7 +289,10 @@ class Auto:
     """auto's options, as ``overlap(ddp, policy=Auto(...))`` takes them (``"auto"`` is
     ``Auto()``): ``sms``, the SMs its partition and carveout candidates keep for NCCL;
     ``trial_steps``, the rounds of its search and of its confirmation (a round: one warm-up step
-    and one timed step per candidate); ``margin``, how much faster than plain DDP its pick must
+    and ``trial_block`` timed steps per candidate: one-step visits hid ``sequential``'s gain on an
+    H100 at 8eb640b, :mod:`shimrt.torch.trials`); ``trial_drop``, after the search's first round,
+    how much slower than plain DDP and the median candidate a candidate may run and still visit on
+    (None: every candidate runs every round); ``margin``, how much faster than plain DDP its pick must
     be (beyond the trials' noise, which it also asks; a block check holds a pick at one speed
     beside a plain DDP at two without it: :mod:`shimrt.torch.trials`); ``check_steps``, the rounds of the check
     that a pick other than plain DDP must pass once the others' resources are gone (a round: a
@@ -322,6 +325,8 @@ class Auto:
 
     sms: tuple[int, ...] = (32, 48, 64)
     trial_steps: int = 3
+    trial_block: int = 3
+    trial_drop: float | None = 0.3
     margin: float = 0.01
     check_steps: int = 4
     check_block: int = 6
@@ -341,6 +346,11 @@ class Auto:
         object.__setattr__(self, "prefetch", tuple(distinct_counts(self.prefetch, "Auto.prefetch", MAX_PREFETCH)))
         object.__setattr__(self, "trial_steps", validate.integer(self.trial_steps, "Auto.trial_steps", least=1,
                                                                  most=1000))
+        object.__setattr__(self, "trial_block", validate.integer(self.trial_block, "Auto.trial_block", least=1,
+                                                                 most=1000))
+        if self.trial_drop is not None:
+            object.__setattr__(self, "trial_drop", validate.number(self.trial_drop, "Auto.trial_drop", least=0.05,
+                                                                   most=10))
         object.__setattr__(self, "margin", validate.number(self.margin, "Auto.margin", least=0, most=0.5))
         object.__setattr__(self, "check_steps", validate.integer(self.check_steps, "Auto.check_steps", least=0,
                                                                  most=1000))

@@ -121,8 +121,10 @@ def auto_kinds(kind: str, auto: Auto) -> list[str]:
 
 def auto_trials(auto: Auto, candidates: list[Policy]) -> Trials:
     """auto's trials of ``candidates`` (plain DDP, ``ddp``, their reference) as ``auto``'s options
-    set them: its rounds, margin, check in blocks and guard (after ``check_block`` untimed steps)."""
-    return Trials(candidates, steps=auto.trial_steps, margin=auto.margin, reference="ddp", check=auto.check_steps,
+    set them: its rounds and their visits, margin, check in blocks and guard (after ``check_block`` untimed
+    steps)."""
+    return Trials(candidates, steps=auto.trial_steps, block=auto.trial_block, drop=auto.trial_drop, margin=auto.margin,
+                  reference="ddp", check=auto.check_steps,
                   lead=LEAD_STEPS, check_block=auto.check_block, check_always=auto.check_always,
                   check_most=auto.most_check_rounds, guard=auto.guard_steps,
                   guard_lead=auto.check_block if auto.guard_steps else 0)

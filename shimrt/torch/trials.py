@@ -3,10 +3,16 @@
 The trials start with ``lead`` untimed steps under the reference (the job's own first steps:
 DDP's bucket rebuild, the allocator's growth, the libraries' first calls; on an H100 the first
 timed step of plain DDP ran 4-30% above its others in three of five bench configurations). Then
-they run in rounds. A round visits every candidate in turn; a visit is ``warmup`` steps
-under the candidate, untimed (what switching to it costs: a communicator's first use, cuBLAS's
-plans for a carveout), then one timed step. After ``steps`` rounds of every candidate (the
-search), the ``finalists`` fastest and the reference (plain DDP) run ``steps`` rounds more among
+they run in rounds. A round visits every candidate in turn; a visit is ``warmup`` steps under the
+candidate, untimed (what switching to it costs: a communicator's first use, cuBLAS's plans for a
+carveout), then ``block`` timed steps (their noise then taken over the visits' means: steps of one
+visit are not independent). One timed step per visit can hide a way that gains over a run: on an
+H100 at 8eb640b (comm-heavy-1024, docs/ddp.md) ``sequential`` ran 0.887x plain DDP in blocks of 6
+in turn, where one-step visits timed it at 32.0 ms against plain DDP's 29.3, so it was never
+checked. Where ``drop`` is given, the search's first round decides who visits on: a candidate
+slower than both the reference's visit and the median visit by more than ``drop`` (shaping at
+2.5x plain DDP) runs no more rounds, since blocks make each visit dear. After ``steps`` rounds
+(the search), the ``finalists`` fastest and the reference (plain DDP) run ``steps`` rounds more among
 themselves (the confirmation); then the finalist of the least mean step time over all its timed
 steps is chosen, except that the reference stays unless another beats it by more than ``margin``
 and the noise. A policy so chosen is then checked (``check`` rounds of it and the reference
@@ -106,7 +112,7 @@ rank switches at the same step; the decisions take the times agreed over the ran
 rank's, through ``agree``), so every rank picks the same finalists and keeps the same policy. No
 GPU here: the caller times the steps and hands them in.
 
-About 560 lines, a third of them this docstring: the schedule and the rules that read it (search,
+About 590 lines, a third of them this docstring: the schedule and the rules that read it (search,
 confirmation, check, guards), and what each stage says it does, are one state machine over one
 schedule, read together.
 """
@@ -132,13 +138,15 @@ SIGNIFICANCE = 2.0
 
 class Trials:
     """The schedule and the decisions of auto (see the module's docstring). ``candidates``: the
-    policies (objects with a ``name``); ``steps``: rounds of each stage, so timed steps per
-    candidate in the search; ``reference``: the name of the one kept unless beaten."""
+    policies (objects with a ``name``); ``steps``: rounds of each stage (the search's and the
+    confirmation's), each visit ``block`` timed steps; ``reference``: the name of the one kept
+    unless beaten; ``drop``: after the search's first round, the share slower than the reference
+    and the median visit that leaves a candidate out of the rest (None: none leaves)."""
 
     def __init__(self, candidates: Sequence[Any], *, steps: int = 3, warmup: int = 1, finalists: int = 2,
                  margin: float = 0.01, reference: str | None = None, check: int = 0, lead: int = 0,
                  check_block: int = 1, check_always: bool = False, check_most: int | None = None,
-                 guard: int = 0, guard_lead: int = 0):
+                 guard: int = 0, guard_lead: int = 0, block: int = 1, drop: float | None = None):
         if not candidates or not all(isinstance(getattr(c, "name", None), str) for c in candidates):
             raise UsageError(f"candidates must be a non-empty list of policies, not {candidates!r:.100}")
         names = [c.name for c in candidates]
@@ -152,6 +160,11 @@ class Trials:
         self.lead = lead = validate.integer(lead, "lead-in steps", least=0, most=1000)
         self.check_block = validate.integer(check_block, "check block", least=1, most=1000)
         self.check_always = validate.boolean(check_always, "check_always")
+        #: timed steps per visit of the search and the confirmation (their noise then over the visits' means)
+        self.block = validate.integer(block, "trial block", least=1, most=1000)
+        #: after the search's first round, a candidate slower than this share above the reference's
+        #: first visit and the visits' median is visited no more (None: every round visits every one)
+        self.drop = None if drop is None else validate.number(drop, "drop", least=0.05, most=10)
         if self.check_block > 1 and self.check_rounds == 1:
             raise UsageError("a check in blocks needs at least 2 rounds (its noise is taken between visits), "
                              "not check=1")
@@ -180,7 +193,15 @@ class Trials:
         #: (policy, warm-up?) per trial step, in order: the lead-in, the search's rounds, then the
         #: confirmation's and the check's
         self.schedule: list[tuple[Any, bool]] = [(self._named(str(reference)), True)] * lead if lead else []
-        self.schedule += self._rounds(self.candidates)
+        self._search_visit: dict[int, int] = {}  # a search or confirmation step's index -> its visit
+        #: the search's and the confirmation's timed steps per candidate, by visit
+        self.visits: dict[str, dict[int, list[float]]] = {n: {} for n in names}
+        #: the candidates the search's first round left behind (``drop``), and those it visits on
+        self.dropped: list[str] = []
+        self.searching = list(self.candidates)
+        #: the search's rounds scheduled in one go: all, or the first alone where ``drop`` may prune after it
+        self._first_round = self.drop is not None and self.rounds > 1
+        self._add_rounds(self.candidates, 1 if self._first_round else self.rounds)
         self.position = 0
         self.times: dict[str, list[float]] = {n: [] for n in names}
         self.means: dict[str, float] = {}
@@ -201,9 +222,17 @@ class Trials:
         self.trials_chose: str | None = None
         self.picked: Any = None
 
-    def _rounds(self, policies: list[Any], rounds: int | None = None) -> list[tuple[Any, bool]]:
-        visit = [True] * self.warmup + [False]
-        return [(p, w) for _ in range(self.rounds if rounds is None else rounds) for p in policies for w in visit]
+    def _add_rounds(self, policies: list[Any], rounds: int, block: int | None = None) -> None:
+        """Schedule ``rounds`` rounds of ``policies``: each a visit of ``warmup`` untimed steps and
+        ``block`` timed ones (None: the trials' block, each visit's steps marked as one)."""
+        for _ in range(rounds):
+            for p in policies:
+                self.schedule += [(p, True)] * self.warmup
+                visit = len(self.schedule)
+                for _ in range(self.block if block is None else block):
+                    if block is None:
+                        self._search_visit[len(self.schedule)] = visit
+                    self.schedule.append((p, False))
 
     @classmethod
     def settled(cls, policy: Any) -> "Trials":
@@ -245,6 +274,7 @@ class Trials:
                 self.check_visits[name].setdefault(self._visit[index], []).append(ms)
         else:
             self.times[name].append(ms)
+            self.visits[name].setdefault(self._search_visit[index], []).append(ms)
 
     def decide(self, agree: Agree | None = None) -> Any:
         """Once the steps scheduled so far have run: after the search, schedule the confirmation
@@ -265,13 +295,20 @@ class Trials:
         if self.checking is not None:
             return self._end_check(agree)
         self.means, self.errors = self._agreed(self.times, self.candidates, agree)
+        if self.block > 1:  # the steps of one visit are not independent: the noise between visits
+            _, self.errors = self._agreed(self._visit_means(self.visits), self.candidates, agree)
+        if self._first_round:
+            self._first_round = False
+            self._prune()
+            self._add_rounds(self.searching, self.rounds - 1)
+            return None
         if not self.final:
             final = self._finalists()
             if len(final) > 1:
                 self.final = final
-                self.schedule += self._rounds(final)
+                self._add_rounds(final, self.rounds)
                 return None
-        pool = {c.name: self.means[c.name] for c in self.final or self.candidates}
+        pool = {c.name: self.means[c.name] for c in self.final or self.searching}
         reference = self.reference if self.reference in pool else None
         try:
             name = self._winner(pool, self.errors, reference)
@@ -291,11 +328,30 @@ class Trials:
         self.check_times = {p.name: [] for p in pair}
         self._check_from = len(self.schedule)
         if self.check_block == 1:
-            self.schedule += self._rounds(pair, self.check_rounds)
+            self._add_rounds(pair, self.check_rounds, 1)
         else:
             self.check_visits = {p.name: {} for p in pair}
             self._blocks(pair, self.check_rounds)
         return None
+
+    def _prune(self) -> None:
+        """After the search's first round: the candidates whose visit ran slower than ``drop``
+        above both the reference's visit and the median visit (of every candidate's, by the ranks'
+        agreed means) are visited no more. Both: a reference that ran its visit at a fast stretch
+        alone drops no candidate that ran level with the others."""
+        timed = {n: t for n, t in self.means.items() if math.isfinite(t)}
+        if not timed or self.drop is None:
+            return
+        bar = statistics.median(timed.values())
+        if self.reference is not None and self.reference in timed:
+            bar = max(bar, timed[self.reference])
+        bar *= 1 + self.drop
+        self.dropped = [c.name for c in self.candidates if c.name != self.reference and self.means[c.name] > bar]
+        self.searching = [c for c in self.candidates if c.name not in self.dropped]
+
+    @staticmethod
+    def _visit_means(visits: dict[str, dict[int, list[float]]]) -> dict[str, list[float]]:
+        return {n: [statistics.fmean(v) for v in by.values()] for n, by in visits.items()}
 
     def _blocks(self, pair: list[Any], rounds: int) -> None:
         """``rounds`` more rounds of a block check of ``pair`` (reference, pick), its visits in the
@@ -323,7 +379,7 @@ class Trials:
             if self.check_block == 1:
                 held = direction == self.checking.name and self._winner(all_means, all_errors, reference) == direction
             else:  # blocks: their own steps alone, the noise over the visits' means
-                visits = {n: [statistics.fmean(v) for v in by.values()] for n, by in self.check_visits.items()}
+                visits = self._visit_means(self.check_visits)
                 _, spread = self._agreed(visits, pair, agree)
                 # each visit's mean, the slowest rank's: the bound and steadiness rules read them
                 common = {n: list(agree(v)) if agree is not None else v for n, v in visits.items()}
@@ -430,13 +486,24 @@ class Trials:
         if self.final:
             return f"the finalists {', '.join(p.name for p in self.final)} again, {rounds}: {steps}"
         first = f", after {_count(self.lead, 'step')} of {self.reference}" if self.position < self.lead else ""
-        return f"{_count(len(self.candidates), 'candidate')}, {rounds}{first}: {steps}"
+        visit = f" of {self.block} timed steps each" if self.block > 1 else ""
+        if self._first_round:
+            than = f"{self.reference} and " if self.reference else ""
+            return (f"{_count(len(self.candidates), 'candidate')}, the first of {rounds}{visit}{first} (then those "
+                    f"more than {self.drop:.0%} slower than {than}the median drop out): {steps}")
+        if self.drop is not None and self.rounds > 1:
+            left = f"{_count(len(self.searching), 'candidate')} left ({len(self.dropped)} dropped)"
+            return f"{left}, rounds 2-{self.rounds}{visit}: {steps}"
+        return f"{_count(len(self.candidates), 'candidate')}, {rounds}{visit}{first}: {steps}"
 
     @property
     def staying(self) -> list[Any]:
         """The policies the coming trial steps run besides the reference: the pick checked (or
-        guarded, or waiting for the reference's guard), else the finalists."""
-        return [self.checking] if self.checking is not None else list(self.final)
+        guarded, or waiting for the reference's guard), else the finalists, else the candidates the
+        search visits on."""
+        if self.checking is not None:
+            return [self.checking]
+        return list(self.final or self.searching)
 
     def _bounded(self, visits: dict[str, list[float]], reference: str) -> bool:
         """A block check's pick whose loss is bounded where its gain is not: its mean within the
@@ -503,8 +570,8 @@ class Trials:
 
     def _finalists(self) -> list[Any]:
         """The reference and the ``finalists`` fastest others by the search's agreed means (those
-        timed), in candidate order."""
-        timed = [c for c in self.candidates if math.isfinite(self.means[c.name]) and c.name != self.reference]
+        timed and not dropped), in candidate order."""
+        timed = [c for c in self.searching if math.isfinite(self.means[c.name]) and c.name != self.reference]
         best = {c.name for c in sorted(timed, key=lambda c: self.means[c.name])[:self.finalists]}
         return [c for c in self.candidates
                 if c.name in best or (c.name == self.reference and math.isfinite(self.means[c.name]))]
@@ -515,6 +582,7 @@ class Trials:
         return {"candidates": [c.name for c in self.candidates], "times_ms": self.times, "means_ms": self.means,
                 "standard_errors_ms": self.errors, "significance": SIGNIFICANCE,
                 "finalists": [c.name for c in self.final], "picked": None if self.picked is None else self.picked.name,
+                "block": self.block, "drop": self.drop, "dropped": list(self.dropped),
                 "check": dict(self.check) or None, "reference": self.reference, "margin": self.margin,
                 "trial_steps": len(self.schedule)}
 
