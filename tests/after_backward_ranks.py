@@ -71,7 +71,8 @@ def apart(a: torch.nn.Module, b: torch.nn.Module) -> float:
 def main() -> None:
     rank, port = int(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    user, plain = DDP(model(), bucket_cap_mb=0.004), DDP(model(), bucket_cap_mb=0.004)
+    # 3.5 KiB buckets: each 4 KiB weight is all-reduced alone, in place; biases and BatchNorm.s in one flat buffer
+    user, plain = DDP(model(), bucket_cap_mb=0.0035), DDP(model(), bucket_cap_mb=0.0035)
     opts = {id(m): torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (user, plain)}
     deferred = AfterBackward(user)
     seen = []

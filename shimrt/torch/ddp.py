@@ -11,8 +11,8 @@ need nothing more; ``mixed_precision``'s comm hook is DDP's own too, and all-red
 reducer's process group, so it follows the move. ``sequential`` (no overlap) leaves the reducer
 out of a step instead: DDP's own ``no_sync`` switch, turned off for the forward of each synced
 step and back on after it, and the gradients all-reduced on the DDP's process group once backward
-has ended, one flat all-reduce per dtype, divided by the ranks first as DDP's are
-(:class:`AfterBackward`). Refused, with the reason: a DDP with any other
+has ended (one of DDP's bucket size or more alone, in place; the others in one flat all-reduce per
+dtype), divided by the ranks first as DDP's are (:class:`AfterBackward`). Refused, with the reason: a DDP with any other
 comm hook, Python (``register_comm_hook``) or built-in (``_register_builtin_comm_hook``; its
 all-reduces run in the hook, out of a group's reach), one over another backend than NCCL, one
 whose parameters span devices, and, for any policy but ``ddp``, one whose all-reduces cannot move
@@ -127,8 +127,9 @@ class AfterBackward:
     where the output holds none) queues the all-reduce at the end of the backward that reaches
     it, and, where that backward accumulated a gradient (not ``torch.autograd.grad``, which plain
     DDP does not reduce either), the gradients of DDP's parameters (zeros for one without: every
-    rank all-reduces the same sizes) are divided by the ranks and summed in one flat buffer per
-    dtype, then copied back. Gradients accumulated over the user's ``no_sync()`` steps are reduced
+    rank all-reduces the same sizes) are divided by the ranks and summed: each of DDP's
+    ``bucket_bytes_cap`` or more alone, in place, the others in one flat buffer per dtype, then
+    copied back. Gradients accumulated over the user's ``no_sync()`` steps are reduced
     at the synced step, as DDP does. :func:`after_backward_refusal` says which DDPs it cannot take,
     checked again at each synced forward. ``close()`` removes its hooks: the reducer all-reduces
     again from the next forward."""
@@ -195,19 +196,35 @@ class AfterBackward:
         self._seen = []  # no gradient held past its step
         torch, group = self._torch, self.ddp.process_group
         size = self._dist.get_world_size(group)
+        # a gradient of a bucket's size or more, DDP's bucket_bytes_cap, is all-reduced alone and in place,
+        # as DDP gives it a bucket of its own: no copy in and out of a flat buffer (2 GiB of them cost
+        # sequential 4% of a step on an H100, comm-heavy at 8eb640b), no launch worth saving. By sizes
+        # alone, the same on every rank, so the ranks' collectives match.
+        cap = getattr(self.ddp, "bucket_bytes_cap", DEFAULT_BUCKET_MB << 20)
         by_dtype: dict[Any, list[Any]] = {}
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+            if p.numel() * p.element_size() >= cap:
+                self._all_reduce(p.grad, size, group)
+            else:
+                by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
         for grads in by_dtype.values():
             flat = torch.cat([g.reshape(-1) for g in grads])
-            flat.div_(size)
-            self._dist.all_reduce(flat, group=group)
+            self._all_reduce(flat, size, group)
             offset = 0
             for g in grads:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
+
+    def _all_reduce(self, grad: Any, size: int, group: Any) -> None:
+        """``grad`` divided by the ``size`` ranks, then summed over them, in place (through a
+        contiguous copy where it is not contiguous)."""
+        buffer = grad if grad.is_contiguous() else grad.contiguous()
+        buffer.div_(size)
+        self._dist.all_reduce(buffer, group=group)
+        if buffer is not grad:
+            grad.copy_(buffer)
 
     def close(self) -> None:
         for hook in self._hooks + self._grad_hooks:
