@@ -159,6 +159,11 @@ def test_no_reshard_keeps_fsdp2s_parameters_gathered_and_auto_tries_it_only_with
     assert no_room((1 << 30) + 1, 4 << 30) == (
         "it would hold 1024 MiB of parameters all-gathered, more than a quarter of the 4096 MiB free on the GPU: "
         "policy='no-reshard' runs it, Auto(no_reshard=False) leaves it out unsaid")
+    assert no_room((1 << 30) + 1, 4 << 30, "sequential") == (
+        "it would hold 1024 MiB of gradients in a flat buffer at backward's end, more than a quarter of the 4096 MiB "
+        "free on the GPU: policy='sequential' runs it")
+    with pytest.raises(UsageError, match="kind must be one of"):
+        no_room(1, 4, "ctas")
 
 
 def test_ctas_holds_nccls_channels_on_streams_of_the_greatest_priority():

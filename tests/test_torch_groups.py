@@ -4,6 +4,7 @@ between process groups step by step, against a plain DDP copy."""
 from __future__ import annotations
 
 import datetime
+import types
 
 import pytest
 
@@ -47,6 +48,26 @@ def test_sequential_says_which_ddps_it_cannot_take(gloo, make, says):
     from shimrt.torch.ddp import after_backward_refusal
     why = after_backward_refusal(make(gloo, DDP))
     assert (why is None) if says is None else why.startswith(says), why
+
+
+def test_sequential_all_reduces_a_gradient_of_a_bucket_or_more_alone_and_holds_the_rest_in_a_flat_buffer(gloo):
+    """A DDP of 16 KiB buckets: the 64 KiB weights go alone, in place; the 512 B biases and the
+    8 KiB weight through the flat buffer, whose bytes auto weighs against the free memory."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from shimrt.torch import policies
+    from shimrt.torch.ddp import Ddp, alone, flat_bytes, reduced_params
+    model = gloo.nn.Sequential(gloo.nn.Linear(128, 128), gloo.nn.Linear(128, 128), gloo.nn.Linear(128, 16))
+    model[1].bias.requires_grad_(False)  # not all-reduced: not counted
+    ddp = DDP(model, bucket_cap_mb=16 / 1024)
+    assert [tuple(p.shape) for p in reduced_params(ddp)] == [(128, 128), (128,), (128, 128), (16, 128), (16,)]
+    assert [alone(ddp, p) for p in reduced_params(ddp)] == [True, False, True, False, False]
+    assert flat_bytes(ddp) == 4 * (128 + 16 * 128 + 16)
+    # what auto weighs for sequential alone (Ddp's own checks want NCCL: its method on the DDP alone)
+    alike = types.SimpleNamespace(ddp=ddp)
+    held = [Ddp.held_bytes(alike, policies.parse(p)) for p in ("sequential", "priority", "ctas:8")]
+    assert held == [flat_bytes(ddp), 0, 0]
+    assert flat_bytes(DDP(model)) == 4 * sum(p.numel() for p in reduced_params(ddp))  # 25 MiB buckets: all flat
 
 
 def test_sequential_refuses_a_ddp_that_join_was_made_for_and_one_without_its_reducer(gloo):

@@ -38,7 +38,8 @@ from .. import validate
 from ..errors import UsageError
 from .groups import one_cuda_device, require_nccl
 
-__all__ = ["Ddp", "AfterBackward", "settings", "bucket_bytes", "DEFAULT_BUCKET_MB"]
+__all__ = ["Ddp", "AfterBackward", "settings", "bucket_bytes", "DEFAULT_BUCKET_MB", "reduced_params", "alone",
+           "flat_bytes"]
 
 #: DDP's own bucket_cap_mb where none is given (it then makes the first bucket 1 MiB): what bench
 #: torch cuts the gradients into where it builds its buckets itself.
@@ -101,8 +102,8 @@ class Ddp:
             raise UsageError("no-reshard is FSDP2's (it keeps sharded parameters all-gathered); a DDP's parameters are "
                              "never sharded")
 
-    def gathered_bytes(self) -> int:
-        return 0
+    def held_bytes(self, policy: Any) -> int:
+        return flat_bytes(self.ddp) if policy.sequential else 0
 
     def before_step(self) -> None:
         pass
@@ -150,8 +151,7 @@ class AfterBackward:
 
     def params(self) -> list[Any]:
         """The parameters DDP's reducer all-reduces (its module's, less those it ignores)."""
-        params = getattr(self.ddp, "_module_parameters", None) or list(self.ddp.module.parameters())
-        return [p for p in params if p.requires_grad]
+        return reduced_params(self.ddp)
 
     def _before(self, module: Any, args: Any) -> None:
         self._taken = self._torch.is_grad_enabled() and bool(self.ddp.require_backward_grad_sync)
@@ -196,16 +196,11 @@ class AfterBackward:
         self._seen = []  # no gradient held past its step
         torch, group = self._torch, self.ddp.process_group
         size = self._dist.get_world_size(group)
-        # a gradient of a bucket's size or more, DDP's bucket_bytes_cap, is all-reduced alone and in place,
-        # as DDP gives it a bucket of its own: no copy in and out of a flat buffer (2 GiB of them cost
-        # sequential 4% of a step on an H100, comm-heavy at 8eb640b), no launch worth saving. By sizes
-        # alone, the same on every rank, so the ranks' collectives match.
-        cap = getattr(self.ddp, "bucket_bytes_cap", DEFAULT_BUCKET_MB << 20)
         by_dtype: dict[Any, list[Any]] = {}
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            if p.numel() * p.element_size() >= cap:
+            if alone(self.ddp, p):
                 self._all_reduce(p.grad, size, group)
             else:
                 by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
@@ -230,6 +225,26 @@ class AfterBackward:
         for hook in self._hooks + self._grad_hooks:
             hook.remove()
         self._hooks, self._grad_hooks = [], []
+
+
+def reduced_params(ddp: Any) -> list[Any]:
+    """The parameters ``ddp``'s reducer all-reduces (its module's, less those it ignores)."""
+    params = getattr(ddp, "_module_parameters", None) or list(ddp.module.parameters())
+    return [p for p in params if p.requires_grad]
+
+
+def alone(ddp: Any, param: Any) -> bool:
+    """Whether ``sequential`` all-reduces ``param``'s gradient alone and in place: one of ``ddp``'s
+    ``bucket_bytes_cap`` or more, as DDP gives it a bucket of its own. No copy in and out of a
+    flat buffer (2 GiB of them cost sequential 4% of a step on an H100, comm-heavy at 8eb640b), no
+    launch worth saving. By sizes alone, the same on every rank, so the ranks' collectives match."""
+    return param.numel() * param.element_size() >= getattr(ddp, "bucket_bytes_cap", DEFAULT_BUCKET_MB << 20)
+
+
+def flat_bytes(ddp: Any) -> int:
+    """The bytes ``sequential``'s flat buffers take at the end of a backward, beyond the
+    gradients: those of ``ddp``'s gradients that are not all-reduced :func:`alone`."""
+    return sum(p.numel() * p.element_size() for p in reduced_params(ddp) if not alone(ddp, p))
 
 
 def _tensors(value: Any) -> list[Any]:

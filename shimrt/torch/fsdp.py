@@ -454,8 +454,8 @@ class Fsdp:
             reshard_again(self._resharding)
             self._resharding = None
 
-    def gathered_bytes(self) -> int:
-        return gathered_bytes(self.below)
+    def held_bytes(self, policy: Any) -> int:
+        return gathered_bytes(self.below) if policy.no_reshard else 0
 
     def after_backward(self, on: bool) -> None:
         if validate.boolean(on, "on"):

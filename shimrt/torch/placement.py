@@ -52,8 +52,10 @@ class Wrapped(Protocol):
         backward from the next step (``on``), or reshard after forward as the model says; UsageError
         for ``on`` where nothing is sharded (DDP)."""
 
-    def gathered_bytes(self) -> int:
-        """The bytes that keeping the parameters all-gathered holds beyond the model's own (0: DDP)."""
+    def held_bytes(self, policy: Any) -> int:
+        """The bytes ``policy`` holds at most beyond what the plain model holds: FSDP2's
+        ``no-reshard``, its parameters kept all-gathered; DDP's ``sequential``, its flat buffer of
+        gradients; 0 for the others."""
 
     def after_backward(self, on: bool) -> None:
         """DDP: its gradients all-reduced after backward (``on``: the ``sequential`` policy, no

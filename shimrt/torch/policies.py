@@ -35,9 +35,11 @@ A policy is a :class:`Policy`. Its name says what it does:
   ahead hides its launch time, which a wait gives up. A fixed policy: no auto tries it;
 - ``sequential``: every all-reduce after backward (no overlap): under DDP, its reducer sits out
   the step and the gradients are all-reduced once backward ends (:class:`shimrt.torch.ddp.AfterBackward`),
-  one of DDP's auto's candidates; in bench torch's one-process mode, its baseline.
+  one of DDP's auto's candidates where its flat buffer of gradients (those below DDP's bucket
+  size) takes at most a quarter of the GPU's free memory; in bench torch's one-process mode, its
+  baseline.
 
-About 470 lines: the vocabulary is one table (the kinds, the Policy value and its compute sides,
+About 490 lines: the vocabulary is one table (the kinds, the Policy value and its compute sides,
 make, parse, candidates and Auto's options, each checked against the kinds); split, either half
 would import the other.
 

@@ -34,7 +34,8 @@ the same, with the host waiting for the step's GPU work at the end of ``ov.step(
 then the fastest few again beside it, and chooses the fastest by the slowest rank's mean step
 time: the plain job unless another is more than ``margin`` faster and faster beyond the trials'
 noise (:mod:`shimrt.torch.trials`). What the next stage cannot use is destroyed as it goes (the
-losers' groups after the search, the other finalists' after the confirmation); a policy chosen
+groups of candidates dropped after the search's first round, the losers' after the search, the
+other finalists' after the confirmation); a policy chosen
 over the plain job is then checked alone beside it (``Auto.check_steps`` rounds) and stays only
 if still faster. When the plain job is kept, nothing of the trials is left (``ov.report()["held"]``)
 and it runs as if :func:`overlap` had never been called; at each stage's end what torch cached for
@@ -48,7 +49,9 @@ same policies through shimrt's own Communicators.
 :class:`Overlap` is the step and auto's stages; where the model's collectives run (the policies'
 groups, the one in force, the window's hook) is a :class:`~shimrt.torch.placement.Placement`, the
 policies' device resources and the carveout window are :mod:`shimrt.torch.resources`'s, and the
-timing of auto's steps is :class:`~shimrt.torch.cost.StepTimer`'s.
+timing of auto's steps is :class:`~shimrt.torch.cost.StepTimer`'s. About 430 lines: the step and
+auto's stages read and write one Overlap's state (its placement, resources, timer and trials), and
+split they would hand it back and forth.
 """
 
 from __future__ import annotations
@@ -96,15 +99,23 @@ def overlap(model: Any, policy: Any = "auto", *, timeout: float = 300.0, fsdp_ro
     return Overlap(model, policy, timeout=timeout, fsdp_route=fsdp_route)
 
 
-def no_room(need: int, free: int) -> str | None:
-    """Why auto leaves no-reshard out (None: it does not) where its parameters, held all-gathered,
-    take ``need`` bytes and the GPU has ``free``: at most a quarter of the free memory, so that a
-    job sized to the GPU's memory does not run out in one of auto's trials."""
+#: What each policy that holds memory beyond the plain model's holds, and how a user runs it or
+#: leaves it out of auto (:func:`no_room`).
+HOLDS = {"no-reshard": ("parameters all-gathered",
+                        "policy='no-reshard' runs it, Auto(no_reshard=False) leaves it out unsaid"),
+         "sequential": ("gradients in a flat buffer at backward's end", "policy='sequential' runs it")}
+
+
+def no_room(need: int, free: int, kind: str = "no-reshard") -> str | None:
+    """Why auto leaves a policy of ``kind`` (a key of :data:`HOLDS`) out (None: it does not) where
+    what it holds beyond the plain model takes ``need`` bytes and the GPU has ``free``: at most a
+    quarter of the free memory, so that a job sized to the GPU's memory does not run out in one of
+    auto's trials."""
+    held, remedy = HOLDS[validate.one_of(kind, "kind", tuple(HOLDS))]
     if 4 * need <= free:
         return None
-    return (f"it would hold {need / 2**20:.0f} MiB of parameters all-gathered, more than a quarter of the "
-            f"{free / 2**20:.0f} MiB free on the GPU: policy='no-reshard' runs it, Auto(no_reshard=False) leaves it "
-            "out unsaid")
+    return (f"it would hold {need / 2**20:.0f} MiB of {held}, more than a quarter of the {free / 2**20:.0f} MiB "
+            f"free on the GPU: {remedy}")
 
 
 def auto_kinds(kind: str, auto: Auto) -> list[str]:
@@ -225,8 +236,8 @@ class Overlap:
 
     def _usable(self, candidates: list[Policy], auto: bool = False) -> list[Policy]:
         """The candidates every rank can run (a partition needs green contexts; under ``auto``,
-        no-reshard needs memory to spare), agreed over the ranks; why the others were dropped
-        goes to :attr:`dropped`."""
+        no-reshard and sequential need memory to spare: :func:`no_room`), agreed over the ranks;
+        why the others were dropped goes to :attr:`dropped`."""
         mine, fatal = [], None
         for p in candidates:
             try:
@@ -255,9 +266,11 @@ class Overlap:
 
     def _no_room(self, policy: Policy) -> str | None:
         """Why auto leaves ``policy`` out for memory now (:func:`no_room`; None: it does not)."""
-        if not policy.no_reshard:
+        need = self.model.held_bytes(policy)
+        if not need:
             return None
-        return no_room(self.model.gathered_bytes(), self._torch.cuda.mem_get_info(self.torch_device)[0])
+        free = self._torch.cuda.mem_get_info(self.torch_device)[0]
+        return no_room(need, free, "no-reshard" if policy.no_reshard else "sequential")
 
     # --- the step ---
     @contextlib.contextmanager

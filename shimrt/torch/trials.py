@@ -112,7 +112,7 @@ rank switches at the same step; the decisions take the times agreed over the ran
 rank's, through ``agree``), so every rank picks the same finalists and keeps the same policy. No
 GPU here: the caller times the steps and hands them in.
 
-About 590 lines, a third of them this docstring: the schedule and the rules that read it (search,
+About 630 lines, a third of them this docstring: the schedule and the rules that read it (search,
 confirmation, check, guards), and what each stage says it does, are one state machine over one
 schedule, read together.
 """
