@@ -246,7 +246,7 @@ def test_after_the_first_round_a_candidate_far_slower_than_plain_ddp_and_the_med
     assert run(t, times) == ["ddp"] * 5 + ["a"] * 3 + ["slow"] * 3 + ["b"] * 3
     assert t.decide() is None and t.dropped == ["slow"]
     assert [p.name for p in t.staying] == ["ddp", "a", "b"]  # slow's resources may go now
-    assert t.stage() == "3 candidates left (1 dropped), rounds 2-3 of 2 timed steps each: 18 steps"
+    assert t.stage() == "3 candidates left (dropped: slow), rounds 2-3 of 2 timed steps each: 18 steps"
     assert run(t, times) == (["ddp"] * 3 + ["a"] * 3 + ["b"] * 3) * 2
     assert t.decide() is None and [p.name for p in t.final] == ["ddp", "a"]
     run(t, times)
@@ -266,6 +266,7 @@ def test_a_first_round_with_plain_ddp_at_a_fast_stretch_drops_no_candidate_level
         return [max(x, y) for x, y in zip(mine, [0.0, 0.0, 0.0, 12.0], strict=True)]
     assert t.decide(agree) is None
     assert t.dropped == [] and t.means["c"] == 12.0  # within 30% of the median, 9.25 (of 6, 9, 9.5 and 12)
+    assert t.stage() == "4 candidates left (none dropped), round 2: 4 steps"
     t = Trials([P("ddp"), P("a"), P("b"), P("c")], steps=2, warmup=0, drop=0.3, finalists=1, reference="ddp")
     run(t, {"ddp": 6.0, "a": 9.0, "b": 9.5, "c": 10.0})
     assert t.decide(lambda m: [max(x, y) for x, y in zip(m, [0.0, 0.0, 0.0, 13.0], strict=True)]) is None

@@ -492,8 +492,9 @@ class Trials:
             return (f"{_count(len(self.candidates), 'candidate')}, the first of {rounds}{visit}{first} (then those "
                     f"more than {self.drop:.0%} slower than {than}the median drop out): {steps}")
         if self.drop is not None and self.rounds > 1:
-            left = f"{_count(len(self.searching), 'candidate')} left ({len(self.dropped)} dropped)"
-            return f"{left}, rounds 2-{self.rounds}{visit}: {steps}"
+            dropped = f"dropped: {', '.join(self.dropped)}" if self.dropped else "none dropped"
+            left = f"{_count(len(self.searching), 'candidate')} left ({dropped})"
+            return f"{left}, {'round 2' if self.rounds == 2 else f'rounds 2-{self.rounds}'}{visit}: {steps}"
         return f"{_count(len(self.candidates), 'candidate')}, {rounds}{visit}{first}: {steps}"
 
     @property
