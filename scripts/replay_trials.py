@@ -38,7 +38,8 @@ def replay(trials: dict, rounds: int, check_steps: int) -> str:
     # and so is the reference's own guard, after a check that gave way (since e888d1f's run)
     guard = check.get("guard") or {}
     ref_alone = check.get("reference_alone") or {}
-    t = Trials([Named(n) for n in names], steps=rounds, warmup=0,
+    # visits in blocks and candidates dropped after the first round (since 87ff11c), as the run made them
+    t = Trials([Named(n) for n in names], steps=rounds, warmup=0, block=trials.get("block", 1), drop=trials.get("drop"),
                margin=trials["margin"], reference=trials["reference"], check=check_steps,
                guard=guard.get("steps", ref_alone.get("steps", 0)), **blocks)
     queues = {n: list(v) for n, v in trials["times_ms"].items()}

@@ -242,7 +242,7 @@ def test_after_the_first_round_a_candidate_far_slower_than_plain_ddp_and_the_med
                reference="ddp", lead=2)
     assert t.stage() == ("4 candidates, the first of 3 rounds of 2 timed steps each, after 2 steps of ddp (then "
                          "those more than 30% slower than ddp and the median drop out): 14 steps")
-    times = {"ddp": 10.0, "a": 9.0, "slow": 25.0, "b": 12.5}  # b: 25% above plain DDP, within 30%
+    times = {"ddp": 10.0, "a": 9.0, "slow": 25.0, "b": 12.5}  # b: within 30% of the median (11.25)
     assert run(t, times) == ["ddp"] * 5 + ["a"] * 3 + ["slow"] * 3 + ["b"] * 3
     assert t.decide() is None and t.dropped == ["slow"]
     assert [p.name for p in t.staying] == ["ddp", "a", "b"]  # slow's resources may go now
@@ -253,6 +253,32 @@ def test_after_the_first_round_a_candidate_far_slower_than_plain_ddp_and_the_med
     assert t.decide().name == "a"
     report = t.report()
     assert report["dropped"] == ["slow"] and report["drop"] == 0.3 and t.times["slow"] == [25.0] * 2
+
+
+@pytest.mark.parametrize("finalists", [0, 2])
+def test_a_dropped_candidate_is_never_a_finalist_nor_kept(finalists):
+    """slow ran fast after its first visit: dropped, it stays out of the finalists and the choice."""
+    t = Trials([P("ddp"), P("a"), P("slow")], steps=2, warmup=0, drop=0.3, finalists=finalists, reference="ddp")
+    run(t, {"ddp": 10.0, "a": 9.0, "slow": 20.0})
+    assert t.decide() is None and t.dropped == ["slow"]
+    run(t, {"ddp": 10.0, "a": 9.0})
+    picked = t.decide()
+    if finalists:
+        assert [p.name for p in t.final] == ["ddp", "a"] and picked is None
+        run(t, {"ddp": 10.0, "a": 9.0})
+        picked = t.decide()
+    assert picked.name == "a"
+    t = Trials([P("ddp"), P("a"), P("slow")], steps=2, warmup=0, drop=0.3, finalists=finalists, reference="ddp")
+    run(t, {"ddp": 10.0, "a": 9.0, "slow": 20.0})
+    t.decide()
+    t.times["slow"] = [1.0]  # were it weighed now, it would win
+    run(t, {"ddp": 10.0, "a": 9.0})
+    picked = t.decide()
+    if finalists:
+        assert [p.name for p in t.final] == ["ddp", "a"]
+        run(t, {"ddp": 10.0, "a": 9.0})
+        picked = t.decide()
+    assert picked.name == "a"
 
 
 def test_a_first_round_with_plain_ddp_at_a_fast_stretch_drops_no_candidate_level_with_the_others():
