@@ -107,7 +107,7 @@ HOLDS = {"no-reshard": ("parameters all-gathered",
 
 
 def no_room(need: int, free: int, kind: str = "no-reshard") -> str | None:
-    """Why auto leaves a policy of ``kind`` (a key of :data:`HOLDS`) out (None: it does not) where
+    """Why auto leaves the policy ``kind`` (a key of :data:`HOLDS`) out (None: it does not) where
     what it holds beyond the plain model takes ``need`` bytes and the GPU has ``free``: at most a
     quarter of the free memory, so that a job sized to the GPU's memory does not run out in one of
     auto's trials."""
@@ -270,7 +270,7 @@ class Overlap:
         if not need:
             return None
         free = self._torch.cuda.mem_get_info(self.torch_device)[0]
-        return no_room(need, free, "no-reshard" if policy.no_reshard else "sequential")
+        return no_room(need, free, policy.name)  # the kinds that hold memory take no number
 
     # --- the step ---
     @contextlib.contextmanager

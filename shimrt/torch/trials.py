@@ -193,7 +193,7 @@ class Trials:
         #: (policy, warm-up?) per trial step, in order: the lead-in, the search's rounds, then the
         #: confirmation's and the check's
         self.schedule: list[tuple[Any, bool]] = [(self._named(str(reference)), True)] * lead if lead else []
-        self._search_visit: dict[int, int] = {}  # a search or confirmation step's index -> its visit
+        self._visit: dict[int, int] = {}  # a timed step's index -> its visit (where its timed steps start)
         #: the search's and the confirmation's timed steps per candidate, by visit
         self.visits: dict[str, dict[int, list[float]]] = {n: {} for n in names}
         #: the candidates the search's first round left behind (``drop``), and those it visits on
@@ -215,24 +215,27 @@ class Trials:
         self.check_times: dict[str, list[float]] = {}
         self.check: dict[str, Any] = {}
         self._check_from: int | None = None  # the schedule's index where the check starts
-        self._visit: dict[int, int] = {}  # a block check's timed step index -> its visit
-        #: a block check's timed steps per policy, by visit
+        #: the check's timed steps per policy, by visit
         self.check_visits: dict[str, dict[int, list[float]]] = {}
         #: the name the search and confirmation chose (before any check), once they have
         self.trials_chose: str | None = None
         self.picked: Any = None
 
     def _add_rounds(self, policies: list[Any], rounds: int, block: int | None = None) -> None:
-        """Schedule ``rounds`` rounds of ``policies``: each a visit of ``warmup`` untimed steps and
-        ``block`` timed ones (None: the trials' block, each visit's steps marked as one)."""
+        """Schedule ``rounds`` rounds of ``policies``, a visit of each (:meth:`_add_visit`) of
+        ``block`` timed steps (None: the trials' block)."""
         for _ in range(rounds):
             for p in policies:
-                self.schedule += [(p, True)] * self.warmup
-                visit = len(self.schedule)
-                for _ in range(self.block if block is None else block):
-                    if block is None:
-                        self._search_visit[len(self.schedule)] = visit
-                    self.schedule.append((p, False))
+                self._add_visit(p, self.block if block is None else block)
+
+    def _add_visit(self, policy: Any, block: int) -> None:
+        """Schedule a visit of ``policy``: ``warmup`` untimed steps, then ``block`` timed ones,
+        marked as one visit."""
+        self.schedule += [(policy, True)] * self.warmup
+        start = len(self.schedule)
+        for index in range(start, start + block):
+            self._visit[index] = start
+            self.schedule.append((policy, False))
 
     @classmethod
     def settled(cls, policy: Any) -> "Trials":
@@ -270,11 +273,10 @@ class Trials:
             self.guard_times.append(ms)
         elif self._check_from is not None and index >= self._check_from:
             self.check_times[name].append(ms)
-            if index in self._visit:
-                self.check_visits[name].setdefault(self._visit[index], []).append(ms)
+            self.check_visits[name].setdefault(self._visit[index], []).append(ms)
         else:
             self.times[name].append(ms)
-            self.visits[name].setdefault(self._search_visit[index], []).append(ms)
+            self.visits[name].setdefault(self._visit[index], []).append(ms)
 
     def decide(self, agree: Agree | None = None) -> Any:
         """Once the steps scheduled so far have run: after the search, schedule the confirmation
@@ -326,11 +328,11 @@ class Trials:
         self.checking = chosen
         pair = [self._named(reference), chosen]
         self.check_times = {p.name: [] for p in pair}
+        self.check_visits = {p.name: {} for p in pair}
         self._check_from = len(self.schedule)
         if self.check_block == 1:
             self._add_rounds(pair, self.check_rounds, 1)
         else:
-            self.check_visits = {p.name: {} for p in pair}
             self._blocks(pair, self.check_rounds)
         return None
 
@@ -357,11 +359,7 @@ class Trials:
         """``rounds`` more rounds of a block check of ``pair`` (reference, pick), its visits in the
         order reference, pick, pick, reference, ... on from those scheduled."""
         for visit in range(2 * self._check_done, 2 * (self._check_done + rounds)):
-            policy = pair[(visit + 1) // 2 % 2]
-            self.schedule += [(policy, True)] * self.warmup
-            for _ in range(self.check_block):
-                self._visit[len(self.schedule)] = visit
-                self.schedule.append((policy, False))
+            self._add_visit(pair[(visit + 1) // 2 % 2], self.check_block)
         self._check_done += rounds
 
     def _end_check(self, agree: Agree | None) -> Any:
