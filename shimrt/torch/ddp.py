@@ -149,10 +149,6 @@ class AfterBackward:
         self._hooks = [ddp.register_forward_pre_hook(self._before),
                        ddp.register_forward_hook(self._after, always_call=True)]
 
-    def params(self) -> list[Any]:
-        """The parameters DDP's reducer all-reduces (its module's, less those it ignores)."""
-        return reduced_params(self.ddp)
-
     def _before(self, module: Any, args: Any) -> None:
         self._taken = self._torch.is_grad_enabled() and bool(self.ddp.require_backward_grad_sync)
         if self._taken:
@@ -169,7 +165,7 @@ class AfterBackward:
         # As a synced step leaves them: syncing on, and the buffers broadcast at the next forward.
         self.ddp.require_backward_grad_sync = True
         self.ddp.require_forward_param_sync = True
-        params = self._params = self.params()
+        params = self._params = reduced_params(self.ddp)
         self._seen = [(p.grad, -1 if p.grad is None else p.grad._version) for p in params]
         tensors = [t for t in _tensors(output) if t.requires_grad]
         for t in tensors:
